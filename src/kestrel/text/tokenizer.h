@@ -1,0 +1,89 @@
+// Tokenizer built from GGUF metadata.
+//
+// Supported now: `tokenizer.ggml.model = "llama"` (SentencePiece-style BPE over scores, byte
+// fallback), which Gemma 3 uses. The algorithm is llama.cpp's SPM tokenizer
+// (src/llama-vocab.cpp, llm_tokenizer_spm): text split into UTF-8 characters, the adjacent pair
+// whose merge is a vocabulary piece with the highest score merged first (leftmost on ties),
+// pieces not in the vocabulary emitted as <0xXX> byte tokens. Spaces are written as U+2581.
+// Control tokens are matched in text only when parse_special is set; user-defined tokens
+// (e.g. Gemma's "\n\n") are always matched first, as llama.cpp does.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "kestrel/formats/gguf.h"
+
+namespace kestrel::text {
+
+using TokenId = int32_t;
+
+/// Token types as GGUF's tokenizer.ggml.token_type stores them (llama.cpp's llama_token_type).
+enum class TokenType : int32_t {
+  kUndefined = 0, kNormal = 1, kUnknown = 2, kControl = 3, kUserDefined = 4, kUnused = 5, kByte = 6,
+};
+
+class Tokenizer {
+ public:
+  /// Reads tokenizer.ggml.* from the file. Throws kestrel::Error for an unsupported
+  /// tokenizer.ggml.model or inconsistent arrays (tokens, scores and types of different lengths,
+  /// special ids out of range).
+  static Tokenizer from_gguf(const gguf::File& file);
+
+  /// Encodes UTF-8 `text`. add_special: prepend BOS (and append EOS) as the metadata says.
+  /// parse_special: match control tokens such as "<start_of_turn>" written in the text.
+  /// Invalid UTF-8 is encoded byte by byte through byte tokens, never rejected.
+  std::vector<TokenId> encode(std::string_view text, bool add_special, bool parse_special) const;
+
+  /// Bytes of one token: spaces restored from U+2581, byte tokens as their byte, control tokens
+  /// as "" unless render_special. Throws kestrel::Error for an id outside the vocabulary.
+  std::string token_to_piece(TokenId id, bool render_special = false) const;
+  /// Concatenated pieces (may end inside a UTF-8 character when cut from a stream).
+  std::string decode(std::span<const TokenId> ids, bool render_special = false) const;
+
+  size_t n_vocab() const { return pieces_.size(); }
+  TokenId bos() const { return bos_; }
+  TokenId eos() const { return eos_; }
+  bool add_bos() const { return add_bos_; }
+  TokenType type(TokenId id) const;
+  const std::string& piece(TokenId id) const;  // raw vocabulary string (with U+2581)
+  /// Exact vocabulary lookup of a raw piece, e.g. "<end_of_turn>".
+  std::optional<TokenId> find(std::string_view piece) const;
+
+ private:
+  void tokenize_raw(std::string_view text, std::vector<TokenId>& out) const;  // SPM on one fragment
+
+  std::vector<std::string> pieces_;
+  std::vector<float> scores_;
+  std::vector<TokenType> types_;
+  std::unordered_map<std::string, TokenId> index_;
+  std::vector<TokenId> always_split_;   // user-defined tokens, longest first
+  std::vector<TokenId> special_split_;  // control tokens, longest first
+  TokenId byte_tokens_[256] = {};
+  TokenId bos_ = -1, eos_ = -1, unk_ = -1;
+  bool add_bos_ = true, add_eos_ = false, add_space_prefix_ = false;
+};
+
+/// Turns a stream of tokens into text that never ends inside a UTF-8 character: bytes of an
+/// incomplete character are held until the next token completes it.
+class StreamDecoder {
+ public:
+  explicit StreamDecoder(const Tokenizer& tokenizer, bool render_special = false)
+      : tokenizer_(&tokenizer), render_special_(render_special) {}
+  /// Returns the complete UTF-8 text that `id` finishes (possibly empty).
+  std::string push(TokenId id);
+  /// Returns whatever is held back (an incomplete sequence at the end of generation).
+  std::string flush();
+
+ private:
+  const Tokenizer* tokenizer_;
+  bool render_special_;
+  std::string pending_;
+};
+
+}  // namespace kestrel::text
