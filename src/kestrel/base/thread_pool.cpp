@@ -1,0 +1,75 @@
+#include "kestrel/base/thread_pool.h"
+
+#include <algorithm>
+
+namespace kestrel {
+
+ThreadPool::ThreadPool(int n_threads) {
+  if (n_threads <= 0) n_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  n_threads_ = n_threads;
+  for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+    generation_.fetch_add(1, std::memory_order_release);
+  }
+  wake_.notify_all();
+  for (auto& t : workers_) t.join();
+}
+
+void ThreadPool::run_chunk(int index) {
+  const size_t begin = static_cast<size_t>(index) * job_chunk_;
+  const size_t end = std::min(job_n_, begin + job_chunk_);
+  if (begin < end) (*job_)(begin, end);
+}
+
+void ThreadPool::parallel_for(size_t n, size_t grain,
+                              const std::function<void(size_t, size_t)>& fn) {
+  if (n == 0) return;
+  grain = std::max<size_t>(grain, 1);
+  const size_t n_grains = (n + grain - 1) / grain;
+  if (n_threads_ == 1 || n_grains == 1) {
+    fn(0, n);
+    return;
+  }
+  const size_t per_thread = (n_grains + n_threads_ - 1) / n_threads_;
+  job_ = &fn;
+  job_n_ = n;
+  job_chunk_ = per_thread * grain;
+  pending_.store(n_threads_ - 1, std::memory_order_relaxed);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    generation_.fetch_add(1, std::memory_order_release);
+  }
+  wake_.notify_all();
+  run_chunk(0);
+  while (pending_.load(std::memory_order_acquire) != 0) {
+    std::this_thread::yield();
+  }
+}
+
+void ThreadPool::worker_loop(int index) {
+  uint64_t seen = 0;
+  for (;;) {
+    // Spin a little first: decode issues parallel loops back to back.
+    uint64_t gen = generation_.load(std::memory_order_acquire);
+    for (int spin = 0; gen == seen && spin < 20000; ++spin) {
+      std::this_thread::yield();
+      gen = generation_.load(std::memory_order_acquire);
+    }
+    if (gen == seen) {
+      std::unique_lock<std::mutex> lock(mutex_);
+      wake_.wait(lock, [&] { return generation_.load(std::memory_order_acquire) != seen; });
+      gen = generation_.load(std::memory_order_acquire);
+    }
+    seen = gen;
+    if (stop_) return;
+    run_chunk(index);
+    pending_.fetch_sub(1, std::memory_order_acq_rel);
+  }
+}
+
+}  // namespace kestrel

@@ -1,0 +1,49 @@
+// A persistent pool of worker threads for data-parallel loops.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace kestrel {
+
+/// Runs `fn(begin, end)` over disjoint slices of [0, n) on a fixed set of threads (the caller
+/// is one of them). Workers stay alive between calls and spin briefly before sleeping, so the
+/// ~150 parallel loops of a decode step cost microseconds, not thread creations.
+/// Not re-entrant: one parallel_for at a time per pool.
+class ThreadPool {
+ public:
+  /// n_threads <= 0 means every hardware thread.
+  explicit ThreadPool(int n_threads = 0);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int size() const { return n_threads_; }
+
+  /// Splits [0, n) into at most size() contiguous chunks whose bounds are multiples of `grain`
+  /// (except the last) and runs them in parallel; returns when all are done.
+  void parallel_for(size_t n, size_t grain, const std::function<void(size_t, size_t)>& fn);
+
+ private:
+  void worker_loop(int index);
+  void run_chunk(int index);
+
+  int n_threads_;
+  std::vector<std::thread> workers_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> pending_{0};
+  bool stop_ = false;
+  // The current job (valid while pending_ > 0).
+  const std::function<void(size_t, size_t)>* job_ = nullptr;
+  size_t job_n_ = 0;
+  size_t job_chunk_ = 0;
+};
+
+}  // namespace kestrel

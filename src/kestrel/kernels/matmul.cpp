@@ -1,0 +1,197 @@
+// Highway implementation of matmul; compiled once per SIMD target, chosen at run time.
+#include "kestrel/kernels/matmul.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "kestrel/base/error.h"
+#include "kestrel/formats/dequant.h"
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kestrel/kernels/matmul.cpp"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace kestrel::kernels {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+constexpr size_t kQ8Block = 32;
+constexpr size_t kQ8BlockBytes = 34;
+
+// Four rows times four tokens of float32 weights: 16 accumulators, 8 loads per 16 FMAs.
+void MatmulF32Rows(const Matrix& w, const float* x, size_t n_tokens, size_t x_stride, float* y,
+                   size_t y_stride, size_t row_begin, size_t row_end) {
+  const hn::ScalableTag<float> d;
+  const size_t N = hn::Lanes(d);
+  const size_t cols = w.cols;
+  const size_t vec_cols = cols - cols % N;
+  const float* W = static_cast<const float*>(w.data);
+  auto tail = [&](const float* wr, const float* xt) {
+    float s = 0.0f;
+    for (size_t i = vec_cols; i < cols; ++i) s += wr[i] * xt[i];
+    return s;
+  };
+  constexpr size_t kRowBlock = 32;  // rows kept hot in L2 while token tiles stream by
+  for (size_t rb = row_begin; rb < row_end; rb += kRowBlock) {
+    const size_t re = std::min(row_end, rb + kRowBlock);
+    size_t t = 0;
+    for (; t + 4 <= n_tokens; t += 4) {
+      const float* x0 = x + (t + 0) * x_stride;
+      const float* x1 = x + (t + 1) * x_stride;
+      const float* x2 = x + (t + 2) * x_stride;
+      const float* x3 = x + (t + 3) * x_stride;
+      for (size_t r = rb; r < re; ++r) {
+        const float* wr = W + r * cols;
+        auto a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
+        for (size_t i = 0; i < vec_cols; i += N) {
+          const auto wv = hn::LoadU(d, wr + i);
+          a0 = hn::MulAdd(wv, hn::LoadU(d, x0 + i), a0);
+          a1 = hn::MulAdd(wv, hn::LoadU(d, x1 + i), a1);
+          a2 = hn::MulAdd(wv, hn::LoadU(d, x2 + i), a2);
+          a3 = hn::MulAdd(wv, hn::LoadU(d, x3 + i), a3);
+        }
+        y[(t + 0) * y_stride + r] = hn::GetLane(hn::SumOfLanes(d, a0)) + tail(wr, x0);
+        y[(t + 1) * y_stride + r] = hn::GetLane(hn::SumOfLanes(d, a1)) + tail(wr, x1);
+        y[(t + 2) * y_stride + r] = hn::GetLane(hn::SumOfLanes(d, a2)) + tail(wr, x2);
+        y[(t + 3) * y_stride + r] = hn::GetLane(hn::SumOfLanes(d, a3)) + tail(wr, x3);
+      }
+    }
+    for (; t < n_tokens; ++t) {
+      const float* xt = x + t * x_stride;
+      size_t r = rb;
+      for (; r + 4 <= re; r += 4) {
+        const float* w0 = W + (r + 0) * cols;
+        const float* w1 = W + (r + 1) * cols;
+        const float* w2 = W + (r + 2) * cols;
+        const float* w3 = W + (r + 3) * cols;
+        auto a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
+        for (size_t i = 0; i < vec_cols; i += N) {
+          const auto xv = hn::LoadU(d, xt + i);
+          a0 = hn::MulAdd(hn::LoadU(d, w0 + i), xv, a0);
+          a1 = hn::MulAdd(hn::LoadU(d, w1 + i), xv, a1);
+          a2 = hn::MulAdd(hn::LoadU(d, w2 + i), xv, a2);
+          a3 = hn::MulAdd(hn::LoadU(d, w3 + i), xv, a3);
+        }
+        y[t * y_stride + r + 0] = hn::GetLane(hn::SumOfLanes(d, a0)) + tail(w0, xt);
+        y[t * y_stride + r + 1] = hn::GetLane(hn::SumOfLanes(d, a1)) + tail(w1, xt);
+        y[t * y_stride + r + 2] = hn::GetLane(hn::SumOfLanes(d, a2)) + tail(w2, xt);
+        y[t * y_stride + r + 3] = hn::GetLane(hn::SumOfLanes(d, a3)) + tail(w3, xt);
+      }
+      for (; r < re; ++r) {
+        const float* wr = W + r * cols;
+        auto a = hn::Zero(d);
+        for (size_t i = 0; i < vec_cols; i += N) {
+          a = hn::MulAdd(hn::LoadU(d, wr + i), hn::LoadU(d, xt + i), a);
+        }
+        y[t * y_stride + r] = hn::GetLane(hn::SumOfLanes(d, a)) + tail(wr, xt);
+      }
+    }
+  }
+}
+
+// Dot product of one Q8_0 row with a float32 vector: sum over blocks of d_b * (q_b . x_b).
+float DotQ8_0(const uint8_t* row, const float* x, size_t cols) {
+  const hn::ScalableTag<float> d;
+  const hn::Rebind<int32_t, decltype(d)> di32;
+  const hn::Rebind<int8_t, decltype(d)> di8;
+  const size_t N = hn::Lanes(d);
+  auto acc = hn::Zero(d);
+  float scalar = 0.0f;
+  for (size_t b = 0; b < cols / kQ8Block; ++b) {
+    const uint8_t* block = row + b * kQ8BlockBytes;
+    uint16_t scale_bits;
+    std::memcpy(&scale_bits, block, sizeof(scale_bits));
+    const float scale = gguf::fp16_to_fp32(scale_bits);
+    const int8_t* q = reinterpret_cast<const int8_t*>(block + 2);
+    const float* xb = x + b * kQ8Block;
+    if (N <= kQ8Block) {
+      auto part = hn::Zero(d);
+      for (size_t i = 0; i < kQ8Block; i += N) {
+        const auto qf = hn::ConvertTo(d, hn::PromoteTo(di32, hn::LoadU(di8, q + i)));
+        part = hn::MulAdd(qf, hn::LoadU(d, xb + i), part);
+      }
+      acc = hn::MulAdd(hn::Set(d, scale), part, acc);
+    } else {
+      float part = 0.0f;
+      for (size_t i = 0; i < kQ8Block; ++i) part += static_cast<float>(q[i]) * xb[i];
+      scalar += scale * part;
+    }
+  }
+  return hn::GetLane(hn::SumOfLanes(d, acc)) + scalar;
+}
+
+void MatmulQ8_0Rows(const Matrix& w, const float* x, size_t n_tokens, size_t x_stride, float* y,
+                    size_t y_stride, size_t row_begin, size_t row_end) {
+  for (size_t r = row_begin; r < row_end; ++r) {
+    const uint8_t* row = w.row(r);
+    for (size_t t = 0; t < n_tokens; ++t) {
+      y[t * y_stride + r] = DotQ8_0(row, x + t * x_stride, w.cols);
+    }
+  }
+}
+
+void MatmulRows(const Matrix& w, const float* x, size_t n_tokens, size_t x_stride, float* y,
+                size_t y_stride, size_t row_begin, size_t row_end) {
+  switch (w.type) {
+    case WeightType::kF32:
+      return MatmulF32Rows(w, x, n_tokens, x_stride, y, y_stride, row_begin, row_end);
+    case WeightType::kQ8_0:
+      return MatmulQ8_0Rows(w, x, n_tokens, x_stride, y, y_stride, row_begin, row_end);
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace kestrel::kernels
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace kestrel::kernels {
+
+HWY_EXPORT(MatmulRows);
+
+size_t Matrix::row_bytes() const {
+  switch (type) {
+    case WeightType::kF32:
+      return cols * sizeof(float);
+    case WeightType::kQ8_0:
+      return cols / 32 * 34;
+  }
+  return 0;
+}
+
+void matmul(const Matrix& w, const float* x, size_t n_tokens, size_t x_stride, float* y,
+            size_t y_stride, ThreadPool& pool) {
+  if (w.type == WeightType::kQ8_0 && w.cols % 32 != 0) {
+    throw Error("matmul: Q8_0 matrix with a row length that is not a multiple of 32");
+  }
+  pool.parallel_for(w.rows, 16, [&](size_t begin, size_t end) {
+    HWY_DYNAMIC_DISPATCH(MatmulRows)(w, x, n_tokens, x_stride, y, y_stride, begin, end);
+  });
+}
+
+void matrix_row(const Matrix& w, size_t r, float* out) {
+  if (w.type == WeightType::kF32) {
+    std::memcpy(out, w.row(r), w.cols * sizeof(float));
+  } else {
+    gguf::dequantize(gguf::TensorType::kQ8_0, w.row(r), out, w.cols);
+  }
+}
+
+void matmul_reference(const Matrix& w, const float* x, size_t n_tokens, size_t x_stride, float* y,
+                      size_t y_stride) {
+  std::vector<float> row(w.cols);
+  for (size_t r = 0; r < w.rows; ++r) {
+    matrix_row(w, r, row.data());
+    for (size_t t = 0; t < n_tokens; ++t) {
+      double s = 0.0;
+      for (size_t i = 0; i < w.cols; ++i) s += static_cast<double>(row[i]) * x[t * x_stride + i];
+      y[t * y_stride + r] = static_cast<float>(s);
+    }
+  }
+}
+
+}  // namespace kestrel::kernels
+#endif  // HWY_ONCE

@@ -1,0 +1,45 @@
+// Element-wise and per-vector operations of the transformer block, float32 in and out.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace kestrel::kernels {
+
+/// y = x / sqrt(mean(x^2) + eps) * weight, over n elements (x and y may alias).
+/// Gemma's GGUF weights already hold (1 + w) (llama.cpp convert_hf_to_gguf.py, Gemma3Model).
+void rms_norm(const float* x, const float* weight, float* y, size_t n, float eps);
+
+/// Same, without a weight (Gemma 4's V-norm).
+void rms_norm_unweighted(const float* x, float* y, size_t n, float eps);
+
+/// y = gelu_tanh(gate) * up, gelu_tanh(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+/// (Hendrycks & Gimpel 2016; HF "gelu_pytorch_tanh"). y may alias gate or up.
+void gelu_tanh_mul(const float* gate, const float* up, float* y, size_t n);
+
+/// y += x over n elements.
+void add_inplace(float* y, const float* x, size_t n);
+
+/// y *= s over n elements.
+void scale_inplace(float* y, float s, size_t n);
+
+/// NeoX-style rotary embedding ("rotate half", HF apply_rotary_pos_emb) on n_heads vectors of
+/// head_dim laid out back to back: for i < n_rot/2, (x[i], x[i + n_rot/2]) is rotated by the
+/// angle whose cos/sin are cos_sin[2i], cos_sin[2i+1]. Elements past n_rot are left as they are.
+void rope_neox(float* x, size_t n_heads, size_t head_dim, size_t n_rot, const float* cos_sin);
+
+/// float32 -> IEEE fp16 with round-to-nearest-even.
+void to_fp16(const float* x, uint16_t* y, size_t n);
+
+/// Attention of one query head over a window of cached positions.
+///   q:        float32 [head_dim], already multiplied by the attention scale;
+///   k, v:     fp16 cache of one KV head: position p lives in slot p % capacity, slot s at
+///             k + s * stride (elements);
+///   [pos_begin, pos_end): the positions the query sees (causal and sliding-window mask applied
+///             by the caller's choice of range);
+///   scores:   scratch of at least pos_end - pos_begin floats;
+///   out:      float32 [head_dim] = sum_p softmax(q.k_p) v_p.
+void attend(const float* q, const uint16_t* k, const uint16_t* v, size_t stride, size_t capacity,
+            size_t head_dim, size_t pos_begin, size_t pos_end, float* scores, float* out);
+
+}  // namespace kestrel::kernels

@@ -1,0 +1,279 @@
+#include "kestrel/model/gemma3.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "kestrel/base/error.h"
+#include "kestrel/kernels/ops.h"
+
+namespace kestrel::model {
+namespace {
+
+constexpr const char* kArch = "gemma3";
+
+std::string key(const char* suffix) { return std::string(kArch) + "." + suffix; }
+
+size_t positive(const gguf::File& file, const std::string& name) {
+  const uint64_t v = file.get_uint(name);
+  if (v == 0 || v > (1u << 24)) throw Error("metadata " + name + " = " + std::to_string(v) + " is out of range");
+  return static_cast<size_t>(v);
+}
+
+std::string blk(size_t il, const char* name) {
+  return "blk." + std::to_string(il) + "." + name + ".weight";
+}
+
+// inv_freq[i] = base^(-2i / n_rot), i < n_rot / 2 (RoFormer, Su et al. 2021, eq. 15).
+std::vector<float> inverse_frequencies(double base, size_t n_rot) {
+  std::vector<float> f(n_rot / 2);
+  for (size_t i = 0; i < f.size(); ++i) {
+    f[i] = static_cast<float>(std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(n_rot)));
+  }
+  return f;
+}
+
+void fill_cos_sin(const std::vector<float>& inv_freq, double position, float* out) {
+  for (size_t i = 0; i < inv_freq.size(); ++i) {
+    const double angle = position * static_cast<double>(inv_freq[i]);
+    out[2 * i] = static_cast<float>(std::cos(angle));
+    out[2 * i + 1] = static_cast<float>(std::sin(angle));
+  }
+}
+
+}  // namespace
+
+Gemma3Config Gemma3Config::from_gguf(const gguf::File& file) {
+  Gemma3Config c;
+  c.n_layers = positive(file, key("block_count"));
+  c.d_model = positive(file, key("embedding_length"));
+  c.d_ff = positive(file, key("feed_forward_length"));
+  c.n_heads = positive(file, key("attention.head_count"));
+  c.n_kv_heads = positive(file, key("attention.head_count_kv"));
+  c.head_dim = positive(file, key("attention.key_length"));
+  if (positive(file, key("attention.value_length")) != c.head_dim) {
+    throw Error("gemma3: key_length and value_length differ, which Gemma 3 never does");
+  }
+  if (c.n_heads % c.n_kv_heads != 0) throw Error("gemma3: head_count is not a multiple of head_count_kv");
+  if (c.head_dim % 2 != 0) throw Error("gemma3: key_length must be even for RoPE");
+  c.context_length = positive(file, key("context_length"));
+  c.sliding_window = positive(file, key("attention.sliding_window"));
+  c.sliding_window_pattern = file.find_uint(key("attention.sliding_window_pattern")).value_or(6);
+  if (c.sliding_window_pattern == 0) throw Error("gemma3: sliding_window_pattern must be > 0");
+  c.rms_eps = static_cast<float>(file.get_float(key("attention.layer_norm_rms_epsilon")));
+  c.rope_base_global = static_cast<float>(file.get_float(key("rope.freq_base")));
+  c.rope_base_sliding = static_cast<float>(file.find_float(key("rope.freq_base_swa")).value_or(1e4));
+  if (const auto type = file.find_string(key("rope.scaling.type")); type && *type == "linear") {
+    const double factor = file.get_float(key("rope.scaling.factor"));
+    if (!(factor > 0.0)) throw Error("gemma3: rope.scaling.factor must be positive");
+    c.rope_scale_global = static_cast<float>(1.0 / factor);
+  }
+  c.final_softcap = static_cast<float>(file.find_float(key("final_logit_softcapping")).value_or(0.0));
+  // llama.cpp (hparams.f_attention_scale for gemma3) and HF (query_pre_attn_scalar = head_dim
+  // for every Gemma 3 size but 27B) agree on 1/sqrt(head_dim).
+  c.attention_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  c.embed_scale = std::sqrt(static_cast<float>(c.d_model));
+  const auto& tokens = file.get_array("tokenizer.ggml.tokens");
+  c.n_vocab = tokens.size();
+  return c;
+}
+
+Gemma3Model::Gemma3Model(const gguf::File& file)
+    : config_(Gemma3Config::from_gguf(file)), store_(file) {
+  const auto& c = config_;
+  // The vocabulary is the embedding's rows (llama.cpp's converter trims the table to the
+  // tokenizer; they are equal for every Gemma 3 file).
+  const auto* embd = file.find_tensor("token_embd.weight");
+  if (embd == nullptr || embd->shape.size() != 2) throw Error("model file has no 2-D token_embd.weight");
+  config_.n_vocab = static_cast<size_t>(embd->shape[1]);
+  embedding_ = store_.matrix("token_embd.weight", config_.n_vocab, c.d_model);
+  output_ = store_.has("output.weight") ? store_.matrix("output.weight", config_.n_vocab, c.d_model)
+                                        : embedding_;
+  output_norm_ = store_.vector("output_norm.weight", c.d_model);
+  const size_t q_dim = c.n_heads * c.head_dim;
+  const size_t kv_dim = c.n_kv_heads * c.head_dim;
+  for (size_t il = 0; il < c.n_layers; ++il) {
+    Layer l;
+    l.attn_norm = store_.vector(blk(il, "attn_norm"), c.d_model);
+    l.wq = store_.matrix(blk(il, "attn_q"), q_dim, c.d_model);
+    l.wk = store_.matrix(blk(il, "attn_k"), kv_dim, c.d_model);
+    l.wv = store_.matrix(blk(il, "attn_v"), kv_dim, c.d_model);
+    l.q_norm = store_.vector(blk(il, "attn_q_norm"), c.head_dim);
+    l.k_norm = store_.vector(blk(il, "attn_k_norm"), c.head_dim);
+    l.wo = store_.matrix(blk(il, "attn_output"), c.d_model, q_dim);
+    l.post_attn_norm = store_.vector(blk(il, "post_attention_norm"), c.d_model);
+    l.ffn_norm = store_.vector(blk(il, "ffn_norm"), c.d_model);
+    l.w_gate = store_.matrix(blk(il, "ffn_gate"), c.d_ff, c.d_model);
+    l.w_up = store_.matrix(blk(il, "ffn_up"), c.d_ff, c.d_model);
+    l.w_down = store_.matrix(blk(il, "ffn_down"), c.d_model, c.d_ff);
+    l.post_ffn_norm = store_.vector(blk(il, "post_ffw_norm"), c.d_model);
+    layers_.push_back(l);
+  }
+  inv_freq_global_ = inverse_frequencies(c.rope_base_global, c.head_dim);
+  inv_freq_sliding_ = inverse_frequencies(c.rope_base_sliding, c.head_dim);
+  info_.architecture = kArch;
+  info_.name = file.find_string("general.name").value_or("");
+  info_.n_vocab = config_.n_vocab;
+  info_.d_model = c.d_model;
+  info_.n_layers = c.n_layers;
+  info_.context_length = c.context_length;
+  info_.n_params = store_.n_params();
+}
+
+KvCache Gemma3Model::new_cache(size_t n_ctx) const {
+  if (n_ctx == 0 || n_ctx > config_.context_length) {
+    throw Error("context size " + std::to_string(n_ctx) + " is outside 1.." +
+                std::to_string(config_.context_length) + " for this model");
+  }
+  KvCache cache;
+  cache.n_ctx = n_ctx;
+  const size_t stride = config_.n_kv_heads * config_.head_dim;
+  for (size_t il = 0; il < config_.n_layers; ++il) {
+    LayerCache lc;
+    lc.capacity = config_.is_sliding(il)
+                      ? std::min(n_ctx, config_.sliding_window + kMaxUbatch - 1)
+                      : n_ctx;
+    lc.stride = stride;
+    lc.k.assign(lc.capacity * stride, 0);
+    lc.v.assign(lc.capacity * stride, 0);
+    cache.layers.push_back(std::move(lc));
+  }
+  return cache;
+}
+
+void Gemma3Model::forward(std::span<const TokenId> tokens, KvCache& cache, Logits which,
+                          float* logits, ThreadPool& pool) const {
+  if (tokens.empty()) throw Error("forward: no tokens");
+  if (cache.layers.size() != config_.n_layers) throw Error("forward: cache of another model");
+  if (cache.n_past + tokens.size() > cache.n_ctx) {
+    throw Error("the sequence needs " + std::to_string(cache.n_past + tokens.size()) +
+                " positions but the context holds " + std::to_string(cache.n_ctx));
+  }
+  for (TokenId t : tokens) {
+    if (t < 0 || static_cast<size_t>(t) >= config_.n_vocab) {
+      throw Error("token id " + std::to_string(t) + " is outside the vocabulary (" +
+                  std::to_string(config_.n_vocab) + ")");
+    }
+  }
+  for (size_t start = 0; start < tokens.size(); start += kMaxUbatch) {
+    const size_t n = std::min(kMaxUbatch, tokens.size() - start);
+    const bool last_chunk = start + n == tokens.size();
+    float* out = nullptr;
+    if (which == Logits::kAll) out = logits + start * config_.n_vocab;
+    if (which == Logits::kLast && last_chunk) out = logits;
+    forward_chunk(tokens.subspan(start, n), cache, which, out, pool);
+  }
+}
+
+void Gemma3Model::attention_block(const Layer& l, size_t il, size_t n, size_t pos0,
+                                  LayerCache& lc, std::vector<float>& x,
+                                  ThreadPool& pool) const {
+  const auto& c = config_;
+  const size_t d = c.d_model, hd = c.head_dim;
+  const size_t q_dim = c.n_heads * hd, kv_dim = c.n_kv_heads * hd;
+  const bool sliding = c.is_sliding(il);
+  std::vector<float> xn(n * d), q(n * q_dim), k(n * kv_dim), v(n * kv_dim), attn(n * q_dim);
+  pool.parallel_for(n, 1, [&](size_t b, size_t e) {
+    for (size_t t = b; t < e; ++t) kernels::rms_norm(&x[t * d], l.attn_norm, &xn[t * d], d, c.rms_eps);
+  });
+  kernels::matmul(l.wq, xn.data(), n, d, q.data(), q_dim, pool);
+  kernels::matmul(l.wk, xn.data(), n, d, k.data(), kv_dim, pool);
+  kernels::matmul(l.wv, xn.data(), n, d, v.data(), kv_dim, pool);
+
+  const auto& inv_freq = sliding ? inv_freq_sliding_ : inv_freq_global_;
+  const double pos_scale = sliding ? 1.0 : static_cast<double>(c.rope_scale_global);
+  pool.parallel_for(n, 1, [&](size_t b, size_t e) {
+    std::vector<float> cos_sin(hd);
+    for (size_t t = b; t < e; ++t) {
+      float* qt = &q[t * q_dim];
+      float* kt = &k[t * kv_dim];
+      for (size_t h = 0; h < c.n_heads; ++h) kernels::rms_norm(qt + h * hd, l.q_norm, qt + h * hd, hd, c.rms_eps);
+      for (size_t h = 0; h < c.n_kv_heads; ++h) kernels::rms_norm(kt + h * hd, l.k_norm, kt + h * hd, hd, c.rms_eps);
+      fill_cos_sin(inv_freq, static_cast<double>(pos0 + t) * pos_scale, cos_sin.data());
+      kernels::rope_neox(qt, c.n_heads, hd, hd, cos_sin.data());
+      kernels::rope_neox(kt, c.n_kv_heads, hd, hd, cos_sin.data());
+      kernels::scale_inplace(qt, c.attention_scale, q_dim);
+      const size_t slot = (pos0 + t) % lc.capacity;
+      kernels::to_fp16(kt, &lc.k[slot * lc.stride], kv_dim);
+      kernels::to_fp16(&v[t * kv_dim], &lc.v[slot * lc.stride], kv_dim);
+    }
+  });
+
+  const size_t group = c.n_heads / c.n_kv_heads;
+  pool.parallel_for(n * c.n_heads, 1, [&](size_t b, size_t e) {
+    std::vector<float> scores(std::min(pos0 + n, lc.capacity) + 1);
+    for (size_t item = b; item < e; ++item) {
+      const size_t t = item / c.n_heads, h = item % c.n_heads;
+      const size_t pos = pos0 + t;
+      const size_t begin = sliding && pos + 1 > c.sliding_window ? pos + 1 - c.sliding_window : 0;
+      const size_t kv_off = (h / group) * hd;
+      kernels::attend(&q[t * q_dim + h * hd], lc.k.data() + kv_off, lc.v.data() + kv_off,
+                      lc.stride, lc.capacity, hd, begin, pos + 1, scores.data(),
+                      &attn[t * q_dim + h * hd]);
+    }
+  });
+
+  std::vector<float>& o = xn;  // reuse: [n, d]
+  kernels::matmul(l.wo, attn.data(), n, q_dim, o.data(), d, pool);
+  pool.parallel_for(n, 1, [&](size_t b, size_t e) {
+    for (size_t t = b; t < e; ++t) {
+      kernels::rms_norm(&o[t * d], l.post_attn_norm, &o[t * d], d, c.rms_eps);
+      kernels::add_inplace(&x[t * d], &o[t * d], d);
+    }
+  });
+}
+
+void Gemma3Model::ffn_block(const Layer& l, size_t n, std::vector<float>& x,
+                            ThreadPool& pool) const {
+  const auto& c = config_;
+  const size_t d = c.d_model, f = c.d_ff;
+  std::vector<float> xn(n * d), gate(n * f), up(n * f);
+  pool.parallel_for(n, 1, [&](size_t b, size_t e) {
+    for (size_t t = b; t < e; ++t) kernels::rms_norm(&x[t * d], l.ffn_norm, &xn[t * d], d, c.rms_eps);
+  });
+  kernels::matmul(l.w_gate, xn.data(), n, d, gate.data(), f, pool);
+  kernels::matmul(l.w_up, xn.data(), n, d, up.data(), f, pool);
+  pool.parallel_for(n, 1, [&](size_t b, size_t e) {
+    kernels::gelu_tanh_mul(&gate[b * f], &up[b * f], &gate[b * f], (e - b) * f);
+  });
+  kernels::matmul(l.w_down, gate.data(), n, f, xn.data(), d, pool);
+  pool.parallel_for(n, 1, [&](size_t b, size_t e) {
+    for (size_t t = b; t < e; ++t) {
+      kernels::rms_norm(&xn[t * d], l.post_ffn_norm, &xn[t * d], d, c.rms_eps);
+      kernels::add_inplace(&x[t * d], &xn[t * d], d);
+    }
+  });
+}
+
+void Gemma3Model::forward_chunk(std::span<const TokenId> tokens, KvCache& cache, Logits which,
+                                float* logits, ThreadPool& pool) const {
+  const auto& c = config_;
+  const size_t n = tokens.size(), d = c.d_model;
+  const size_t pos0 = cache.n_past;
+  std::vector<float> x(n * d);
+  pool.parallel_for(n, 1, [&](size_t b, size_t e) {
+    for (size_t t = b; t < e; ++t) {
+      kernels::matrix_row(embedding_, static_cast<size_t>(tokens[t]), &x[t * d]);
+      kernels::scale_inplace(&x[t * d], c.embed_scale, d);
+    }
+  });
+  for (size_t il = 0; il < c.n_layers; ++il) {
+    attention_block(layers_[il], il, n, pos0, cache.layers[il], x, pool);
+    ffn_block(layers_[il], n, x, pool);
+  }
+  cache.n_past += n;
+  if (logits == nullptr) return;
+
+  const size_t first = which == Logits::kAll ? 0 : n - 1;
+  const size_t n_out = n - first;
+  std::vector<float> xn(n_out * d);
+  for (size_t t = 0; t < n_out; ++t) {
+    kernels::rms_norm(&x[(first + t) * d], output_norm_, &xn[t * d], d, c.rms_eps);
+  }
+  kernels::matmul(output_, xn.data(), n_out, d, logits, c.n_vocab, pool);
+  if (c.final_softcap > 0.0f) {
+    const float cap = c.final_softcap;
+    for (size_t i = 0; i < n_out * c.n_vocab; ++i) logits[i] = cap * std::tanh(logits[i] / cap);
+  }
+}
+
+}  // namespace kestrel::model

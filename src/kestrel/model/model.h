@@ -1,0 +1,73 @@
+// The interface every architecture implements, and the KV cache it fills.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kestrel/base/thread_pool.h"
+#include "kestrel/formats/gguf.h"
+
+namespace kestrel::model {
+
+using TokenId = int32_t;
+
+/// Keys and values of one layer, fp16. Position p lives in slot p % capacity; a sliding-window
+/// layer keeps only window + ubatch - 1 slots, a global layer one per context position.
+struct LayerCache {
+  size_t capacity = 0;
+  size_t stride = 0;  // elements per slot: n_kv_heads * head_dim
+  std::vector<uint16_t> k, v;
+};
+
+/// The KV cache of one sequence.
+struct KvCache {
+  std::vector<LayerCache> layers;
+  size_t n_ctx = 0;   // positions the sequence may reach
+  size_t n_past = 0;  // positions already written
+  /// Bytes held by keys and values.
+  size_t bytes() const;
+  /// Forgets the sequence (keeps the memory).
+  void clear() { n_past = 0; }
+};
+
+/// Facts about a loaded model that callers need.
+struct ModelInfo {
+  std::string architecture;  // general.architecture, e.g. "gemma3"
+  std::string name;          // general.name
+  size_t n_vocab = 0;
+  size_t d_model = 0;
+  size_t n_layers = 0;
+  size_t context_length = 0;  // the model's maximum (training) context
+  size_t n_params = 0;
+};
+
+enum class Logits { kLast, kAll };
+
+/// A decoder-only language model. Implementations keep pointers into the GGUF mapping, which
+/// must outlive them.
+class Model {
+ public:
+  virtual ~Model() = default;
+  virtual const ModelInfo& info() const = 0;
+
+  /// A cache for a sequence of up to n_ctx positions (1 <= n_ctx <= context_length, else
+  /// kestrel::Error).
+  virtual KvCache new_cache(size_t n_ctx) const = 0;
+
+  /// Runs `tokens` at positions cache.n_past, cache.n_past + 1, ... and advances n_past.
+  /// Writes float32 logits to `logits`: [n_vocab] for Logits::kLast, [tokens.size(), n_vocab]
+  /// for Logits::kAll. Throws kestrel::Error when the tokens do not fit in the cache or an id
+  /// is outside the vocabulary (the cache is left unchanged then).
+  virtual void forward(std::span<const TokenId> tokens, KvCache& cache, Logits which,
+                       float* logits, ThreadPool& pool) const = 0;
+};
+
+/// Builds the model named by general.architecture. Throws kestrel::Error for an unknown
+/// architecture or missing / misshapen tensors.
+std::unique_ptr<Model> load_model(const gguf::File& file);
+
+}  // namespace kestrel::model

@@ -1,0 +1,134 @@
+// Kernels against scalar float64 references on odd shapes.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "kestrel/formats/dequant.h"
+#include "kestrel/kernels/matmul.h"
+#include "kestrel/kernels/ops.h"
+
+namespace k = kestrel::kernels;
+
+namespace {
+
+std::vector<float> random_vector(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+// Q8_0 blocks written by hand: d = max|x| / 127, q = round(x / d) (ggml quantize_row_q8_0_ref).
+std::vector<uint8_t> to_q8_0(const std::vector<float>& w) {
+  std::vector<uint8_t> out;
+  for (size_t b = 0; b < w.size() / 32; ++b) {
+    float amax = 0;
+    for (size_t i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(w[b * 32 + i]));
+    const float d = amax / 127.0f;
+    const uint16_t dh = kestrel::gguf::fp32_to_fp16(d);
+    out.push_back(static_cast<uint8_t>(dh & 0xff));
+    out.push_back(static_cast<uint8_t>(dh >> 8));
+    for (size_t i = 0; i < 32; ++i) {
+      const int q = d == 0 ? 0 : static_cast<int>(std::lround(w[b * 32 + i] / d));
+      out.push_back(static_cast<uint8_t>(static_cast<int8_t>(q)));
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST(Kernels, MatmulF32MatchesReferenceOnOddShapes) {
+  kestrel::ThreadPool pool(3);
+  for (auto [rows, cols, n] : std::vector<std::tuple<size_t, size_t, size_t>>{
+           {1, 1, 1}, {7, 13, 3}, {33, 100, 5}, {64, 640, 9}, {130, 257, 4}}) {
+    const auto w = random_vector(rows * cols, 1);
+    const auto x = random_vector(n * (cols + 3), 2);
+    k::Matrix m{k::WeightType::kF32, w.data(), rows, cols};
+    std::vector<float> y(n * (rows + 1)), ref(n * (rows + 1));
+    k::matmul(m, x.data(), n, cols + 3, y.data(), rows + 1, pool);
+    k::matmul_reference(m, x.data(), n, cols + 3, ref.data(), rows + 1);
+    for (size_t t = 0; t < n; ++t) {
+      for (size_t r = 0; r < rows; ++r) {
+        // float32 accumulation of `cols` products: error ~ sqrt(cols) * eps * |terms|.
+        EXPECT_NEAR(y[t * (rows + 1) + r], ref[t * (rows + 1) + r], 1e-5 * std::sqrt(cols) * 4)
+            << rows << "x" << cols << " t=" << t << " r=" << r;
+      }
+    }
+  }
+}
+
+TEST(Kernels, MatmulQ8_0MatchesDequantizedReference) {
+  kestrel::ThreadPool pool(2);
+  const size_t rows = 37, cols = 96, n = 3;
+  const auto blocks = to_q8_0(random_vector(rows * cols, 3));
+  const auto x = random_vector(n * cols, 4);
+  k::Matrix m{k::WeightType::kQ8_0, blocks.data(), rows, cols};
+  std::vector<float> y(n * rows), ref(n * rows);
+  k::matmul(m, x.data(), n, cols, y.data(), rows, pool);
+  k::matmul_reference(m, x.data(), n, cols, ref.data(), rows);
+  for (size_t i = 0; i < y.size(); ++i) EXPECT_NEAR(y[i], ref[i], 1e-4) << i;
+}
+
+TEST(Kernels, RmsNormHandComputed) {
+  // x = (3, 4): mean square 12.5, 1/sqrt(12.5) = 0.28284271.
+  const float x[2] = {3, 4}, w[2] = {1, 2};
+  float y[2];
+  k::rms_norm(x, w, y, 2, 0.0f);
+  EXPECT_NEAR(y[0], 3 * 0.28284271f, 1e-6);
+  EXPECT_NEAR(y[1], 2 * 4 * 0.28284271f, 1e-6);
+}
+
+TEST(Kernels, GeluTanhKnownValues) {
+  // gelu_tanh(1) = 0.8411920 and gelu_tanh(-2) = -0.0454023 (torch gelu approximate='tanh').
+  const float gate[2] = {1.0f, -2.0f}, up[2] = {1.0f, 2.0f};
+  float y[2];
+  k::gelu_tanh_mul(gate, up, y, 2);
+  EXPECT_NEAR(y[0], 0.8411920f, 1e-6);
+  EXPECT_NEAR(y[1], 2 * -0.0454023f, 1e-6);
+}
+
+TEST(Kernels, RopeRotatesPairsHalfApart) {
+  // head_dim 4, n_rot 4: pairs (0,2) and (1,3); angles 90 and 0 degrees.
+  float x[4] = {1, 2, 3, 4};
+  const float cos_sin[4] = {0, 1, 1, 0};
+  k::rope_neox(x, 1, 4, 4, cos_sin);
+  EXPECT_FLOAT_EQ(x[0], -3);
+  EXPECT_FLOAT_EQ(x[2], 1);
+  EXPECT_FLOAT_EQ(x[1], 2);
+  EXPECT_FLOAT_EQ(x[3], 4);
+}
+
+TEST(Kernels, AttendMatchesScalarSoftmaxOverRing) {
+  const size_t hd = 40, capacity = 7, stride = hd + 8;
+  std::vector<uint16_t> kc(capacity * stride), vc(capacity * stride);
+  const auto kf = random_vector(capacity * stride, 5), vf = random_vector(capacity * stride, 6);
+  k::to_fp16(kf.data(), kc.data(), kc.size());
+  k::to_fp16(vf.data(), vc.data(), vc.size());
+  const auto q = random_vector(hd, 7, 0.3f);
+  // Positions 9..13 live in slots 2..6 of the ring of 7.
+  std::vector<float> scores(8), out(hd);
+  k::attend(q.data(), kc.data(), vc.data(), stride, capacity, hd, 9, 14, scores.data(), out.data());
+  std::vector<double> s;
+  double mx = -1e30, sum = 0;
+  for (size_t p = 9; p < 14; ++p) {
+    double dot = 0;
+    for (size_t i = 0; i < hd; ++i) {
+      dot += q[i] * kestrel::gguf::fp16_to_fp32(kc[(p % capacity) * stride + i]);
+    }
+    s.push_back(dot);
+    mx = std::max(mx, dot);
+  }
+  for (auto& v : s) sum += v = std::exp(v - mx);
+  for (size_t i = 0; i < hd; ++i) {
+    double ref = 0;
+    for (size_t j = 0; j < s.size(); ++j) {
+      ref += s[j] / sum * kestrel::gguf::fp16_to_fp32(vc[((9 + j) % capacity) * stride + i]);
+    }
+    EXPECT_NEAR(out[i], ref, 1e-5) << i;
+  }
+}

@@ -1,0 +1,16 @@
+// Subcommands of the kestrel CLI. Each registers its options on the app and returns the
+// function that runs it.
+#pragma once
+
+#include <functional>
+
+#include <CLI/CLI.hpp>
+
+namespace kestrel::tools {
+
+using Command = std::function<int()>;
+
+Command add_run_command(CLI::App& app);
+Command add_chat_command(CLI::App& app);
+
+}  // namespace kestrel::tools

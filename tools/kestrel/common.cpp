@@ -1,0 +1,45 @@
+#include "common.h"
+
+#include "kestrel/runtime/model_path.h"
+
+namespace kestrel::tools {
+
+void ModelOptions::add_to(CLI::App& cmd) {
+  cmd.add_option("-m,--model", model, "GGUF model file (default: $KESTREL_MODEL or Gemma 3 270M)");
+  cmd.add_option("-t,--threads", threads, "Threads (default: every core)")->check(CLI::NonNegativeNumber);
+  cmd.add_option("-c,--ctx", ctx, "Context size in tokens (0: the model's maximum)")
+      ->capture_default_str();
+}
+
+runtime::Engine ModelOptions::load() const {
+  const std::filesystem::path path = model.empty() ? runtime::default_model_path() : std::filesystem::path(model);
+  return runtime::Engine(path, {threads, ctx});
+}
+
+void SamplingOptions::add_to(CLI::App& cmd) {
+  auto& s = sampler;
+  cmd.add_option("-n,--n-predict", n_predict, "Tokens to generate at most")->capture_default_str();
+  cmd.add_option("--temp", s.temperature, "Temperature (0: greedy)")->capture_default_str();
+  cmd.add_option("--top-k", s.top_k, "Top-k (0: off)")->capture_default_str();
+  cmd.add_option("--top-p", s.top_p, "Top-p (1: off)")->capture_default_str();
+  cmd.add_option("--min-p", s.min_p, "Min-p (0: off)")->capture_default_str();
+  cmd.add_option("--repeat-penalty", s.repeat_penalty, "Repetition penalty (1: off)")
+      ->capture_default_str();
+  cmd.add_option("--repeat-last-n", s.repeat_last_n, "Tokens the penalty looks back over")
+      ->capture_default_str();
+  cmd.add_option("--seed", seed, "Random seed (-1: random)")->capture_default_str();
+  cmd.add_flag("--ignore-eos", ignore_eos, "Keep generating past end-of-sequence tokens");
+  cmd.add_option("--stop", stop, "Stop string (repeatable)");
+}
+
+runtime::GenerateOptions SamplingOptions::generate_options() const {
+  runtime::GenerateOptions o;
+  o.max_tokens = n_predict;
+  o.sampler = sampler;
+  o.sampler.seed = seed < 0 ? std::random_device{}() : static_cast<uint64_t>(seed);
+  o.ignore_eos = ignore_eos;
+  o.stop = stop;
+  return o;
+}
+
+}  // namespace kestrel::tools

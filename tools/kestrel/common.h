@@ -1,0 +1,35 @@
+// Options shared by the subcommands that load a model and generate.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "kestrel/runtime/engine.h"
+
+namespace kestrel::tools {
+
+struct ModelOptions {
+  std::string model;  // empty: the default model
+  int threads = 0;
+  size_t ctx = 4096;
+
+  void add_to(CLI::App& cmd);
+  runtime::Engine load() const;
+};
+
+struct SamplingOptions {
+  runtime::SamplerConfig sampler;
+  int64_t seed = -1;  // -1: random
+  size_t n_predict = 256;
+  bool ignore_eos = false;
+  std::vector<std::string> stop;
+
+  void add_to(CLI::App& cmd);
+  runtime::GenerateOptions generate_options() const;
+};
+
+}  // namespace kestrel::tools

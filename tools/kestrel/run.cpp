@@ -1,0 +1,111 @@
+// kestrel run: one prompt in, the answer streamed out.
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "common.h"
+#include "kestrel/base/error.h"
+#include "kestrel/text/chat_template.h"
+
+namespace kestrel::tools {
+namespace {
+
+struct RunOptions {
+  ModelOptions model;
+  SamplingOptions sampling;
+  std::string prompt;
+  std::string file;
+  std::string token_ids_file;
+  std::string system;
+  bool raw = false;
+  bool json = false;
+};
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error("cannot read " + path);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::vector<runtime::TokenId> read_token_ids(const std::string& path) {
+  std::istringstream in(read_file(path));
+  std::vector<runtime::TokenId> ids;
+  long long v = 0;
+  while (in >> v) ids.push_back(static_cast<runtime::TokenId>(v));
+  if (!in.eof()) throw Error(path + ": expected whitespace-separated token ids");
+  return ids;
+}
+
+int run(const RunOptions& o) {
+  runtime::Engine engine = o.model.load();
+  std::vector<runtime::TokenId> prompt;
+  if (!o.token_ids_file.empty()) {
+    prompt = read_token_ids(o.token_ids_file);
+  } else {
+    const std::string text = o.file.empty() ? o.prompt : read_file(o.file);
+    if (o.raw) {
+      prompt = engine.encode(text, /*special=*/false);
+    } else {
+      std::vector<text::ChatMessage> messages;
+      if (!o.system.empty()) messages.push_back({"system", o.system});
+      messages.push_back({"user", text});
+      prompt = engine.tokenizer().encode(text::render_gemma3(messages, true), false, true);
+    }
+  }
+  const auto options = o.sampling.generate_options();
+  runtime::GenerateResult result;
+  if (o.json) {
+    result = engine.generate(prompt, options);
+    nlohmann::json j = {{"prompt_tokens", result.prompt_tokens},
+                        {"tokens", result.tokens},
+                        {"text", result.text},
+                        {"finish_reason", result.finish_reason},
+                        {"ttft_ms", result.ttft_ms},
+                        {"prefill_tok_s", result.prefill_tok_s},
+                        {"decode_tok_s", result.decode_tok_s}};
+    std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+    return 0;
+  }
+  result = engine.generate(prompt, options, [](std::string_view piece) {
+    std::fwrite(piece.data(), 1, piece.size(), stdout);
+    std::fflush(stdout);
+    return true;
+  });
+  std::printf("\n");
+  std::fprintf(stderr, "[%zu prompt tokens, %zu generated, prefill %.1f tok/s, decode %.1f tok/s]\n",
+               result.prompt_tokens, result.tokens.size(), result.prefill_tok_s,
+               result.decode_tok_s);
+  return 0;
+}
+
+}  // namespace
+
+Command add_run_command(CLI::App& app) {
+  auto opts = std::make_shared<RunOptions>();
+  auto* cmd = app.add_subcommand("run", "Generate a continuation of one prompt, streamed to stdout");
+  opts->model.add_to(*cmd);
+  opts->sampling.add_to(*cmd);
+  auto* p = cmd->add_option("-p,--prompt", opts->prompt, "Prompt text");
+  auto* f = cmd->add_option("-f,--file", opts->file, "Read the prompt from a file");
+  auto* ids = cmd->add_option("--token-ids", opts->token_ids_file,
+                              "Read the prompt as whitespace-separated token ids (used by benchmarks)");
+  p->excludes(f)->excludes(ids);
+  f->excludes(ids);
+  cmd->add_option("-s,--system", opts->system, "System prompt (chat template only)");
+  cmd->add_flag("--raw", opts->raw, "Skip the chat template: continue the text as is");
+  cmd->add_flag("--json", opts->json, "Print one JSON object with tokens, text and timings");
+  cmd->callback([cmd] {
+    if (cmd->count("--prompt") + cmd->count("--file") + cmd->count("--token-ids") == 0) {
+      throw CLI::RequiredError("one of --prompt, --file or --token-ids");
+    }
+  });
+  return [opts] { return run(*opts); };
+}
+
+}  // namespace kestrel::tools
