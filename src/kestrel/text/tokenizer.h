@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -56,14 +57,39 @@ class Tokenizer {
   std::optional<TokenId> find(std::string_view piece) const;
 
  private:
+  /// Transparent hash so that string_views can be looked up without building a std::string.
+  struct PieceHash {
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
+  /// One node of the trie over the split tokens (first-child / next-sibling links).
+  struct TrieNode {
+    int32_t first_child = -1;
+    int32_t next_sibling = -1;
+    int32_t rank = -1;  // index into split_tokens_ of the token ending here, or -1
+    uint8_t byte = 0;
+  };
+  /// A piece of the input: raw text [offset, offset + length) when token < 0, else one token.
+  struct Fragment {
+    size_t offset = 0;
+    size_t length = 0;
+    TokenId token = -1;
+  };
+
+  void build_split_index();
+  std::vector<int32_t> present_split_ranks(std::string_view text, bool parse_special) const;
+  std::vector<Fragment> partition(std::string_view text, bool parse_special) const;
   void tokenize_raw(std::string_view text, std::vector<TokenId>& out) const;  // SPM on one fragment
+  TokenId byte_token(uint8_t byte) const;
+  void check_id(TokenId id) const;
 
   std::vector<std::string> pieces_;
   std::vector<float> scores_;
   std::vector<TokenType> types_;
-  std::unordered_map<std::string, TokenId> index_;
-  std::vector<TokenId> always_split_;   // user-defined tokens, longest first
-  std::vector<TokenId> special_split_;  // control tokens, longest first
+  std::vector<uint8_t> control_;  // 1: control, unknown, or an EOG text llama.cpp forces
+  std::unordered_map<std::string, TokenId, PieceHash, std::equal_to<>> index_;
+  std::vector<TokenId> split_tokens_;  // control, unknown and user-defined tokens, longest first
+  std::vector<TrieNode> trie_;         // over split_tokens_; node 0 is the root
   TokenId byte_tokens_[256] = {};
   TokenId bos_ = -1, eos_ = -1, unk_ = -1;
   bool add_bos_ = true, add_eos_ = false, add_space_prefix_ = false;
