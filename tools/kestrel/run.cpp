@@ -22,6 +22,7 @@ struct RunOptions {
   std::string token_ids_file;
   std::string system;
   bool raw = false;
+  bool chat = false;
   bool json = false;
 };
 
@@ -49,7 +50,10 @@ int run(const RunOptions& o) {
     prompt = read_token_ids(o.token_ids_file);
   } else {
     const std::string text = o.file.empty() ? o.prompt : read_file(o.file);
-    if (o.raw) {
+    // As llama.cpp's tools do: the chat template for models that carry one (instruction-tuned),
+    // plain continuation for base models such as the default Gemma 3 270M.
+    const bool use_template = !o.raw && (o.chat || engine.has_chat_template());
+    if (!use_template) {
       prompt = engine.encode(text, /*special=*/false);
     } else {
       std::vector<text::ChatMessage> messages;
@@ -98,7 +102,10 @@ Command add_run_command(CLI::App& app) {
   p->excludes(f)->excludes(ids);
   f->excludes(ids);
   cmd->add_option("-s,--system", opts->system, "System prompt (chat template only)");
-  cmd->add_flag("--raw", opts->raw, "Skip the chat template: continue the text as is");
+  auto* raw = cmd->add_flag("--raw", opts->raw, "Continue the text as is, without the chat template");
+  auto* chat = cmd->add_flag("--chat", opts->chat,
+                             "Apply the Gemma chat template (default when the model file has one)");
+  raw->excludes(chat);
   cmd->add_flag("--json", opts->json, "Print one JSON object with tokens, text and timings");
   cmd->callback([cmd] {
     if (cmd->count("--prompt") + cmd->count("--file") + cmd->count("--token-ids") == 0) {

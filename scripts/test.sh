@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Quick start, step 2: the whole test suite. .ci/run calls exactly this.
+#  1. Release build with warnings as errors; every test (unit + the real model against
+#     llama.cpp goldens) through ctest.
+#  2. The unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer (build-asan/);
+#     any report fails the run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install_deps.sh
+
+echo "== Release build (-Werror)"
+scripts/build.sh -DKESTREL_WERROR=ON
+echo "== ctest: unit and model tests"
+ctest --test-dir build --output-on-failure -j"$(nproc)"
+
+echo "== ASan + UBSan build of the unit tests"
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DKESTREL_SANITIZE=ON -DKESTREL_WERROR=ON >/dev/null
+cmake --build build-asan -j"$(nproc)" --target kestrel_unit_tests
+echo "== ctest under sanitizers: unit tests"
+ASAN_OPTIONS=abort_on_error=0:halt_on_error=1:detect_leaks=1 \
+UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+  ctest --test-dir build-asan -L unit --output-on-failure -j"$(nproc)"
