@@ -46,7 +46,7 @@ class LlamaCppParity : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     try {
-      engine_ = std::make_unique<Engine>(default_model_path(), EngineOptions{0, 1024});
+      engine_ = std::make_unique<Engine>(default_model_path(), EngineOptions{0, 1024, {}});
     } catch (const std::exception& e) {
       skip_reason_ = e.what();
     }
@@ -154,7 +154,7 @@ TEST(ThreadCount, LogitsDoNotDependOnThreads) {
   const auto tokens = reference("f32").at(0).at("tokens").get<std::vector<TokenId>>();
   std::vector<std::vector<float>> results;
   for (int threads : {1, 2, 3}) {
-    Engine engine(path, {threads, 256});
+    Engine engine(path, {threads, 256, {}});
     const auto logits = engine.eval(tokens);
     results.emplace_back(logits.begin(), logits.end());
   }

@@ -9,11 +9,19 @@ void ModelOptions::add_to(CLI::App& cmd) {
   cmd.add_option("-t,--threads", threads, "Threads (default: every core)")->check(CLI::NonNegativeNumber);
   cmd.add_option("-c,--ctx", ctx, "Context size in tokens (0: the model's maximum)")
       ->capture_default_str();
+  cmd.add_option("--precision", precision,
+                 "Layer weights in memory: source (as the file has them), w4a16 (INT4 groups, "
+                 "built at load), bf16")
+      ->check(CLI::IsMember({"source", "w4a16", "bf16"}))
+      ->capture_default_str();
+  cmd.add_option("--group-size", group_size, "w4a16: weights per scale (32, 64 or 128)")
+      ->check(CLI::IsMember({32, 64, 128}))
+      ->capture_default_str();
 }
 
 runtime::Engine ModelOptions::load() const {
   const std::filesystem::path path = model.empty() ? runtime::default_model_path() : std::filesystem::path(model);
-  return runtime::Engine(path, {threads, ctx});
+  return runtime::Engine(path, {threads, ctx, {model::parse_precision(precision), group_size}});
 }
 
 void SamplingOptions::add_to(CLI::App& cmd) {

@@ -16,6 +16,8 @@ struct ModelOptions {
   std::string model;  // empty: the default model
   int threads = 0;
   size_t ctx = 4096;
+  std::string precision = "source";
+  size_t group_size = 32;
 
   void add_to(CLI::App& cmd);
   runtime::Engine load() const;

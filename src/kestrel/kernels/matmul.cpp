@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "kestrel/base/error.h"
@@ -133,9 +134,135 @@ void MatmulQ8_0Rows(const Matrix& w, const float* x, size_t n_tokens, size_t x_s
   }
 }
 
+// Row r's group scales as float32 (fp16 -> f32 with the vector conversion).
+void RowScales(const Matrix& w, size_t r, float* out) {
+  const hn::ScalableTag<float> d;
+  const hn::Rebind<hwy::float16_t, decltype(d)> dh;
+  const size_t N = hn::Lanes(d);
+  const size_t n_groups = w.cols / w.group_size;
+  const auto* src = reinterpret_cast<const hwy::float16_t*>(w.scales + r * n_groups);
+  size_t g = 0;
+  for (; g + N <= n_groups; g += N) hn::StoreU(hn::PromoteTo(d, hn::LoadU(dh, src + g)), d, out + g);
+  for (; g < n_groups; ++g) out[g] = gguf::fp16_to_fp32(w.scales[r * n_groups + g]);
+}
+
+// kT tokens times one INT4 row: each group is unpacked to float once and used kT times.
+// Nibble j of a group's bytes is weight j (low) or j + group_size/2 (high), so a run of N
+// weights starting at `start` comes from N consecutive bytes.
+template <size_t kT>
+void W4RowTile(const uint8_t* qs, const float* scales, size_t cols, size_t group_size,
+               const float* const* xs, float* const* ys, size_t r) {
+  const hn::ScalableTag<float> d;
+  const hn::Rebind<int32_t, decltype(d)> di;
+  const hn::Rebind<uint8_t, decltype(d)> du8;
+  const size_t N = hn::Lanes(d);
+  const size_t half = group_size / 2;
+  const auto mask = hn::Set(di, 0x0F);
+  decltype(hn::Zero(d)) acc[kT];
+  for (size_t t = 0; t < kT; ++t) acc[t] = hn::Zero(d);
+  for (size_t g = 0; g < cols / group_size; ++g) {
+    const auto scale = hn::Set(d, scales[g]);
+    const auto offset = hn::Set(d, -8.0f * scales[g]);
+    const uint8_t* qb = qs + g * half;
+    for (size_t start = 0; start < group_size; start += N) {
+      const bool low = start < half;
+      const auto bytes = hn::PromoteTo(di, hn::LoadU(du8, qb + (low ? start : start - half)));
+      const auto q = low ? hn::And(bytes, mask) : hn::ShiftRight<4>(bytes);
+      const auto wv = hn::MulAdd(hn::ConvertTo(d, q), scale, offset);
+      const size_t col = g * group_size + start;
+      for (size_t t = 0; t < kT; ++t) acc[t] = hn::MulAdd(wv, hn::LoadU(d, xs[t] + col), acc[t]);
+    }
+  }
+  for (size_t t = 0; t < kT; ++t) ys[t][r] = hn::GetLane(hn::SumOfLanes(d, acc[t]));
+}
+
+void MatmulW4Rows(const Matrix& w, const float* x, size_t n_tokens, size_t x_stride, float* y,
+                  size_t y_stride, size_t row_begin, size_t row_end) {
+  const size_t n_groups = w.cols / w.group_size;
+  constexpr size_t kRowBlock = 16;
+  std::vector<float> scales(kRowBlock * n_groups);
+  const auto* qs = static_cast<const uint8_t*>(w.data);
+  for (size_t rb = row_begin; rb < row_end; rb += kRowBlock) {
+    const size_t re = std::min(row_end, rb + kRowBlock);
+    for (size_t r = rb; r < re; ++r) RowScales(w, r, &scales[(r - rb) * n_groups]);
+    for (size_t t = 0; t < n_tokens; t += 4) {
+      const size_t nt = std::min<size_t>(4, n_tokens - t);
+      const float* xs[4];
+      float* ys[4];
+      for (size_t i = 0; i < nt; ++i) {
+        xs[i] = x + (t + i) * x_stride;
+        ys[i] = y + (t + i) * y_stride;
+      }
+      for (size_t r = rb; r < re; ++r) {
+        const uint8_t* row = qs + r * (w.cols / 2);
+        const float* sc = &scales[(r - rb) * n_groups];
+        switch (nt) {
+          case 4: W4RowTile<4>(row, sc, w.cols, w.group_size, xs, ys, r); break;
+          case 3: W4RowTile<3>(row, sc, w.cols, w.group_size, xs, ys, r); break;
+          case 2: W4RowTile<2>(row, sc, w.cols, w.group_size, xs, ys, r); break;
+          default: W4RowTile<1>(row, sc, w.cols, w.group_size, xs, ys, r); break;
+        }
+      }
+    }
+  }
+}
+
+template <size_t kT>
+void BF16RowTile(const hwy::bfloat16_t* row, size_t cols, const float* const* xs,
+                 float* const* ys, size_t r) {
+  const hn::ScalableTag<float> d;
+  const hn::Rebind<hwy::bfloat16_t, decltype(d)> db;
+  const size_t N = hn::Lanes(d);
+  decltype(hn::Zero(d)) acc[kT];
+  for (size_t t = 0; t < kT; ++t) acc[t] = hn::Zero(d);
+  size_t i = 0;
+  for (; i + N <= cols; i += N) {
+    const auto wv = hn::PromoteTo(d, hn::LoadU(db, row + i));
+    for (size_t t = 0; t < kT; ++t) acc[t] = hn::MulAdd(wv, hn::LoadU(d, xs[t] + i), acc[t]);
+  }
+  for (size_t t = 0; t < kT; ++t) {
+    float tail = 0.0f;
+    for (size_t j = i; j < cols; ++j) {
+      tail += gguf::bf16_to_fp32(reinterpret_cast<const uint16_t*>(row)[j]) * xs[t][j];
+    }
+    ys[t][r] = hn::GetLane(hn::SumOfLanes(d, acc[t])) + tail;
+  }
+}
+
+void MatmulBF16Rows(const Matrix& w, const float* x, size_t n_tokens, size_t x_stride, float* y,
+                    size_t y_stride, size_t row_begin, size_t row_end) {
+  const auto* W = static_cast<const hwy::bfloat16_t*>(w.data);
+  constexpr size_t kRowBlock = 16;
+  for (size_t rb = row_begin; rb < row_end; rb += kRowBlock) {
+    const size_t re = std::min(row_end, rb + kRowBlock);
+    for (size_t t = 0; t < n_tokens; t += 4) {
+      const size_t nt = std::min<size_t>(4, n_tokens - t);
+      const float* xs[4];
+      float* ys[4];
+      for (size_t i = 0; i < nt; ++i) {
+        xs[i] = x + (t + i) * x_stride;
+        ys[i] = y + (t + i) * y_stride;
+      }
+      for (size_t r = rb; r < re; ++r) {
+        const hwy::bfloat16_t* row = W + r * w.cols;
+        switch (nt) {
+          case 4: BF16RowTile<4>(row, w.cols, xs, ys, r); break;
+          case 3: BF16RowTile<3>(row, w.cols, xs, ys, r); break;
+          case 2: BF16RowTile<2>(row, w.cols, xs, ys, r); break;
+          default: BF16RowTile<1>(row, w.cols, xs, ys, r); break;
+        }
+      }
+    }
+  }
+}
+
 void MatmulRows(const Matrix& w, const float* x, size_t n_tokens, size_t x_stride, float* y,
                 size_t y_stride, size_t row_begin, size_t row_end) {
   switch (w.type) {
+    case WeightType::kW4:
+      return MatmulW4Rows(w, x, n_tokens, x_stride, y, y_stride, row_begin, row_end);
+    case WeightType::kBF16:
+      return MatmulBF16Rows(w, x, n_tokens, x_stride, y, y_stride, row_begin, row_end);
     case WeightType::kF32:
       return MatmulF32Rows(w, x, n_tokens, x_stride, y, y_stride, row_begin, row_end);
     case WeightType::kQ8_0:
@@ -158,6 +285,10 @@ size_t Matrix::row_bytes() const {
       return cols * sizeof(float);
     case WeightType::kQ8_0:
       return cols / 32 * 34;
+    case WeightType::kBF16:
+      return cols * 2;
+    case WeightType::kW4:
+      return cols / 2;
   }
   return 0;
 }
@@ -167,16 +298,40 @@ void matmul(const Matrix& w, const float* x, size_t n_tokens, size_t x_stride, f
   if (w.type == WeightType::kQ8_0 && w.cols % 32 != 0) {
     throw Error("matmul: Q8_0 matrix with a row length that is not a multiple of 32");
   }
+  if (w.type == WeightType::kW4 &&
+      (w.group_size == 0 || w.group_size % 32 != 0 || w.cols % w.group_size != 0 || !w.scales)) {
+    throw Error("matmul: INT4 matrix with group size " + std::to_string(w.group_size) +
+                " for rows of " + std::to_string(w.cols));
+  }
   pool.parallel_for(w.rows, 16, [&](size_t begin, size_t end) {
     HWY_DYNAMIC_DISPATCH(MatmulRows)(w, x, n_tokens, x_stride, y, y_stride, begin, end);
   });
 }
 
 void matrix_row(const Matrix& w, size_t r, float* out) {
-  if (w.type == WeightType::kF32) {
-    std::memcpy(out, w.row(r), w.cols * sizeof(float));
-  } else {
-    gguf::dequantize(gguf::TensorType::kQ8_0, w.row(r), out, w.cols);
+  switch (w.type) {
+    case WeightType::kF32:
+      std::memcpy(out, w.row(r), w.cols * sizeof(float));
+      return;
+    case WeightType::kQ8_0:
+      gguf::dequantize(gguf::TensorType::kQ8_0, w.row(r), out, w.cols);
+      return;
+    case WeightType::kBF16:
+      gguf::dequantize(gguf::TensorType::kBF16, w.row(r), out, w.cols);
+      return;
+    case WeightType::kW4: {
+      const uint8_t* q = w.row(r);
+      const size_t n_groups = w.cols / w.group_size, half = w.group_size / 2;
+      for (size_t g = 0; g < n_groups; ++g) {
+        const float d = gguf::fp16_to_fp32(w.scales[r * n_groups + g]);
+        for (size_t j = 0; j < half; ++j) {
+          const uint8_t b = q[g * half + j];
+          out[g * w.group_size + j] = d * static_cast<float>((b & 0x0F) - 8);
+          out[g * w.group_size + j + half] = d * static_cast<float>((b >> 4) - 8);
+        }
+      }
+      return;
+    }
   }
 }
 

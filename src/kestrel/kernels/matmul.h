@@ -12,15 +12,25 @@ namespace kestrel::kernels {
 enum class WeightType {
   kF32,   // row-major float32
   kQ8_0,  // ggml Q8_0 blocks: per 32 weights, an fp16 scale d and 32 int8 q; w = d * q
+  kBF16,  // row-major bfloat16
+  kW4,    // INT4, symmetric, grouped along the row: w = d_g * (q - 8), q in 0..15; see below
 };
 
 /// A weight matrix W of shape [rows, cols] (each row holds the `cols` input weights of one
 /// output), as stored by GGUF (ggml ne = {cols, rows}). Non-owning.
+///
+/// kW4 layout: `data` holds rows * cols / 2 bytes, row-major; each group of `group_size`
+/// consecutive weights of a row takes group_size / 2 bytes, byte j holding weight j in its low
+/// nibble and weight j + group_size / 2 in its high nibble (ggml's Q4_0 nibble order).
+/// `scales` holds rows * (cols / group_size) fp16 scales d_g, row-major. group_size is a
+/// multiple of 32 and divides cols.
 struct Matrix {
   WeightType type = WeightType::kF32;
   const void* data = nullptr;
   size_t rows = 0;
   size_t cols = 0;
+  const uint16_t* scales = nullptr;  // kW4 only
+  size_t group_size = 0;             // kW4 only
   size_t row_bytes() const;
   const uint8_t* row(size_t r) const { return static_cast<const uint8_t*>(data) + r * row_bytes(); }
 };
@@ -32,7 +42,7 @@ struct Matrix {
 void matmul(const Matrix& w, const float* x, size_t n_tokens, size_t x_stride, float* y,
             size_t y_stride, ThreadPool& pool);
 
-/// Row r of W as float32 [cols] (dequantized for kQ8_0).
+/// Row r of W as float32 [cols] (dequantized for quantized types).
 void matrix_row(const Matrix& w, size_t r, float* out);
 
 /// Scalar reference of matmul for tests (float64 accumulation).

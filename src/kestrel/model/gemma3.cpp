@@ -77,17 +77,20 @@ Gemma3Config Gemma3Config::from_gguf(const gguf::File& file) {
   return c;
 }
 
-Gemma3Model::Gemma3Model(const gguf::File& file)
-    : config_(Gemma3Config::from_gguf(file)), store_(file) {
+Gemma3Model::Gemma3Model(const gguf::File& file, const LoadOptions& options, ThreadPool& pool)
+    : config_(Gemma3Config::from_gguf(file)), store_(file, options, pool) {
   const auto& c = config_;
   // The vocabulary is the embedding's rows (llama.cpp's converter trims the table to the
   // tokenizer; they are equal for every Gemma 3 file).
   const auto* embd = file.find_tensor("token_embd.weight");
   if (embd == nullptr || embd->shape.size() != 2) throw Error("model file has no 2-D token_embd.weight");
   config_.n_vocab = static_cast<size_t>(embd->shape[1]);
-  embedding_ = store_.matrix("token_embd.weight", config_.n_vocab, c.d_model);
-  output_ = store_.has("output.weight") ? store_.matrix("output.weight", config_.n_vocab, c.d_model)
-                                        : embedding_;
+  // The embedding (and the tied output head) keeps the source's form in every precision:
+  // Q8_0 in the default model. docs/quantization.md has the measurement behind this.
+  embedding_ = store_.source_matrix("token_embd.weight", config_.n_vocab, c.d_model);
+  output_ = store_.has("output.weight")
+                ? store_.source_matrix("output.weight", config_.n_vocab, c.d_model)
+                : embedding_;
   output_norm_ = store_.vector("output_norm.weight", c.d_model);
   const size_t q_dim = c.n_heads * c.head_dim;
   const size_t kv_dim = c.n_kv_heads * c.head_dim;

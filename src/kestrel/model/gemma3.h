@@ -43,7 +43,7 @@ struct Gemma3Config {
 
 class Gemma3Model final : public Model {
  public:
-  explicit Gemma3Model(const gguf::File& file);
+  Gemma3Model(const gguf::File& file, const LoadOptions& options, ThreadPool& pool);
 
   const ModelInfo& info() const override { return info_; }
   KvCache new_cache(size_t n_ctx) const override;

@@ -11,9 +11,10 @@ size_t KvCache::bytes() const {
   return total;
 }
 
-std::unique_ptr<Model> load_model(const gguf::File& file) {
+std::unique_ptr<Model> load_model(const gguf::File& file, const LoadOptions& options,
+                                  ThreadPool& pool) {
   const std::string arch = file.get_string("general.architecture");
-  if (arch == "gemma3") return std::make_unique<Gemma3Model>(file);
+  if (arch == "gemma3") return std::make_unique<Gemma3Model>(file, options, pool);
   throw Error("unsupported model architecture '" + arch + "' (supported: gemma3)");
 }
 

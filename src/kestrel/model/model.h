@@ -10,6 +10,7 @@
 
 #include "kestrel/base/thread_pool.h"
 #include "kestrel/formats/gguf.h"
+#include "kestrel/model/weights.h"
 
 namespace kestrel::model {
 
@@ -68,6 +69,8 @@ class Model {
 
 /// Builds the model named by general.architecture. Throws kestrel::Error for an unknown
 /// architecture or missing / misshapen tensors.
-std::unique_ptr<Model> load_model(const gguf::File& file);
+/// Layer matrices are converted to options.precision (using `pool` to quantize).
+std::unique_ptr<Model> load_model(const gguf::File& file, const LoadOptions& options,
+                                  ThreadPool& pool);
 
 }  // namespace kestrel::model

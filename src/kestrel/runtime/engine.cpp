@@ -33,9 +33,9 @@ size_t held_back(std::string_view text, const std::vector<std::string>& stops) {
 
 Engine::Engine(const std::filesystem::path& model_path, const EngineOptions& options)
     : file_(gguf::File::open(model_path)),
-      model_(model::load_model(file_)),
-      tokenizer_(text::Tokenizer::from_gguf(file_)),
-      pool_(options.n_threads) {
+      pool_(options.n_threads),
+      model_(model::load_model(file_, options.load, pool_)),
+      tokenizer_(text::Tokenizer::from_gguf(file_)) {
   const size_t n_ctx = options.n_ctx == 0 ? model_->info().context_length : options.n_ctx;
   cache_ = model_->new_cache(n_ctx);
   logits_.resize(model_->info().n_vocab);

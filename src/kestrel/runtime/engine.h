@@ -21,6 +21,7 @@ namespace kestrel::runtime {
 struct EngineOptions {
   int n_threads = 0;     // 0: every hardware thread
   size_t n_ctx = 4096;   // context positions; 0: the model's maximum
+  model::LoadOptions load;  // precision of the layer matrices
 };
 
 struct GenerateOptions {
@@ -74,9 +75,9 @@ class Engine {
 
  private:
   gguf::File file_;
+  ThreadPool pool_;
   std::unique_ptr<model::Model> model_;
   text::Tokenizer tokenizer_;
-  ThreadPool pool_;
   model::KvCache cache_;
   std::vector<float> logits_;
   std::vector<TokenId> stop_tokens_;

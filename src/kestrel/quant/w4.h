@@ -1,0 +1,37 @@
+// INT4 weight quantization for W4A16 (weights 4-bit, activations 16-bit or wider).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "kestrel/base/thread_pool.h"
+#include "kestrel/kernels/matmul.h"
+
+namespace kestrel::quant {
+
+/// An owned INT4 matrix in kernels::WeightType::kW4 layout (see kernels/matmul.h).
+struct W4Matrix {
+  size_t rows = 0;
+  size_t cols = 0;
+  size_t group_size = 0;
+  std::vector<uint8_t> qs;        // rows * cols / 2 bytes
+  std::vector<uint16_t> scales;   // rows * cols / group_size fp16
+  kernels::Matrix view() const;
+};
+
+/// Symmetric round-to-nearest INT4 with one fp16 scale per group of `group_size` weights along
+/// each row: w ~ d * (q - 8), q = clamp(round(w / d) + 8, 0, 15). For each group the scale is
+/// chosen, among d = m / c for c in {-8, -7.75, ..., -6.5, 6.5, ..., 7.5} where m is the group's
+/// weight of largest magnitude, as the one with the least squared error (ggml's Q4_0 uses
+/// c = -8 alone, ggml-quants.c quantize_row_q4_0_ref).
+/// `importance` (optional, [cols]) weights the squared error per input channel (AWQ-style
+/// activation statistics); null means uniform.
+/// Throws kestrel::Error unless group_size is a multiple of 32 dividing cols.
+W4Matrix quantize_w4(const float* w, size_t rows, size_t cols, size_t group_size,
+                     const float* importance, ThreadPool& pool);
+
+/// Root-mean-square error of the quantized matrix against `w` (for reports and tests).
+double w4_rms_error(const W4Matrix& q, const float* w);
+
+}  // namespace kestrel::quant
