@@ -16,6 +16,7 @@
 #include "gguf_writer.h"
 #include "kestrel/formats/dequant.h"
 #include "kestrel/formats/gguf.h"
+#include "kestrel/text/tokenizer.h"
 
 namespace kestrel::gguf {
 namespace {
@@ -235,6 +236,25 @@ TEST(GgufTest, ReadsFileWithoutTensors) {
   const File file = File::parse(image);
   EXPECT_TRUE(file.tensors().empty());
   EXPECT_EQ(file.get_string("k"), "v");
+}
+
+// Found by fuzz/fuzz_gguf: a byte token whose piece is "<0x" + two non-hex characters made
+// token_to_piece throw std::invalid_argument (from std::stoi) instead of a kestrel::Error.
+// Like llama.cpp's token_to_byte (strtol), it now decodes to byte 0; valid ones are unchanged.
+TEST(GgufTest, TokenizerDecodesMalformedByteTokenWithoutThrowing) {
+  Bytes tokens, types;
+  tokens.type(ValueType::kString).u64(4).str("<unk>").str("<0xZZ>").str("<0x4Z>").str("<0x41>");
+  types.type(ValueType::kInt32).u64(4).i32(2).i32(6).i32(6).i32(6);
+  GgufWriter w;
+  w.kv("tokenizer.ggml.model", ValueType::kString, Bytes().str("llama"));
+  w.kv("tokenizer.ggml.tokens", ValueType::kArray, tokens);
+  w.kv("tokenizer.ggml.token_type", ValueType::kArray, types);
+  const std::vector<std::byte> image = w.build();
+  const File file = File::parse(image);
+  const auto tok = text::Tokenizer::from_gguf(file);
+  EXPECT_EQ(tok.token_to_piece(1), std::string(1, '\0'));
+  EXPECT_EQ(tok.token_to_piece(2), "\x04");
+  EXPECT_EQ(tok.token_to_piece(3), "A");
 }
 
 class GgufFileTest : public ::testing::Test {

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdlib>
 #include <queue>
 #include <string>
 #include <utility>
@@ -373,8 +374,10 @@ std::string Tokenizer::token_to_piece(TokenId id, bool render_special) const {
       return replace_all(text, kSpaceMark, " ");
     case TokenType::kByte: {
       // "<0xXX>" → byte XX; a byte token stored as the byte itself is returned as is.
+      // strtol as llama.cpp's token_to_byte: malformed hex ("<0xZZ>") gives 0, never throws.
       if (text.size() == 6 && text.starts_with("<0x")) {
-        return std::string(1, static_cast<char>(std::stoi(text.substr(3, 2), nullptr, 16)));
+        const std::string hex = text.substr(3, 2);
+        return std::string(1, static_cast<char>(std::strtol(hex.c_str(), nullptr, 16)));
       }
       return text;
     }
