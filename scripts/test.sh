@@ -23,3 +23,10 @@ echo "== ctest under sanitizers: unit tests"
 ASAN_OPTIONS=abort_on_error=0:halt_on_error=1:detect_leaks=1 \
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
   ctest --test-dir build-asan -L unit --output-on-failure -j"$(nproc)"
+
+# 3. libFuzzer targets (fuzz/; clang): in CI, or locally when KESTREL_FUZZ_SECONDS is set
+#    (seconds per target; CI runs 60). Any finding fails the run. See docs/fuzzing.md.
+if [[ "${CI:-}" == "true" || -n "${KESTREL_FUZZ_SECONDS:-}" ]]; then
+  echo "== fuzzing (scripts/fuzz.sh)"
+  scripts/fuzz.sh "${KESTREL_FUZZ_SECONDS:-60}"
+fi
