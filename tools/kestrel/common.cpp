@@ -6,7 +6,7 @@ namespace kestrel::tools {
 
 void ModelOptions::add_to(CLI::App& cmd) {
   cmd.add_option("-m,--model", model, "GGUF model file (default: $KESTREL_MODEL or Gemma 3 270M)");
-  cmd.add_option("-t,--threads", threads, "Threads (default: every core)")->check(CLI::NonNegativeNumber);
+  cmd.add_option("-t,--threads", threads, "Threads (default: every core)")->check(CLI::Range(0, ThreadPool::kMaxThreads));
   cmd.add_option("-c,--ctx", ctx, "Context size in tokens (0: the model's maximum)")
       ->capture_default_str();
   cmd.add_option("--precision", precision,
@@ -21,7 +21,7 @@ void ModelOptions::add_to(CLI::App& cmd) {
 
 runtime::Engine ModelOptions::load() const {
   const std::filesystem::path path = model.empty() ? runtime::default_model_path() : std::filesystem::path(model);
-  return runtime::Engine(path, {threads, ctx, {model::parse_precision(precision), group_size}});
+  return runtime::Engine(path, {threads, ctx, {quant::parse_precision(precision), group_size}});
 }
 
 void SamplingOptions::add_to(CLI::App& cmd) {

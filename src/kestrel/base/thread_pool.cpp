@@ -1,11 +1,18 @@
 #include "kestrel/base/thread_pool.h"
 
 #include <algorithm>
+#include <string>
+
+#include "kestrel/base/error.h"
 
 namespace kestrel {
 
 ThreadPool::ThreadPool(int n_threads) {
   if (n_threads <= 0) n_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (n_threads > kMaxThreads) {
+    throw Error("thread count " + std::to_string(n_threads) + " is over the maximum of " +
+                std::to_string(kMaxThreads));
+  }
   n_threads_ = n_threads;
   for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
 }

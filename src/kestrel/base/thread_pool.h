@@ -17,7 +17,8 @@ namespace kestrel {
 /// Not re-entrant: one parallel_for at a time per pool.
 class ThreadPool {
  public:
-  /// n_threads <= 0 means every hardware thread.
+  static constexpr int kMaxThreads = 256;
+  /// n_threads <= 0 means every hardware thread. Throws kestrel::Error above kMaxThreads.
   explicit ThreadPool(int n_threads = 0);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;

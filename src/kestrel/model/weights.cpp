@@ -38,23 +38,50 @@ const float* WeightStore::dequantized(const gguf::TensorInfo& info) {
   return out.data();
 }
 
-Precision parse_precision(const std::string& name) {
-  if (name == "source") return Precision::kSource;
-  if (name == "w4a16") return Precision::kW4A16;
-  if (name == "bf16") return Precision::kBF16;
-  throw Error("unknown precision '" + name + "' (expected source, w4a16 or bf16)");
+WeightStore::WeightStore(const gguf::File& file, const LoadOptions& options, ThreadPool& pool)
+    : file_(&file), image_(image::read_image_info(file)), options_(options), pool_(&pool) {
+  if (image_ && options.precision != Precision::kSource &&
+      options.precision != image_->precision) {
+    throw Error(std::string("this file is a prebuilt ") + quant::precision_name(image_->precision) +
+                " Kestrel image; it cannot be loaded as " + quant::precision_name(options.precision));
+  }
 }
 
-const char* precision_name(Precision precision) {
-  switch (precision) {
-    case Precision::kSource: return "source";
-    case Precision::kW4A16: return "w4a16";
-    case Precision::kBF16: return "bf16";
+const gguf::TensorInfo& WeightStore::image_tensor(const std::string& name, gguf::TensorType type,
+                                                  std::vector<uint64_t> shape) {
+  const gguf::TensorInfo* info = file_->find_tensor(name);
+  if (info == nullptr) throw Error("image has no tensor '" + name + "'");
+  if (info->type != type || info->shape != shape) {
+    throw Error("image tensor '" + name + "' has type " + gguf::tensor_type_name(info->type) +
+                " and shape " + shape_string(info->shape) + ", expected " +
+                gguf::tensor_type_name(type) + " " + shape_string(shape));
   }
-  return "?";
+  return *info;
+}
+
+kernels::Matrix WeightStore::image_matrix(const std::string& name, size_t rows, size_t cols) {
+  kernels::Matrix m;
+  m.rows = rows;
+  m.cols = cols;
+  if (image_->precision == Precision::kW4A16) {
+    const size_t g = image_->group_size;
+    if (cols % g != 0) throw Error("image tensor '" + name + "': rows not a multiple of the group size");
+    const auto& q = image_tensor(name + image::kQ4Suffix, gguf::TensorType::kI8, {cols / 2, rows});
+    const auto& s = image_tensor(name + image::kScalesSuffix, gguf::TensorType::kF16, {cols / g, rows});
+    m.type = kernels::WeightType::kW4;
+    m.data = file_->tensor_data(q).data();
+    m.scales = reinterpret_cast<const uint16_t*>(file_->tensor_data(s).data());
+    m.group_size = g;
+  } else {
+    m.type = kernels::WeightType::kBF16;
+    m.data = file_->tensor_data(image_tensor(name, gguf::TensorType::kBF16, {cols, rows})).data();
+  }
+  n_params_ += rows * cols;
+  return m;
 }
 
 kernels::Matrix WeightStore::matrix(const std::string& name, size_t rows, size_t cols) {
+  if (image_) return image_matrix(name, rows, cols);
   if (options_.precision == Precision::kSource) return source_matrix(name, rows, cols);
   const auto& info = checked(name, {cols, rows});
   std::vector<float> dense(info.n_elements);
@@ -80,6 +107,9 @@ kernels::Matrix WeightStore::source_matrix(const std::string& name, size_t rows,
   m.cols = cols;
   if (info.type == gguf::TensorType::kQ8_0) {
     m.type = kernels::WeightType::kQ8_0;
+    m.data = file_->tensor_data(info).data();
+  } else if (info.type == gguf::TensorType::kBF16) {
+    m.type = kernels::WeightType::kBF16;
     m.data = file_->tensor_data(info).data();
   } else {
     m.type = kernels::WeightType::kF32;

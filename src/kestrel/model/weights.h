@@ -7,32 +7,26 @@
 
 #include "kestrel/base/thread_pool.h"
 #include "kestrel/formats/gguf.h"
+#include "kestrel/image/image.h"
 #include "kestrel/kernels/matmul.h"
+#include "kestrel/quant/precision.h"
 #include "kestrel/quant/w4.h"
 
 namespace kestrel::model {
 
-/// How a model's layer matrices are held in memory.
-enum class Precision {
-  kSource,  // as the file has them: F32 and Q8_0 in place, other types dequantized to float32
-  kW4A16,   // INT4 groups with fp16 scales (quant/w4.h), float32 activations
-  kBF16,    // bfloat16 (the unquantized baseline)
-};
-
-/// Parses "source", "w4a16" or "bf16"; throws kestrel::Error otherwise.
-Precision parse_precision(const std::string& name);
-const char* precision_name(Precision precision);
+using quant::Precision;
 
 struct LoadOptions {
   Precision precision = Precision::kSource;
   size_t group_size = 32;  // kW4A16: weights per fp16 scale
 };
 
-/// Weight matrices and vectors of a model, converted to the precision asked for.
+/// Weight matrices and vectors of a model, converted to the precision asked for. A Kestrel
+/// image (image/image.h) is used in place, in the precision it was built with.
 class WeightStore {
  public:
-  WeightStore(const gguf::File& file, const LoadOptions& options, ThreadPool& pool)
-      : file_(&file), options_(options), pool_(&pool) {}
+  /// Throws kestrel::Error when `file` is an image and options ask for another precision.
+  WeightStore(const gguf::File& file, const LoadOptions& options, ThreadPool& pool);
 
   /// The layer matrix `name` as [rows, cols] in the store's precision. Throws kestrel::Error
   /// if it is missing or its shape is not {cols, rows}.
@@ -49,7 +43,12 @@ class WeightStore {
   const gguf::TensorInfo& checked(const std::string& name, std::vector<uint64_t> shape);
   const float* dequantized(const gguf::TensorInfo& info);
 
+  kernels::Matrix image_matrix(const std::string& name, size_t rows, size_t cols);
+  const gguf::TensorInfo& image_tensor(const std::string& name, gguf::TensorType type,
+                                       std::vector<uint64_t> shape);
+
   const gguf::File* file_;
+  std::optional<image::ImageInfo> image_;
   LoadOptions options_;
   ThreadPool* pool_;
   std::deque<std::vector<float>> owned_;

@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "kestrel/base/error.h"
+#include "kestrel/image/image.h"
 
 namespace kestrel::runtime {
 namespace {
@@ -29,10 +30,17 @@ size_t held_back(std::string_view text, const std::vector<std::string>& stops) {
   return hold;
 }
 
+// Maps the file; a Kestrel image's content checksum is verified before anything uses it.
+gguf::File open_model_file(const std::filesystem::path& path) {
+  gguf::File file = gguf::File::open(path);
+  if (image::read_image_info(file)) image::verify_content(file);
+  return file;
+}
+
 }  // namespace
 
 Engine::Engine(const std::filesystem::path& model_path, const EngineOptions& options)
-    : file_(gguf::File::open(model_path)),
+    : file_(open_model_file(model_path)),
       pool_(options.n_threads),
       model_(model::load_model(file_, options.load, pool_)),
       tokenizer_(text::Tokenizer::from_gguf(file_)) {

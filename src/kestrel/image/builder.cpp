@@ -1,0 +1,217 @@
+#include "kestrel/image/builder.h"
+
+#include <openssl/evp.h>
+
+#include <chrono>
+#include <ctime>
+#include <fstream>
+#include <sstream>
+
+#include "kestrel/base/error.h"
+#include "kestrel/formats/dequant.h"
+#include "kestrel/formats/gguf_writer.h"
+#include "kestrel/image/image.h"
+#include "kestrel/quant/w4.h"
+
+namespace kestrel::image {
+namespace {
+
+using gguf::TensorType;
+
+bool is_layer_matrix(const gguf::TensorInfo& t) {
+  return t.shape.size() == 2 && t.name.rfind("blk.", 0) == 0 &&
+         t.name.size() > 7 && t.name.compare(t.name.size() - 7, 7, ".weight") == 0;
+}
+
+std::string utc_now() {
+  const std::time_t now = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  return buf;
+}
+
+std::string read_text(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error("cannot read licence file " + path.string());
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+bool looks_like_license(const std::string& name) {
+  for (const char* prefix : {"LICENSE", "LICENCE", "NOTICE", "COPYING"}) {
+    if (name.rfind(prefix, 0) == 0) return true;
+  }
+  return name.find("TERMS") != std::string::npos;
+}
+
+std::string license_text(const std::filesystem::path& source, const BuildOptions& options) {
+  std::vector<std::filesystem::path> files = options.license_files;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(source.parent_path(), ec)) {
+    if (entry.is_regular_file() && looks_like_license(entry.path().filename().string())) {
+      files.push_back(entry.path());
+    }
+  }
+  std::string text;
+  for (const auto& f : files) {
+    text += "==> " + f.filename().string() + " <==\n" + read_text(f) + "\n";
+  }
+  return text;
+}
+
+std::span<const std::byte> as_bytes(const void* data, size_t n) {
+  return {static_cast<const std::byte*>(data), n};
+}
+
+// Writes a tensor's values as `type` (F32 or BF16), converting `rows_per_step` rows at a time.
+void write_converted(gguf::Writer& w, const gguf::File& src, const gguf::TensorInfo& t,
+                     TensorType type) {
+  const auto bytes = src.tensor_data(t);
+  const uint64_t row = t.shape[0];
+  const uint64_t src_row_bytes = gguf::row_bytes(t.type, row);
+  const uint64_t rows_per_step = std::max<uint64_t>(1, (1u << 20) / row);
+  std::vector<float> f32(rows_per_step * row);
+  std::vector<uint16_t> b16(rows_per_step * row);
+  for (uint64_t r = 0; r < t.rows(); r += rows_per_step) {
+    const uint64_t n_rows = std::min(rows_per_step, t.rows() - r);
+    const size_t n = static_cast<size_t>(n_rows * row);
+    gguf::dequantize(t.type, bytes.data() + r * src_row_bytes, f32.data(), n);
+    if (type == TensorType::kF32) {
+      w.write(as_bytes(f32.data(), n * sizeof(float)));
+    } else {
+      for (size_t i = 0; i < n; ++i) b16[i] = gguf::fp32_to_bf16(f32[i]);
+      w.write(as_bytes(b16.data(), n * sizeof(uint16_t)));
+    }
+  }
+}
+
+}  // namespace
+
+std::string sha256_file(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error("cannot read " + path.string());
+  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
+  EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr);
+  std::vector<char> buf(1 << 20);
+  while (in) {
+    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    EVP_DigestUpdate(ctx, buf.data(), static_cast<size_t>(in.gcount()));
+  }
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_DigestFinal_ex(ctx, digest, &len);
+  EVP_MD_CTX_free(ctx);
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  for (unsigned int i = 0; i < len; ++i) {
+    out += hex[digest[i] >> 4];
+    out += hex[digest[i] & 15];
+  }
+  return out;
+}
+
+BuildReport build_image(const std::filesystem::path& source, const std::filesystem::path& out,
+                        const BuildOptions& options, ThreadPool& pool) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (options.precision == quant::Precision::kSource) {
+    throw Error("kestrel build: choose a precision (w4a16 or bf16)");
+  }
+  const gguf::File src = gguf::File::open(source);
+  if (src.has(keys::kFormatVersion)) {
+    throw Error(source.string() + " is already a Kestrel image; build from the original checkpoint");
+  }
+  const bool w4 = options.precision == quant::Precision::kW4A16;
+  const size_t group = options.group_size;
+  if (w4 && (group == 0 || group % 32 != 0)) {
+    throw Error("--group-size must be a multiple of 32 (32, 64 or 128)");
+  }
+  BuildReport report;
+  report.source_bytes = src.file_size();
+  report.source_sha256 = sha256_file(source);
+
+  std::filesystem::path partial = out;
+  partial += ".partial";
+  gguf::Writer w(partial, kAlignment);
+  for (const auto& [key, value] : src.metadata()) {
+    if (key == "general.alignment" || key.rfind("kestrel.", 0) == 0) continue;
+    w.add(key, value);
+  }
+  w.add_uint32(keys::kFormatVersion, kFormatVersion);
+  w.add_string(keys::kPrecision, quant::precision_name(options.precision));
+  if (w4) {
+    w.add_uint32(keys::kGroupSize, static_cast<uint32_t>(group));
+    w.add_string(keys::kQuantMethod, "rtn");
+  }
+  w.add_string(keys::kKestrelVersion, KESTREL_VERSION);
+  w.add_string(keys::kBuildDate, utc_now());
+  w.add_string(keys::kSourceFile, source.filename().string());
+  w.add_string(keys::kSourceSha256, report.source_sha256);
+  w.add_string(keys::kCalibrationSha256, "");
+  w.add(keys::kSeed, gguf::Value{gguf::ValueType::kUint64, options.seed});
+  w.add_string(keys::kLicenseText, license_text(source, options));
+  w.add_placeholder_u64(keys::kContentHash);
+
+  // Plan: what each source tensor becomes.
+  enum class Plan { kInt4, kBF16, kCopy, kF32 };
+  std::vector<Plan> plans;
+  for (const auto& t : src.tensors()) {
+    if (!gguf::is_supported(t.type)) {
+      throw Error("tensor '" + t.name + "' has type " + gguf::tensor_type_name(t.type) +
+                  ", which kestrel build cannot read");
+    }
+    Plan p;
+    if (is_layer_matrix(t)) {
+      p = w4 ? Plan::kInt4 : Plan::kBF16;
+      if (w4 && t.shape[0] % group != 0) {
+        throw Error("tensor '" + t.name + "' has rows of " + std::to_string(t.shape[0]) +
+                    ", not a multiple of the group size " + std::to_string(group));
+      }
+    } else if (t.shape.size() == 2) {
+      p = w4 ? Plan::kCopy : Plan::kBF16;  // the embedding / output head
+    } else {
+      p = Plan::kF32;
+    }
+    plans.push_back(p);
+    switch (p) {
+      case Plan::kInt4:
+        w.add_tensor(t.name + kQ4Suffix, TensorType::kI8, {t.shape[0] / 2, t.shape[1]});
+        w.add_tensor(t.name + kScalesSuffix, TensorType::kF16, {t.shape[0] / group, t.shape[1]});
+        break;
+      case Plan::kBF16: w.add_tensor(t.name, TensorType::kBF16, t.shape); break;
+      case Plan::kCopy: w.add_tensor(t.name, t.type, t.shape); break;
+      case Plan::kF32: w.add_tensor(t.name, TensorType::kF32, t.shape); break;
+    }
+    if (w4 && p == Plan::kCopy && t.name == "token_embd.weight") {
+      w.add_string(keys::kEmbeddingType, gguf::tensor_type_name(t.type));
+    }
+  }
+  w.begin_data();
+  const auto& tensors = src.tensors();
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const auto& t = tensors[i];
+    switch (plans[i]) {
+      case Plan::kInt4: {
+        std::vector<float> dense(t.n_elements);
+        gguf::dequantize(t.type, src.tensor_data(t).data(), dense.data(), dense.size());
+        const auto q = quant::quantize_w4(dense.data(), t.shape[1], t.shape[0], group, nullptr, pool);
+        w.write(as_bytes(q.qs.data(), q.qs.size()));
+        w.write(as_bytes(q.scales.data(), q.scales.size() * sizeof(uint16_t)));
+        break;
+      }
+      case Plan::kBF16: write_converted(w, src, t, TensorType::kBF16); break;
+      case Plan::kCopy: w.write(src.tensor_data(t)); break;
+      case Plan::kF32: write_converted(w, src, t, TensorType::kF32); break;
+    }
+    if (options.progress) options.progress(i + 1, tensors.size(), t.name);
+  }
+  w.patch(keys::kContentHash, w.content_hash());
+  w.finish();
+  std::filesystem::rename(partial, out);
+  report.n_tensors = tensors.size();
+  report.image_bytes = std::filesystem::file_size(out);
+  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return report;
+}
+
+}  // namespace kestrel::image

@@ -1,0 +1,46 @@
+// `kestrel build`: turns a source checkpoint into a Kestrel image.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "kestrel/base/thread_pool.h"
+#include "kestrel/quant/precision.h"
+
+namespace kestrel::image {
+
+struct BuildOptions {
+  quant::Precision precision = quant::Precision::kW4A16;
+  size_t group_size = 32;  // w4a16: weights per fp16 scale (32, 64 or 128)
+  uint64_t seed = 0;       // recorded; the RTN path is deterministic without it
+  /// Licence / NOTICE files to carry. Files named LICENSE*, NOTICE*, COPYING* or *TERMS* next to
+  /// the source are added as well.
+  std::vector<std::filesystem::path> license_files;
+  /// Called after each tensor: (tensors done, tensors in all, the tensor's name).
+  std::function<void(size_t, size_t, const std::string&)> progress;
+};
+
+struct BuildReport {
+  uint64_t source_bytes = 0;
+  uint64_t image_bytes = 0;
+  size_t n_tensors = 0;
+  double seconds = 0;
+  std::string source_sha256;
+};
+
+/// Builds the image `out` from the GGUF `source`, one tensor in memory at a time. Layer
+/// matrices (2-D tensors under "blk.") become INT4 (w4a16) or BF16; the token embedding, which
+/// is also the tied output head, keeps the source's type in w4a16 images (Q8_0 for the default
+/// model) and becomes BF16 in bf16 images; vectors become F32. The file is written to
+/// `out`.partial and renamed when complete.
+/// Throws kestrel::Error (gguf::GgufError for a bad source) and leaves no partial file.
+BuildReport build_image(const std::filesystem::path& source, const std::filesystem::path& out,
+                        const BuildOptions& options, ThreadPool& pool);
+
+/// SHA-256 of a file, as lowercase hex.
+std::string sha256_file(const std::filesystem::path& path);
+
+}  // namespace kestrel::image

@@ -1,0 +1,44 @@
+#include "kestrel/image/image.h"
+
+#include <cinttypes>
+#include <cstdio>
+
+#include "kestrel/base/error.h"
+#include "kestrel/formats/gguf_writer.h"
+
+namespace kestrel::image {
+
+std::optional<ImageInfo> read_image_info(const gguf::File& file) {
+  const auto version = file.find_uint(keys::kFormatVersion);
+  if (!version) return std::nullopt;
+  if (*version != kFormatVersion) {
+    throw Error("Kestrel image format version " + std::to_string(*version) +
+                " is not the version this Kestrel reads (" + std::to_string(kFormatVersion) +
+                "); rebuild the image with this Kestrel's `kestrel build`");
+  }
+  ImageInfo info;
+  info.format_version = static_cast<uint32_t>(*version);
+  info.precision = quant::parse_precision(file.get_string(keys::kPrecision));
+  if (info.precision == quant::Precision::kW4A16) {
+    info.group_size = file.get_uint(keys::kGroupSize);
+    if (info.group_size == 0 || info.group_size % 32 != 0) {
+      throw Error("image: bad " + std::string(keys::kGroupSize) + " " + std::to_string(info.group_size));
+    }
+  }
+  return info;
+}
+
+void verify_content(const gguf::File& file) {
+  const uint64_t stored = file.get_uint(keys::kContentHash);
+  const uint64_t actual = gguf::content_hash(file);
+  if (stored != actual) {
+    char msg[160];
+    std::snprintf(msg, sizeof(msg),
+                  "image content checksum mismatch (stored %016" PRIx64 ", computed %016" PRIx64
+                  "): the file is corrupt",
+                  stored, actual);
+    throw Error(msg);
+  }
+}
+
+}  // namespace kestrel::image

@@ -1,0 +1,23 @@
+#include "kestrel/quant/precision.h"
+
+#include "kestrel/base/error.h"
+
+namespace kestrel::quant {
+
+Precision parse_precision(const std::string& name) {
+  if (name == "source") return Precision::kSource;
+  if (name == "w4a16") return Precision::kW4A16;
+  if (name == "bf16") return Precision::kBF16;
+  throw Error("unknown precision '" + name + "' (expected source, w4a16 or bf16)");
+}
+
+const char* precision_name(Precision precision) {
+  switch (precision) {
+    case Precision::kSource: return "source";
+    case Precision::kW4A16: return "w4a16";
+    case Precision::kBF16: return "bf16";
+  }
+  return "?";
+}
+
+}  // namespace kestrel::quant

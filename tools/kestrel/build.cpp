@@ -1,0 +1,84 @@
+// kestrel build: a source checkpoint in, a Kestrel image out.
+#include <unistd.h>
+
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "kestrel/base/thread_pool.h"
+#include "kestrel/image/builder.h"
+#include "kestrel/runtime/model_path.h"
+
+namespace kestrel::tools {
+namespace {
+
+struct BuildCommandOptions {
+  std::string source;
+  std::string out;
+  std::string precision = "w4a16";
+  size_t group_size = 32;
+  uint64_t seed = 0;
+  int threads = 0;
+  std::vector<std::string> licenses;
+};
+
+// Redraws one line on a terminal; prints a line per tenth of the work otherwise (logs, CI).
+void progress_bar(size_t done, size_t total, const std::string& name) {
+  static const bool tty = isatty(fileno(stderr)) != 0;
+  if (!tty) {
+    if (done == total || (10 * done / total) != (10 * (done - 1) / total)) {
+      std::fprintf(stderr, "kestrel build: %3zu%% (%zu/%zu tensors)\n", 100 * done / total, done, total);
+    }
+    return;
+  }
+  constexpr int kWidth = 30;
+  const int filled = static_cast<int>(kWidth * done / total);
+  std::fprintf(stderr, "\r[%.*s%*s] %3zu%% %-40.40s", filled, "##############################",
+               kWidth - filled, "", 100 * done / total, name.c_str());
+  if (done == total) std::fprintf(stderr, "\n");
+  std::fflush(stderr);
+}
+
+int build(const BuildCommandOptions& o) {
+  image::BuildOptions options;
+  options.precision = quant::parse_precision(o.precision);
+  options.group_size = o.group_size;
+  options.seed = o.seed;
+  for (const auto& l : o.licenses) options.license_files.emplace_back(l);
+  options.progress = progress_bar;
+  ThreadPool pool(o.threads);
+  const std::filesystem::path source = o.source == "default" ? runtime::default_model_path()
+                                                             : std::filesystem::path(o.source);
+  const auto report = image::build_image(source, o.out, options, pool);
+  std::printf("built %s: %s, %.1f MiB from %.1f MiB source (sha256 %s), %zu tensors, %.1f s\n",
+              o.out.c_str(), o.precision.c_str(), static_cast<double>(report.image_bytes) / (1 << 20),
+              static_cast<double>(report.source_bytes) / (1 << 20), report.source_sha256.c_str(),
+              report.n_tensors, report.seconds);
+  return 0;
+}
+
+}  // namespace
+
+Command add_build_command(CLI::App& app) {
+  auto o = std::make_shared<BuildCommandOptions>();
+  auto* cmd = app.add_subcommand("build", "Build a Kestrel model image from a GGUF checkpoint");
+  cmd->add_option("source", o->source, "Source GGUF file ('default': the default model)")->required();
+  cmd->add_option("-o,--output", o->out, "Image file to write")->required();
+  cmd->add_option("--precision", o->precision, "w4a16 (INT4 weights) or bf16 (the baseline)")
+      ->check(CLI::IsMember({"w4a16", "bf16"}))
+      ->capture_default_str();
+  cmd->add_option("--group-size", o->group_size, "w4a16: weights per fp16 scale")
+      ->check(CLI::IsMember({32, 64, 128}))
+      ->capture_default_str();
+  cmd->add_option("--seed", o->seed, "Seed recorded in the image (for calibrated builds)");
+  cmd->add_option("--license", o->licenses,
+                  "Licence/NOTICE file to carry (repeatable; LICENSE*, NOTICE*, *TERMS* files "
+                  "next to the source are added automatically)");
+  cmd->add_option("-t,--threads", o->threads, "Threads (default: every core)")
+      ->check(CLI::Range(0, ThreadPool::kMaxThreads));
+  return [o] { return build(*o); };
+}
+
+}  // namespace kestrel::tools

@@ -1,0 +1,80 @@
+// kestrel inspect: what a model file holds.
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "commands.h"
+#include "kestrel/formats/dequant.h"
+#include "kestrel/formats/gguf.h"
+#include "kestrel/image/image.h"
+
+namespace kestrel::tools {
+namespace {
+
+std::string text_or(const gguf::File& f, const char* key, const char* fallback = "-") {
+  if (const auto* v = f.find(key); v != nullptr && v->type == gguf::ValueType::kString) {
+    return std::get<std::string>(v->data);
+  }
+  if (const auto v = f.find_uint(key)) return std::to_string(*v);
+  return fallback;
+}
+
+int inspect(const std::string& path) {
+  const gguf::File f = gguf::File::open(path);
+  const auto info = image::read_image_info(f);
+  std::printf("file          %s (%.1f MiB, GGUF v%u)\n", path.c_str(),
+              static_cast<double>(f.file_size()) / (1 << 20), f.version());
+  std::printf("kind          %s\n", info ? "Kestrel image" : "plain GGUF (not a Kestrel image)");
+  std::printf("model         %s (%s)\n", text_or(f, "general.name").c_str(),
+              text_or(f, "general.architecture").c_str());
+  std::map<std::string, std::pair<size_t, uint64_t>> by_type;
+  uint64_t params = 0;
+  for (const auto& t : f.tensors()) {
+    auto& [count, bytes] = by_type[gguf::tensor_type_name(t.type)];
+    ++count;
+    bytes += t.n_bytes;
+    params += t.n_elements;
+  }
+  std::printf("tensors       %zu:", f.tensors().size());
+  for (const auto& [type, cb] : by_type) {
+    std::printf(" %s x%zu (%.1f MiB)", type.c_str(), cb.first, static_cast<double>(cb.second) / (1 << 20));
+  }
+  std::printf("\n");
+  if (info) {
+    namespace k = image::keys;
+    std::printf("format        version %u\n", info->format_version);
+    std::printf("precision     %s", quant::precision_name(info->precision));
+    if (info->precision == quant::Precision::kW4A16) {
+      std::printf(" (group size %zu, %s, embedding/head %s)", info->group_size,
+                  text_or(f, k::kQuantMethod).c_str(), text_or(f, k::kEmbeddingType).c_str());
+    }
+    std::printf("\n");
+    std::printf("built         %s by Kestrel %s\n", text_or(f, k::kBuildDate).c_str(),
+                text_or(f, k::kKestrelVersion).c_str());
+    std::printf("source        %s (sha256 %s)\n", text_or(f, k::kSourceFile).c_str(),
+                text_or(f, k::kSourceSha256).c_str());
+    const std::string calib = text_or(f, k::kCalibrationSha256, "");
+    std::printf("calibration   %s\n", calib.empty() ? "none" : calib.c_str());
+    const std::string license = text_or(f, k::kLicenseText, "");
+    std::printf("licence       %s; %zu bytes of licence/NOTICE text\n",
+                text_or(f, "general.license").c_str(), license.size());
+    image::verify_content(f);
+    std::printf("checksum      ok (xxh3 %016llx)\n",
+                static_cast<unsigned long long>(f.get_uint(k::kContentHash)));
+  } else {
+    std::printf("parameters    %.1f M\n", static_cast<double>(params) / 1e6);
+  }
+  return 0;
+}
+
+}  // namespace
+
+Command add_inspect_command(CLI::App& app) {
+  auto path = std::make_shared<std::string>();
+  auto* cmd = app.add_subcommand("inspect", "Summarize a model file and verify an image's checksum");
+  cmd->add_option("model", *path, "GGUF file or Kestrel image")->required();
+  return [path] { return inspect(*path); };
+}
+
+}  // namespace kestrel::tools
