@@ -93,6 +93,13 @@ void MatmulF32Rows(const Matrix& w, const float* x, size_t n_tokens, size_t x_st
   }
 }
 
+// fp16 -> f32 of one value with the target's conversion instruction (F16C on x86).
+HWY_INLINE float HalfToFloat(const uint8_t* p) {
+  const hn::CappedTag<float, 1> d1;
+  const hn::Rebind<hwy::float16_t, decltype(d1)> dh1;
+  return hn::GetLane(hn::PromoteTo(d1, hn::LoadU(dh1, reinterpret_cast<const hwy::float16_t*>(p))));
+}
+
 // Dot product of one Q8_0 row with a float32 vector: sum over blocks of d_b * (q_b . x_b).
 float DotQ8_0(const uint8_t* row, const float* x, size_t cols) {
   const hn::ScalableTag<float> d;
@@ -103,9 +110,7 @@ float DotQ8_0(const uint8_t* row, const float* x, size_t cols) {
   float scalar = 0.0f;
   for (size_t b = 0; b < cols / kQ8Block; ++b) {
     const uint8_t* block = row + b * kQ8BlockBytes;
-    uint16_t scale_bits;
-    std::memcpy(&scale_bits, block, sizeof(scale_bits));
-    const float scale = gguf::fp16_to_fp32(scale_bits);
+    const float scale = HalfToFloat(block);
     const int8_t* q = reinterpret_cast<const int8_t*>(block + 2);
     const float* xb = x + b * kQ8Block;
     if (N <= kQ8Block) {
@@ -164,6 +169,17 @@ void W4RowTile(const uint8_t* qs, const float* scales, size_t cols, size_t group
     const auto scale = hn::Set(d, scales[g]);
     const auto offset = hn::Set(d, -8.0f * scales[g]);
     const uint8_t* qb = qs + g * half;
+    if (N == half) {  // e.g. AVX-512 with groups of 32: low nibbles, then high nibbles
+      const auto bytes = hn::PromoteTo(di, hn::LoadU(du8, qb));
+      const auto w_lo = hn::MulAdd(hn::ConvertTo(d, hn::And(bytes, mask)), scale, offset);
+      const auto w_hi = hn::MulAdd(hn::ConvertTo(d, hn::ShiftRight<4>(bytes)), scale, offset);
+      const size_t col = g * group_size;
+      for (size_t t = 0; t < kT; ++t) {
+        acc[t] = hn::MulAdd(w_lo, hn::LoadU(d, xs[t] + col), acc[t]);
+        acc[t] = hn::MulAdd(w_hi, hn::LoadU(d, xs[t] + col + half), acc[t]);
+      }
+      continue;
+    }
     for (size_t start = 0; start < group_size; start += N) {
       const bool low = start < half;
       const auto bytes = hn::PromoteTo(di, hn::LoadU(du8, qb + (low ? start : start - half)));

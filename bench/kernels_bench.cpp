@@ -1,0 +1,89 @@
+// Micro-benchmarks of the matmul kernels at the default model's shapes (Google Benchmark).
+//   build/bench/kestrel_kernels_bench --benchmark_filter=Decode
+#include <benchmark/benchmark.h>
+
+#include <random>
+#include <vector>
+
+#include "kestrel/formats/dequant.h"
+#include "kestrel/kernels/matmul.h"
+#include "kestrel/quant/w4.h"
+
+namespace {
+
+using kestrel::ThreadPool;
+namespace k = kestrel::kernels;
+
+std::vector<float> gaussian(size_t n) {
+  std::mt19937 rng(1);
+  std::normal_distribution<float> d;
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+ThreadPool& pool() {
+  static ThreadPool p(0);
+  return p;
+}
+
+// rows x cols = 2048 x 640 (ffn_gate); tokens = state.range(1).
+void Run(benchmark::State& state, k::WeightType type) {
+  const size_t rows = static_cast<size_t>(state.range(0)), cols = 640;
+  const size_t n = static_cast<size_t>(state.range(1));
+  const auto w = gaussian(rows * cols);
+  const auto x = gaussian(n * cols);
+  std::vector<float> y(n * rows);
+  kestrel::quant::W4Matrix q4;
+  std::vector<uint16_t> b16;
+  std::vector<uint8_t> q8;
+  k::Matrix m{type, nullptr, rows, cols};
+  switch (type) {
+    case k::WeightType::kF32: m.data = w.data(); break;
+    case k::WeightType::kW4:
+      q4 = kestrel::quant::quantize_w4(w.data(), rows, cols, 32, nullptr, pool());
+      m = q4.view();
+      break;
+    case k::WeightType::kBF16:
+      b16.resize(w.size());
+      for (size_t i = 0; i < w.size(); ++i) b16[i] = kestrel::gguf::fp32_to_bf16(w[i]);
+      m.data = b16.data();
+      break;
+    case k::WeightType::kQ8_0:
+      for (size_t b = 0; b < w.size() / 32; ++b) {
+        const uint16_t d = kestrel::gguf::fp32_to_fp16(0.02f);
+        q8.push_back(static_cast<uint8_t>(d & 0xff));
+        q8.push_back(static_cast<uint8_t>(d >> 8));
+        for (int i = 0; i < 32; ++i) q8.push_back(static_cast<uint8_t>(static_cast<int8_t>(w[b * 32 + i] * 40)));
+      }
+      m.data = q8.data();
+      break;
+  }
+  for (auto _ : state) {
+    k::matmul(m, x.data(), n, cols, y.data(), rows, pool());
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.counters["GMAC/s"] = benchmark::Counter(static_cast<double>(rows * cols * n),
+                                                benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["weight GB/s"] = benchmark::Counter(static_cast<double>(m.row_bytes() * rows),
+                                                     benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void F32(benchmark::State& s) { Run(s, k::WeightType::kF32); }
+void W4(benchmark::State& s) { Run(s, k::WeightType::kW4); }
+void BF16(benchmark::State& s) { Run(s, k::WeightType::kBF16); }
+void Q8_0(benchmark::State& s) { Run(s, k::WeightType::kQ8_0); }
+
+// Decode: one token over a large matrix (head-like 65536 rows) and a layer matrix.
+BENCHMARK(F32)->Name("Decode/F32")->Args({2048, 1})->Args({65536, 1})->UseRealTime();
+BENCHMARK(W4)->Name("Decode/W4")->Args({2048, 1})->Args({65536, 1})->UseRealTime();
+BENCHMARK(BF16)->Name("Decode/BF16")->Args({2048, 1})->Args({65536, 1})->UseRealTime();
+BENCHMARK(Q8_0)->Name("Decode/Q8_0")->Args({2048, 1})->Args({65536, 1})->UseRealTime();
+// Prefill: 256 tokens (one forward chunk).
+BENCHMARK(F32)->Name("Prefill/F32")->Args({2048, 256})->UseRealTime();
+BENCHMARK(W4)->Name("Prefill/W4")->Args({2048, 256})->UseRealTime();
+BENCHMARK(BF16)->Name("Prefill/BF16")->Args({2048, 256})->UseRealTime();
+
+}  // namespace
+
+BENCHMARK_MAIN();
