@@ -21,6 +21,7 @@ struct BuildCommandOptions {
   size_t group_size = 32;
   uint64_t seed = 0;
   int threads = 0;
+  std::string embedding = "source";
   std::vector<std::string> licenses;
 };
 
@@ -46,6 +47,7 @@ int build(const BuildCommandOptions& o) {
   options.precision = quant::parse_precision(o.precision);
   options.group_size = o.group_size;
   options.seed = o.seed;
+  options.int4_embedding = o.embedding == "int4";
   for (const auto& l : o.licenses) options.license_files.emplace_back(l);
   options.progress = progress_bar;
   ThreadPool pool(o.threads);
@@ -71,6 +73,10 @@ Command add_build_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--group-size", o->group_size, "w4a16: weights per fp16 scale")
       ->check(CLI::IsMember({32, 64, 128}))
+      ->capture_default_str();
+  cmd->add_option("--embedding", o->embedding,
+                  "w4a16: the token embedding / tied output head as in the source, or INT4")
+      ->check(CLI::IsMember({"source", "int4"}))
       ->capture_default_str();
   cmd->add_option("--seed", o->seed, "Seed recorded in the image (for calibrated builds)");
   cmd->add_option("--license", o->licenses,

@@ -167,8 +167,9 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
         throw Error("tensor '" + t.name + "' has rows of " + std::to_string(t.shape[0]) +
                     ", not a multiple of the group size " + std::to_string(group));
       }
-    } else if (t.shape.size() == 2) {
-      p = w4 ? Plan::kCopy : Plan::kBF16;  // the embedding / output head
+    } else if (t.shape.size() == 2) {  // the embedding / output head
+      p = !w4 ? Plan::kBF16 : options.int4_embedding ? Plan::kInt4 : Plan::kCopy;
+      if (p == Plan::kInt4 && t.shape[0] % group != 0) p = Plan::kCopy;
     } else {
       p = Plan::kF32;
     }
@@ -182,8 +183,8 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
       case Plan::kCopy: w.add_tensor(t.name, t.type, t.shape); break;
       case Plan::kF32: w.add_tensor(t.name, TensorType::kF32, t.shape); break;
     }
-    if (w4 && p == Plan::kCopy && t.name == "token_embd.weight") {
-      w.add_string(keys::kEmbeddingType, gguf::tensor_type_name(t.type));
+    if (w4 && t.name == "token_embd.weight") {
+      w.add_string(keys::kEmbeddingType, p == Plan::kInt4 ? "INT4" : gguf::tensor_type_name(t.type));
     }
   }
   w.begin_data();

@@ -16,6 +16,8 @@ struct BuildOptions {
   quant::Precision precision = quant::Precision::kW4A16;
   size_t group_size = 32;  // w4a16: weights per fp16 scale (32, 64 or 128)
   uint64_t seed = 0;       // recorded; the RTN path is deterministic without it
+  /// w4a16: also store the token embedding / tied output head as INT4 (else the source's type).
+  bool int4_embedding = false;
   /// Licence / NOTICE files to carry. Files named LICENSE*, NOTICE*, COPYING* or *TERMS* next to
   /// the source are added as well.
   std::vector<std::filesystem::path> license_files;

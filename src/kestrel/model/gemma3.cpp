@@ -83,6 +83,7 @@ Gemma3Model::Gemma3Model(const gguf::File& file, const LoadOptions& options, Thr
   // The vocabulary is the embedding's rows (llama.cpp's converter trims the table to the
   // tokenizer; they are equal for every Gemma 3 file).
   const auto* embd = file.find_tensor("token_embd.weight");
+  if (embd == nullptr) embd = file.find_tensor(std::string("token_embd.weight") + image::kQ4Suffix);
   if (embd == nullptr || embd->shape.size() != 2) throw Error("model file has no 2-D token_embd.weight");
   config_.n_vocab = static_cast<size_t>(embd->shape[1]);
   // The embedding (and the tied output head) keeps the source's form in every precision:

@@ -101,6 +101,9 @@ kernels::Matrix WeightStore::matrix(const std::string& name, size_t rows, size_t
 }
 
 kernels::Matrix WeightStore::source_matrix(const std::string& name, size_t rows, size_t cols) {
+  if (image_ && image_->precision == Precision::kW4A16 && has(name + image::kQ4Suffix)) {
+    return image_matrix(name, rows, cols);  // an INT4 embedding
+  }
   const auto& info = checked(name, {cols, rows});
   kernels::Matrix m;
   m.rows = rows;
