@@ -12,5 +12,6 @@ using Command = std::function<int()>;
 
 Command add_run_command(CLI::App& app);
 Command add_chat_command(CLI::App& app);
+Command add_perplexity_command(CLI::App& app);
 
 }  // namespace kestrel::tools

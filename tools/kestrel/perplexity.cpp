@@ -1,0 +1,127 @@
+// kestrel perplexity: llama-perplexity's measurement of a model on a text file, optionally with
+// the KL divergence from a base model.
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <optional>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "common.h"
+#include "kestrel/base/error.h"
+#include "kestrel/runtime/perplexity.h"
+
+namespace kestrel::tools {
+namespace {
+
+struct PerplexityCliOptions {
+  std::string model;
+  std::string base;
+  std::string file;
+  int threads = 0;
+  size_t ctx = 512;
+  size_t chunks = 0;
+  bool json = false;
+};
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error("cannot read " + path);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) throw Error("cannot read " + path);
+  return ss.str();
+}
+
+// The engines' own caches are not used (perplexity makes one per model at --ctx), so they are
+// loaded with the smallest context; --ctx is checked against the model's maximum afterwards.
+runtime::Engine load(const std::string& path, int threads) {
+  ModelOptions m;
+  m.model = path;
+  m.threads = threads;
+  m.ctx = 1;
+  return m.load();
+}
+
+int run_perplexity(const PerplexityCliOptions& o) {
+  if (o.ctx < 4) throw Error("--ctx must be at least 4 (got " + std::to_string(o.ctx) + ")");
+  const std::string text = read_text(o.file);
+  runtime::Engine engine = load(o.model, o.threads);
+  std::optional<runtime::Engine> base;
+  if (!o.base.empty()) {
+    runtime::EngineOptions base_options;
+    base_options.n_threads = o.threads;
+    base_options.n_ctx = 1;
+    base.emplace(std::filesystem::path(o.base), base_options);
+  }
+  const std::vector<runtime::TokenId> tokens = engine.encode(text, /*special=*/false);
+
+  runtime::PerplexityOptions options;
+  options.n_ctx = o.ctx;
+  options.max_chunks = o.chunks;
+  runtime::PerplexityProgress progress;
+  if (!o.json) {
+    progress = [&](size_t chunk, size_t n_chunks, const runtime::PerplexityResult& r) {
+      std::fprintf(stderr, "[%zu/%zu] ppl %.4f", chunk, n_chunks, r.ppl);
+      if (r.has_base) std::fprintf(stderr, "  base ppl %.4f  KL %.4g", r.base_ppl, r.kl_mean);
+      std::fprintf(stderr, "  (%.1f s)\n", r.seconds);
+    };
+  }
+  const runtime::PerplexityResult r =
+      base ? runtime::perplexity(engine, *base, tokens, options, progress)
+           : runtime::perplexity(engine, tokens, options, progress);
+
+  if (o.json) {
+    nlohmann::json j = {{"n_ctx", r.n_ctx},         {"n_tokens", r.n_tokens},
+                        {"n_chunks", r.n_chunks},   {"n_scored", r.n_scored},
+                        {"ppl", r.ppl},             {"ppl_error", r.ppl_error},
+                        {"seconds", r.seconds}};
+    if (r.has_base) {
+      j["base_ppl"] = r.base_ppl;
+      j["base_ppl_error"] = r.base_ppl_error;
+      j["kl_mean"] = r.kl_mean;
+      j["kl_mean_error"] = r.kl_mean_error;
+      j["kl_p99"] = r.kl_p99;
+      j["kl_max"] = r.kl_max;
+      j["same_top1_pct"] = r.same_top1_pct;
+    }
+    std::cout << j.dump() << "\n";
+    return 0;
+  }
+  std::printf("chunks:        %zu of %zu tokens at context %zu (%zu positions scored)\n", r.n_chunks,
+              r.n_tokens, r.n_ctx, r.n_scored);
+  std::printf("perplexity:    %.4f +/- %.5f\n", r.ppl, r.ppl_error);
+  if (r.has_base) {
+    std::printf("base ppl:      %.4f +/- %.5f\n", r.base_ppl, r.base_ppl_error);
+    std::printf("KL mean:       %.6g +/- %.2g\n", r.kl_mean, r.kl_mean_error);
+    std::printf("KL 99%%:        %.6g\n", r.kl_p99);
+    std::printf("KL max:        %.6g\n", r.kl_max);
+    std::printf("same top-1:    %.3f %%\n", r.same_top1_pct);
+  }
+  std::printf("time:          %.1f s\n", r.seconds);
+  return 0;
+}
+
+}  // namespace
+
+Command add_perplexity_command(CLI::App& app) {
+  auto opts = std::make_shared<PerplexityCliOptions>();
+  auto* cmd = app.add_subcommand(
+      "perplexity", "Perplexity of a model on a text file (llama-perplexity's method), optionally "
+                    "with the KL divergence from a base model");
+  cmd->add_option("-m,--model", opts->model, "GGUF model file (default: $KESTREL_MODEL or Gemma 3 270M)");
+  cmd->add_option("-f,--file", opts->file, "Text file to evaluate")->required();
+  cmd->add_option("--kl-base", opts->base,
+                  "Base GGUF model: also report KL(base || model), same top-1 and the base perplexity");
+  cmd->add_option("-c,--ctx", opts->ctx, "Tokens per chunk; the second half of each is scored")
+      ->capture_default_str();
+  cmd->add_option("--chunks", opts->chunks, "Chunks to evaluate at most (0: all)")->capture_default_str();
+  cmd->add_option("-t,--threads", opts->threads, "Threads (default: every core)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_flag("--json", opts->json, "Print one JSON object with the results");
+  return [opts] { return run_perplexity(*opts); };
+}
+
+}  // namespace kestrel::tools
