@@ -41,7 +41,7 @@ void Run(benchmark::State& state, k::WeightType type) {
   switch (type) {
     case k::WeightType::kF32: m.data = w.data(); break;
     case k::WeightType::kW4:
-      q4 = kestrel::quant::quantize_w4(w.data(), rows, cols, 32, nullptr, pool());
+      q4 = kestrel::quant::quantize_w4(w.data(), rows, cols, 32, nullptr, true, pool());
       m = q4.view();
       break;
     case k::WeightType::kBF16:

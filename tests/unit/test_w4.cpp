@@ -30,7 +30,7 @@ TEST(W4, GridValuesRoundTripExactly) {
   const float d = 0.125f;  // exact in fp16
   std::vector<float> w(64);
   for (size_t i = 0; i < w.size(); ++i) w[i] = d * static_cast<float>(static_cast<int>(i % 16) - 8);
-  const auto m = q::quantize_w4(w.data(), 2, 32, 32, nullptr, pool);
+  const auto m = q::quantize_w4(w.data(), 2, 32, 32, nullptr, false, pool);
   EXPECT_EQ(q::w4_rms_error(m, w.data()), 0.0);
   EXPECT_EQ(kestrel::gguf::fp16_to_fp32(m.scales[0]), d);
   // Nibble order: byte j holds weights j (low) and j + 16 (high).
@@ -45,7 +45,7 @@ TEST(W4, ScaleSearchNeverWorseThanQ4_0Rule) {
   kestrel::ThreadPool pool(2);
   const size_t rows = 64, cols = 256;
   const auto w = gaussian(rows * cols, 11);
-  const auto m = q::quantize_w4(w.data(), rows, cols, 32, nullptr, pool);
+  const auto m = q::quantize_w4(w.data(), rows, cols, 32, nullptr, false, pool);
   double q4_0 = 0.0;
   for (size_t g = 0; g < rows * cols / 32; ++g) {
     const float* x = &w[g * 32];
@@ -68,8 +68,8 @@ TEST(W4, ScaleSearchNeverWorseThanQ4_0Rule) {
 TEST(W4, RejectsBadGroupSizes) {
   kestrel::ThreadPool pool(1);
   std::vector<float> w(96);
-  EXPECT_THROW(q::quantize_w4(w.data(), 1, 96, 64, nullptr, pool), kestrel::Error);
-  EXPECT_THROW(q::quantize_w4(w.data(), 1, 96, 48, nullptr, pool), kestrel::Error);
+  EXPECT_THROW(q::quantize_w4(w.data(), 1, 96, 64, nullptr, false, pool), kestrel::Error);
+  EXPECT_THROW(q::quantize_w4(w.data(), 1, 96, 48, nullptr, true, pool), kestrel::Error);
 }
 
 TEST(W4, MatmulMatchesDequantizedReference) {
@@ -78,13 +78,15 @@ TEST(W4, MatmulMatchesDequantizedReference) {
            {1, 32, 32, 1}, {37, 96, 32, 5}, {19, 128, 64, 3}, {64, 640, 32, 9}, {33, 256, 128, 4}}) {
     const auto w = gaussian(rows * cols, 21);
     const auto x = gaussian(n * cols, 22);
-    const auto m = q::quantize_w4(w.data(), rows, cols, group, nullptr, pool);
-    std::vector<float> y(n * rows), ref(n * rows);
-    k::matmul(m.view(), x.data(), n, cols, y.data(), rows, pool);
-    k::matmul_reference(m.view(), x.data(), n, cols, ref.data(), rows);
-    for (size_t i = 0; i < y.size(); ++i) {
-      EXPECT_NEAR(y[i], ref[i], 2e-5 * std::sqrt(static_cast<double>(cols)) * 4)
-          << rows << "x" << cols << "/" << group << " i=" << i;
+    for (bool zero_points : {false, true}) {
+      const auto m = q::quantize_w4(w.data(), rows, cols, group, nullptr, zero_points, pool);
+      std::vector<float> y(n * rows), ref(n * rows);
+      k::matmul(m.view(), x.data(), n, cols, y.data(), rows, pool);
+      k::matmul_reference(m.view(), x.data(), n, cols, ref.data(), rows);
+      for (size_t i = 0; i < y.size(); ++i) {
+        EXPECT_NEAR(y[i], ref[i], 2e-5 * std::sqrt(static_cast<double>(cols)) * 4)
+            << rows << "x" << cols << "/" << group << " zp=" << zero_points << " i=" << i;
+      }
     }
   }
 }
@@ -103,4 +105,17 @@ TEST(BF16, MatmulMatchesReferenceOnOddShapes) {
     k::matmul_reference(m, x.data(), n, cols, ref.data(), rows);
     for (size_t i = 0; i < y.size(); ++i) EXPECT_NEAR(y[i], ref[i], 1e-4 * std::sqrt(cols)) << i;
   }
+}
+
+TEST(W4, AffineGroupsReproduceA16LevelGrid) {
+  // A group on an affine 16-level grid (as a Q4_K sub-block is: w = a * q - b) comes back to
+  // fp16 precision; the symmetric form cannot represent it.
+  kestrel::ThreadPool pool(1);
+  const float a = 0.0123f, b = 0.031f;
+  std::vector<float> w(32);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = a * static_cast<float>((i * 7) % 16) - b;
+  const auto affine = q::quantize_w4(w.data(), 1, 32, 32, nullptr, true, pool);
+  const auto symmetric = q::quantize_w4(w.data(), 1, 32, 32, nullptr, false, pool);
+  EXPECT_LT(q::w4_rms_error(affine, w.data()), 2e-5);
+  EXPECT_GT(q::w4_rms_error(symmetric, w.data()), 10 * q::w4_rms_error(affine, w.data()));
 }

@@ -22,6 +22,7 @@ struct BuildCommandOptions {
   uint64_t seed = 0;
   int threads = 0;
   std::string embedding = "source";
+  bool symmetric = false;
   std::vector<std::string> licenses;
 };
 
@@ -48,6 +49,7 @@ int build(const BuildCommandOptions& o) {
   options.group_size = o.group_size;
   options.seed = o.seed;
   options.int4_embedding = o.embedding == "int4";
+  options.zero_points = !o.symmetric;
   for (const auto& l : o.licenses) options.license_files.emplace_back(l);
   options.progress = progress_bar;
   ThreadPool pool(o.threads);
@@ -78,6 +80,8 @@ Command add_build_command(CLI::App& app) {
                   "w4a16: the token embedding / tied output head as in the source, or INT4")
       ->check(CLI::IsMember({"source", "int4"}))
       ->capture_default_str();
+  cmd->add_flag("--symmetric", o->symmetric,
+                "w4a16: symmetric groups (scale only) instead of affine groups (scale and min)");
   cmd->add_option("--seed", o->seed, "Seed recorded in the image (for calibrated builds)");
   cmd->add_option("--license", o->licenses,
                   "Licence/NOTICE file to carry (repeatable; LICENSE*, NOTICE*, *TERMS* files "

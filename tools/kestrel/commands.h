@@ -13,5 +13,7 @@ using Command = std::function<int()>;
 Command add_run_command(CLI::App& app);
 Command add_chat_command(CLI::App& app);
 Command add_perplexity_command(CLI::App& app);
+Command add_build_command(CLI::App& app);
+Command add_inspect_command(CLI::App& app);
 
 }  // namespace kestrel::tools

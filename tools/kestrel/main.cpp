@@ -1,6 +1,7 @@
 // kestrel: the command-line front end.
 #include <cstdio>
 #include <exception>
+#include <utility>
 
 #include <CLI/CLI.hpp>
 
@@ -11,14 +12,19 @@ int main(int argc, char** argv) {
   CLI::App app{"Kestrel: fast small language models on edge hardware"};
   app.require_subcommand(1);
   app.set_version_flag("--version", KESTREL_VERSION);
-  const kestrel::tools::Command run = kestrel::tools::add_run_command(app);
-  const kestrel::tools::Command chat = kestrel::tools::add_chat_command(app);
-  const kestrel::tools::Command perplexity = kestrel::tools::add_perplexity_command(app);
+  namespace t = kestrel::tools;
+  const std::pair<const char*, t::Command> commands[] = {
+      {"run", t::add_run_command(app)},
+      {"chat", t::add_chat_command(app)},
+      {"perplexity", t::add_perplexity_command(app)},
+      {"build", t::add_build_command(app)},
+      {"inspect", t::add_inspect_command(app)},
+  };
   CLI11_PARSE(app, argc, argv);
   try {
-    if (app.got_subcommand("run")) return run();
-    if (app.got_subcommand("chat")) return chat();
-    if (app.got_subcommand("perplexity")) return perplexity();
+    for (const auto& [name, command] : commands) {
+      if (app.got_subcommand(name)) return command();
+    }
   } catch (const std::exception& e) {
     std::fflush(stdout);
     std::fprintf(stderr, "kestrel: error: %s\n", e.what());

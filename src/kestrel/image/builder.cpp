@@ -142,6 +142,7 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
   if (w4) {
     w.add_uint32(keys::kGroupSize, static_cast<uint32_t>(group));
     w.add_string(keys::kQuantMethod, "rtn");
+    w.add_uint32(keys::kZeroPoints, options.zero_points ? 1 : 0);
   }
   w.add_string(keys::kKestrelVersion, KESTREL_VERSION);
   w.add_string(keys::kBuildDate, utc_now());
@@ -178,6 +179,9 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
       case Plan::kInt4:
         w.add_tensor(t.name + kQ4Suffix, TensorType::kI8, {t.shape[0] / 2, t.shape[1]});
         w.add_tensor(t.name + kScalesSuffix, TensorType::kF16, {t.shape[0] / group, t.shape[1]});
+        if (options.zero_points) {
+          w.add_tensor(t.name + kMinsSuffix, TensorType::kF16, {t.shape[0] / group, t.shape[1]});
+        }
         break;
       case Plan::kBF16: w.add_tensor(t.name, TensorType::kBF16, t.shape); break;
       case Plan::kCopy: w.add_tensor(t.name, t.type, t.shape); break;
@@ -195,9 +199,11 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
       case Plan::kInt4: {
         std::vector<float> dense(t.n_elements);
         gguf::dequantize(t.type, src.tensor_data(t).data(), dense.data(), dense.size());
-        const auto q = quant::quantize_w4(dense.data(), t.shape[1], t.shape[0], group, nullptr, pool);
+        const auto q = quant::quantize_w4(dense.data(), t.shape[1], t.shape[0], group, nullptr,
+                                          options.zero_points, pool);
         w.write(as_bytes(q.qs.data(), q.qs.size()));
         w.write(as_bytes(q.scales.data(), q.scales.size() * sizeof(uint16_t)));
+        w.write(as_bytes(q.mins.data(), q.mins.size() * sizeof(uint16_t)));
         break;
       }
       case Plan::kBF16: write_converted(w, src, t, TensorType::kBF16); break;

@@ -18,6 +18,8 @@ struct BuildOptions {
   uint64_t seed = 0;       // recorded; the RTN path is deterministic without it
   /// w4a16: also store the token embedding / tied output head as INT4 (else the source's type).
   bool int4_embedding = false;
+  /// w4a16: affine groups (an fp16 scale and minimum each) instead of symmetric ones.
+  bool zero_points = true;
   /// Licence / NOTICE files to carry. Files named LICENSE*, NOTICE*, COPYING* or *TERMS* next to
   /// the source are added as well.
   std::vector<std::filesystem::path> license_files;

@@ -24,6 +24,7 @@ std::optional<ImageInfo> read_image_info(const gguf::File& file) {
     if (info.group_size == 0 || info.group_size % 32 != 0) {
       throw Error("image: bad " + std::string(keys::kGroupSize) + " " + std::to_string(info.group_size));
     }
+    info.zero_points = file.find_uint(keys::kZeroPoints).value_or(0) != 0;
   }
   return info;
 }

@@ -20,6 +20,7 @@ inline constexpr const char* kFormatVersion = "kestrel.format_version";
 inline constexpr const char* kPrecision = "kestrel.precision";
 inline constexpr const char* kGroupSize = "kestrel.quant.group_size";
 inline constexpr const char* kQuantMethod = "kestrel.quant.method";
+inline constexpr const char* kZeroPoints = "kestrel.quant.zero_points";
 inline constexpr const char* kEmbeddingType = "kestrel.quant.embedding_type";
 inline constexpr const char* kContentHash = "kestrel.content_xxh3";
 inline constexpr const char* kKestrelVersion = "kestrel.build.kestrel_version";
@@ -35,11 +36,14 @@ inline constexpr const char* kLicenseText = "kestrel.license.text";
 /// scales (F16, {cols/group_size, rows}), beside the source name, e.g. "blk.0.attn_q.weight.q4".
 inline constexpr const char* kQ4Suffix = ".q4";
 inline constexpr const char* kScalesSuffix = ".scales";
+/// With zero points: fp16 group minimums (F16, {cols/group_size, rows}).
+inline constexpr const char* kMinsSuffix = ".mins";
 
 struct ImageInfo {
   uint32_t format_version = 0;
   quant::Precision precision = quant::Precision::kSource;
   size_t group_size = 0;
+  bool zero_points = false;  // w4a16: affine groups (".mins" tensors present)
 };
 
 /// nullopt for a plain GGUF (no kestrel.format_version). Throws kestrel::Error for an image of

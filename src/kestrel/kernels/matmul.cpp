@@ -139,23 +139,34 @@ void MatmulQ8_0Rows(const Matrix& w, const float* x, size_t n_tokens, size_t x_s
   }
 }
 
-// Row r's group scales as float32 (fp16 -> f32 with the vector conversion).
-void RowScales(const Matrix& w, size_t r, float* out) {
+// fp16 -> f32 of n values with the vector conversion.
+void HalvesToFloats(const uint16_t* in, size_t n, float* out) {
   const hn::ScalableTag<float> d;
   const hn::Rebind<hwy::float16_t, decltype(d)> dh;
   const size_t N = hn::Lanes(d);
-  const size_t n_groups = w.cols / w.group_size;
-  const auto* src = reinterpret_cast<const hwy::float16_t*>(w.scales + r * n_groups);
+  const auto* src = reinterpret_cast<const hwy::float16_t*>(in);
   size_t g = 0;
-  for (; g + N <= n_groups; g += N) hn::StoreU(hn::PromoteTo(d, hn::LoadU(dh, src + g)), d, out + g);
-  for (; g < n_groups; ++g) out[g] = gguf::fp16_to_fp32(w.scales[r * n_groups + g]);
+  for (; g + N <= n; g += N) hn::StoreU(hn::PromoteTo(d, hn::LoadU(dh, src + g)), d, out + g);
+  for (; g < n; ++g) out[g] = gguf::fp16_to_fp32(in[g]);
+}
+
+// Row r's group scales and offsets as float32: w = q * scale + offset.
+void RowScales(const Matrix& w, size_t r, float* scales, float* offsets) {
+  const size_t n_groups = w.cols / w.group_size;
+  HalvesToFloats(w.scales + r * n_groups, n_groups, scales);
+  if (w.mins != nullptr) {
+    HalvesToFloats(w.mins + r * n_groups, n_groups, offsets);
+  } else {
+    for (size_t g = 0; g < n_groups; ++g) offsets[g] = -8.0f * scales[g];
+  }
 }
 
 // kT tokens times one INT4 row: each group is unpacked to float once and used kT times.
 // Nibble j of a group's bytes is weight j (low) or j + group_size/2 (high), so a run of N
 // weights starting at `start` comes from N consecutive bytes.
 template <size_t kT>
-void W4RowTile(const uint8_t* qs, const float* scales, size_t cols, size_t group_size,
+void W4RowTile(const uint8_t* qs, const float* scales, const float* offsets, size_t cols,
+               size_t group_size,
                const float* const* xs, float* const* ys, size_t r) {
   const hn::ScalableTag<float> d;
   const hn::Rebind<int32_t, decltype(d)> di;
@@ -167,7 +178,7 @@ void W4RowTile(const uint8_t* qs, const float* scales, size_t cols, size_t group
   for (size_t t = 0; t < kT; ++t) acc[t] = hn::Zero(d);
   for (size_t g = 0; g < cols / group_size; ++g) {
     const auto scale = hn::Set(d, scales[g]);
-    const auto offset = hn::Set(d, -8.0f * scales[g]);
+    const auto offset = hn::Set(d, offsets[g]);
     const uint8_t* qb = qs + g * half;
     if (N == half) {  // e.g. AVX-512 with groups of 32: low nibbles, then high nibbles
       const auto bytes = hn::PromoteTo(di, hn::LoadU(du8, qb));
@@ -196,11 +207,13 @@ void MatmulW4Rows(const Matrix& w, const float* x, size_t n_tokens, size_t x_str
                   size_t y_stride, size_t row_begin, size_t row_end) {
   const size_t n_groups = w.cols / w.group_size;
   constexpr size_t kRowBlock = 16;
-  std::vector<float> scales(kRowBlock * n_groups);
+  std::vector<float> scales(kRowBlock * n_groups), offsets(kRowBlock * n_groups);
   const auto* qs = static_cast<const uint8_t*>(w.data);
   for (size_t rb = row_begin; rb < row_end; rb += kRowBlock) {
     const size_t re = std::min(row_end, rb + kRowBlock);
-    for (size_t r = rb; r < re; ++r) RowScales(w, r, &scales[(r - rb) * n_groups]);
+    for (size_t r = rb; r < re; ++r) {
+      RowScales(w, r, &scales[(r - rb) * n_groups], &offsets[(r - rb) * n_groups]);
+    }
     for (size_t t = 0; t < n_tokens; t += 4) {
       const size_t nt = std::min<size_t>(4, n_tokens - t);
       const float* xs[4];
@@ -212,11 +225,12 @@ void MatmulW4Rows(const Matrix& w, const float* x, size_t n_tokens, size_t x_str
       for (size_t r = rb; r < re; ++r) {
         const uint8_t* row = qs + r * (w.cols / 2);
         const float* sc = &scales[(r - rb) * n_groups];
+        const float* of = &offsets[(r - rb) * n_groups];
         switch (nt) {
-          case 4: W4RowTile<4>(row, sc, w.cols, w.group_size, xs, ys, r); break;
-          case 3: W4RowTile<3>(row, sc, w.cols, w.group_size, xs, ys, r); break;
-          case 2: W4RowTile<2>(row, sc, w.cols, w.group_size, xs, ys, r); break;
-          default: W4RowTile<1>(row, sc, w.cols, w.group_size, xs, ys, r); break;
+          case 4: W4RowTile<4>(row, sc, of, w.cols, w.group_size, xs, ys, r); break;
+          case 3: W4RowTile<3>(row, sc, of, w.cols, w.group_size, xs, ys, r); break;
+          case 2: W4RowTile<2>(row, sc, of, w.cols, w.group_size, xs, ys, r); break;
+          default: W4RowTile<1>(row, sc, of, w.cols, w.group_size, xs, ys, r); break;
         }
       }
     }
@@ -340,10 +354,11 @@ void matrix_row(const Matrix& w, size_t r, float* out) {
       const size_t n_groups = w.cols / w.group_size, half = w.group_size / 2;
       for (size_t g = 0; g < n_groups; ++g) {
         const float d = gguf::fp16_to_fp32(w.scales[r * n_groups + g]);
+        const float m = w.mins ? gguf::fp16_to_fp32(w.mins[r * n_groups + g]) : -8.0f * d;
         for (size_t j = 0; j < half; ++j) {
           const uint8_t b = q[g * half + j];
-          out[g * w.group_size + j] = d * static_cast<float>((b & 0x0F) - 8);
-          out[g * w.group_size + j + half] = d * static_cast<float>((b >> 4) - 8);
+          out[g * w.group_size + j] = d * static_cast<float>(b & 0x0F) + m;
+          out[g * w.group_size + j + half] = d * static_cast<float>(b >> 4) + m;
         }
       }
       return;

@@ -13,7 +13,7 @@ enum class WeightType {
   kF32,   // row-major float32
   kQ8_0,  // ggml Q8_0 blocks: per 32 weights, an fp16 scale d and 32 int8 q; w = d * q
   kBF16,  // row-major bfloat16
-  kW4,    // INT4, symmetric, grouped along the row: w = d_g * (q - 8), q in 0..15; see below
+  kW4,    // INT4 grouped along the row: w = d_g * (q - 8), or d_g * q + m_g with mins; see below
 };
 
 /// A weight matrix W of shape [rows, cols] (each row holds the `cols` input weights of one
@@ -22,14 +22,16 @@ enum class WeightType {
 /// kW4 layout: `data` holds rows * cols / 2 bytes, row-major; each group of `group_size`
 /// consecutive weights of a row takes group_size / 2 bytes, byte j holding weight j in its low
 /// nibble and weight j + group_size / 2 in its high nibble (ggml's Q4_0 nibble order).
-/// `scales` holds rows * (cols / group_size) fp16 scales d_g, row-major. group_size is a
-/// multiple of 32 and divides cols.
+/// `scales` holds rows * (cols / group_size) fp16 scales d_g, row-major. With `mins` (same
+/// shape, fp16) a group is affine, w = d_g * q + m_g (zero points); without, symmetric,
+/// w = d_g * (q - 8). group_size is a multiple of 32 and divides cols.
 struct Matrix {
   WeightType type = WeightType::kF32;
   const void* data = nullptr;
   size_t rows = 0;
   size_t cols = 0;
   const uint16_t* scales = nullptr;  // kW4 only
+  const uint16_t* mins = nullptr;    // kW4 only; null: symmetric
   size_t group_size = 0;             // kW4 only
   size_t row_bytes() const;
   const uint8_t* row(size_t r) const { return static_cast<const uint8_t*>(data) + r * row_bytes(); }

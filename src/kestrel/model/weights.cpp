@@ -71,6 +71,10 @@ kernels::Matrix WeightStore::image_matrix(const std::string& name, size_t rows, 
     m.type = kernels::WeightType::kW4;
     m.data = file_->tensor_data(q).data();
     m.scales = reinterpret_cast<const uint16_t*>(file_->tensor_data(s).data());
+    if (image_->zero_points) {
+      const auto& z = image_tensor(name + image::kMinsSuffix, gguf::TensorType::kF16, {cols / g, rows});
+      m.mins = reinterpret_cast<const uint16_t*>(file_->tensor_data(z).data());
+    }
     m.group_size = g;
   } else {
     m.type = kernels::WeightType::kBF16;
@@ -87,7 +91,8 @@ kernels::Matrix WeightStore::matrix(const std::string& name, size_t rows, size_t
   std::vector<float> dense(info.n_elements);
   gguf::dequantize(info.type, file_->tensor_data(info).data(), dense.data(), info.n_elements);
   if (options_.precision == Precision::kW4A16) {
-    owned_w4_.push_back(quant::quantize_w4(dense.data(), rows, cols, options_.group_size, nullptr, *pool_));
+    owned_w4_.push_back(quant::quantize_w4(dense.data(), rows, cols, options_.group_size, nullptr,
+                                                   options_.zero_points, *pool_));
     return owned_w4_.back().view();
   }
   auto& bf16 = owned_16_.emplace_back(dense.size());

@@ -19,6 +19,7 @@ using quant::Precision;
 struct LoadOptions {
   Precision precision = Precision::kSource;
   size_t group_size = 32;  // kW4A16: weights per fp16 scale
+  bool zero_points = true; // kW4A16: affine groups (scale and min) instead of symmetric
 };
 
 /// Weight matrices and vectors of a model, converted to the precision asked for. A Kestrel

@@ -50,6 +50,63 @@ uint16_t quantize_group(const float* w, const float* importance, size_t n, uint8
   return best_bits;
 }
 
+struct Affine {
+  uint16_t d, m;
+};
+
+// Squared error of the group with stored (fp16) d and m; writes the codes to q.
+double affine_error(const float* w, const float* importance, size_t n, float d, float m,
+                    uint8_t* q) {
+  const float inv_d = d != 0.0f ? 1.0f / d : 0.0f;
+  double err = 0.0;
+  for (size_t i = 0; i < n; ++i) {
+    const float code = std::clamp(std::nearbyint((w[i] - m) * inv_d), 0.0f, 15.0f);
+    q[i] = static_cast<uint8_t>(code);
+    const double e = static_cast<double>(w[i] - (d * code + m));
+    err += (importance ? importance[i] : 1.0f) * e * e;
+  }
+  return err;
+}
+
+Affine quantize_group_affine(const float* w, const float* importance, size_t n, uint8_t* out) {
+  float lo = w[0], hi = w[0];
+  for (size_t i = 1; i < n; ++i) {
+    lo = std::min(lo, w[i]);
+    hi = std::max(hi, w[i]);
+  }
+  std::vector<uint8_t> q(n), best_q(n);
+  float d = (hi - lo) / 15.0f, m = lo;
+  Affine best{gguf::fp32_to_fp16(d), gguf::fp32_to_fp16(m)};
+  double best_err = INFINITY;
+  for (int iter = 0; iter < 4; ++iter) {
+    const Affine stored{gguf::fp32_to_fp16(d), gguf::fp32_to_fp16(m)};
+    const double err = affine_error(w, importance, n, gguf::fp16_to_fp32(stored.d),
+                                    gguf::fp16_to_fp32(stored.m), q.data());
+    if (err < best_err) {
+      best_err = err;
+      best = stored;
+      best_q = q;
+    }
+    // Weighted least squares of w ~ d * q + m for the current codes.
+    double s = 0, sq = 0, sqq = 0, sw = 0, sqw = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const double a = importance ? importance[i] : 1.0, qi = q[i];
+      s += a;
+      sq += a * qi;
+      sqq += a * qi * qi;
+      sw += a * w[i];
+      sqw += a * qi * w[i];
+    }
+    const double det = s * sqq - sq * sq;
+    if (det <= 0) break;
+    d = static_cast<float>((s * sqw - sq * sw) / det);
+    m = static_cast<float>((sqq * sw - sq * sqw) / det);
+  }
+  const size_t half = n / 2;
+  for (size_t j = 0; j < half; ++j) out[j] = static_cast<uint8_t>(best_q[j] | (best_q[j + half] << 4));
+  return best;
+}
+
 }  // namespace
 
 kernels::Matrix W4Matrix::view() const {
@@ -59,12 +116,13 @@ kernels::Matrix W4Matrix::view() const {
   m.rows = rows;
   m.cols = cols;
   m.scales = scales.data();
+  m.mins = mins.empty() ? nullptr : mins.data();
   m.group_size = group_size;
   return m;
 }
 
 W4Matrix quantize_w4(const float* w, size_t rows, size_t cols, size_t group_size,
-                     const float* importance, ThreadPool& pool) {
+                     const float* importance, bool zero_points, ThreadPool& pool) {
   if (group_size == 0 || group_size % 32 != 0 || cols % group_size != 0) {
     throw Error("INT4 group size " + std::to_string(group_size) +
                 " must be a multiple of 32 that divides the row length " + std::to_string(cols));
@@ -76,13 +134,21 @@ W4Matrix quantize_w4(const float* w, size_t rows, size_t cols, size_t group_size
   q.qs.resize(rows * cols / 2);
   const size_t n_groups = cols / group_size;
   q.scales.resize(rows * n_groups);
+  if (zero_points) q.mins.resize(rows * n_groups);
   pool.parallel_for(rows, 8, [&](size_t begin, size_t end) {
     for (size_t r = begin; r < end; ++r) {
       for (size_t g = 0; g < n_groups; ++g) {
         const size_t col = g * group_size;
-        q.scales[r * n_groups + g] =
-            quantize_group(w + r * cols + col, importance ? importance + col : nullptr, group_size,
-                           &q.qs[(r * cols + col) / 2]);
+        const float* wg = w + r * cols + col;
+        const float* ig = importance ? importance + col : nullptr;
+        uint8_t* out = &q.qs[(r * cols + col) / 2];
+        if (zero_points) {
+          const Affine a = quantize_group_affine(wg, ig, group_size, out);
+          q.scales[r * n_groups + g] = a.d;
+          q.mins[r * n_groups + g] = a.m;
+        } else {
+          q.scales[r * n_groups + g] = quantize_group(wg, ig, group_size, out);
+        }
       }
     }
   });

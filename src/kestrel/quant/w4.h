@@ -17,6 +17,7 @@ struct W4Matrix {
   size_t group_size = 0;
   std::vector<uint8_t> qs;        // rows * cols / 2 bytes
   std::vector<uint16_t> scales;   // rows * cols / group_size fp16
+  std::vector<uint16_t> mins;     // same shape, fp16; empty for symmetric groups
   kernels::Matrix view() const;
 };
 
@@ -25,11 +26,18 @@ struct W4Matrix {
 /// chosen, among d = m / c for c in {-8, -7.75, ..., -6.5, 6.5, ..., 7.5} where m is the group's
 /// weight of largest magnitude, as the one with the least squared error (ggml's Q4_0 uses
 /// c = -8 alone, ggml-quants.c quantize_row_q4_0_ref).
+///
+/// With zero_points, each group is affine instead: w ~ d * q + m, q in 0..15, fp16 d and m.
+/// Start from d = (max - min) / 15, m = min, then alternate rounding q and the weighted
+/// least-squares fit of (d, m) to q, keeping the best of the iterations (the approach of ggml's
+/// make_qkx2_quants for Q4_K, ggml-quants.c). A source already on a 16-level affine grid per
+/// group (a Q4_K tensor) is reproduced to fp16 precision.
+///
 /// `importance` (optional, [cols]) weights the squared error per input channel (AWQ-style
 /// activation statistics); null means uniform.
 /// Throws kestrel::Error unless group_size is a multiple of 32 dividing cols.
 W4Matrix quantize_w4(const float* w, size_t rows, size_t cols, size_t group_size,
-                     const float* importance, ThreadPool& pool);
+                     const float* importance, bool zero_points, ThreadPool& pool);
 
 /// Root-mean-square error of the quantized matrix against `w` (for reports and tests).
 double w4_rms_error(const W4Matrix& q, const float* w);
