@@ -99,6 +99,8 @@ def main():
     ap.add_argument("--out-tokens", type=int, default=128)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--markdown", default=None, help="append the table to this file")
+    ap.add_argument("--image", action="append", default=[],
+                    help="also run this Kestrel image (kestrel build output) on the same prompt; repeatable")
     args = ap.parse_args()
 
     import llama_cpp
@@ -108,20 +110,27 @@ def main():
                           n_threads=args.threads, n_threads_batch=args.threads,
                           logits_all=False, verbose=False)
     tokens = prompt_tokens(llm, args.oasst, args.prompt)
-    results = {"kestrel": [], "llama.cpp": []}
+    runs = [("kestrel (GGUF as is)", model)] + [(f"kestrel {os.path.basename(i)}", i) for i in args.image]
+    results = {name: [] for name, _ in runs}
+    results["llama.cpp"] = []
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
         f.write(" ".join(map(str, tokens)))
         ids_file = f.name
     same = None
     try:
         for r in range(args.runs):
-            k = run_kestrel(args.kestrel, model, ids_file, args.out_tokens, args.threads, ctx)
+            line = []
+            for name, path in runs:
+                k = run_kestrel(args.kestrel, path, ids_file, args.out_tokens, args.threads, ctx)
+                results[name].append(k[:2])
+                line.append(f"{name} {k[0]:.1f}/{k[1]:.1f}")
+                if path == model:
+                    first_tokens = k[2]
             l = run_llamacpp(llm, tokens, args.out_tokens)
-            results["kestrel"].append(k[:2])
             results["llama.cpp"].append(l[:2])
-            same = sum(a == b for a, b in zip(k[2], l[2]))
-            print(f"run {r + 1}/{args.runs}: kestrel prefill {k[0]:.1f} decode {k[1]:.1f} | "
-                  f"llama.cpp prefill {l[0]:.1f} decode {l[1]:.1f} tok/s", file=sys.stderr)
+            same = sum(a == b for a, b in zip(first_tokens, l[2]))
+            print(f"run {r + 1}/{args.runs} (prefill/decode tok/s): " + " | ".join(line) +
+                  f" | llama.cpp {l[0]:.1f}/{l[1]:.1f}", file=sys.stderr)
     finally:
         os.unlink(ids_file)
 
@@ -139,7 +148,8 @@ def main():
     for name, (p, d) in med.items():
         lines.append(f"| {name} | {p:.1f} | {d:.1f} | {p / base[0]:.2f}x | {d / base[1]:.2f}x |")
     lines.append("")
-    lines.append(f"Greedy tokens identical to llama.cpp's in the last run: {same} of {args.out_tokens}.")
+    lines.append(f"Greedy tokens of Kestrel on the GGUF identical to llama.cpp's in the last run: "
+                 f"{same} of {args.out_tokens}.")
     text = "\n".join(lines)
     print(text)
     if args.markdown:

@@ -47,7 +47,7 @@ class Images : public ::testing::Test {
     if (source_.empty()) GTEST_SKIP() << "default model not installed";
   }
   static std::vector<float> logits(const fs::path& path, quant::Precision precision) {
-    runtime::Engine engine(path, {2, 64, {precision, 32}});
+    runtime::Engine engine(path, {2, 64, {precision, 32, true}});
     const auto l = engine.eval(kPrompt);
     return {l.begin(), l.end()};
   }
@@ -137,7 +137,7 @@ TEST_F(Images, ImagesAreNotRebuiltAndPrecisionsDoNotMix) {
   ThreadPool pool(1);
   EXPECT_THROW(image::build_image(dir_ / "w4.kimg", dir_ / "again.kimg", {}, pool), Error);
   EXPECT_FALSE(fs::exists(dir_ / "again.kimg.partial"));
-  EXPECT_THROW(runtime::Engine(dir_ / "w4.kimg", {1, 64, {quant::Precision::kBF16, 32}}), Error);
+  EXPECT_THROW(runtime::Engine(dir_ / "w4.kimg", {1, 64, {quant::Precision::kBF16, 32, true}}), Error);
 }
 
 }  // namespace

@@ -29,10 +29,32 @@ def kestrel(*args, env=None, stdin=None, timeout=300):
                           env=env, input=stdin, timeout=timeout)
 
 
-def error_of(result):
-    assert result.returncode == 1, (result.returncode, result.stdout, result.stderr)
+def error_of(result, code=1):
+    assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
     assert result.stderr.startswith("kestrel: error: "), result.stderr
     return result.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (("run", "-p", "x", "-n", "-1"), "--n-predict: Value -1 not in range"),
+    (("run", "-p", "x", "-c", "-1"), "--ctx: Value -1 not in range"),
+    (("run", "-p", "x", "--temp", "nan"), "must be a finite number"),
+    (("run", "-p", "x", "-t", "100000"), "--threads: Value 100000 not in range 0 to 256"),
+    (("run", "-p", "x", "--bogus"), "--bogus"),
+    (("run",), "--prompt, --file or --token-ids"),
+])
+def test_usage_errors_exit_2(args, message):
+    assert message in error_of(kestrel(*args), code=2)
+
+
+def test_prompt_file_that_is_a_directory(tmp_path):
+    assert "not a regular file" in error_of(kestrel("run", "-f", tmp_path))
+
+
+def test_fifo_as_model_does_not_hang(tmp_path):
+    fifo = tmp_path / "model.gguf"
+    os.mkfifo(fifo)
+    assert "not a regular file" in error_of(kestrel("run", "-m", fifo, "-p", "x", timeout=20))
 
 
 @needs_model
@@ -98,7 +120,9 @@ def test_out_of_range_token_ids(tmp_path):
     ids.write_text("2 999999")
     assert "outside the vocabulary" in error_of(kestrel("run", "--token-ids", ids, "-n", 1))
     ids.write_text("2 abc")
-    assert "token ids" in error_of(kestrel("run", "--token-ids", ids, "-n", 1))
+    assert "'abc' is not a token id" in error_of(kestrel("run", "--token-ids", ids, "-n", 1))
+    ids.write_text("2 4294967298")  # would wrap to 2 in 32 bits
+    assert "'4294967298' is not a token id" in error_of(kestrel("run", "--token-ids", ids, "-n", 1))
 
 
 def test_missing_model_file(tmp_path):

@@ -17,12 +17,26 @@ struct ChatOptions {
   std::string system;
 };
 
+// Drops the oldest user/assistant exchange (keeping a system message); false if none is left
+// to drop besides the newest user message.
+bool drop_oldest_exchange(std::vector<text::ChatMessage>& messages) {
+  const size_t first = !messages.empty() && messages[0].role == "system" ? 1 : 0;
+  if (messages.size() < first + 3) return false;
+  messages.erase(messages.begin() + static_cast<std::ptrdiff_t>(first),
+                 messages.begin() + static_cast<std::ptrdiff_t>(first + 2));
+  return true;
+}
+
 int chat(const ChatOptions& o) {
   runtime::Engine engine = o.model.load();
   std::vector<text::ChatMessage> messages;
   if (!o.system.empty()) messages.push_back({"system", o.system});
   std::fprintf(stderr, "kestrel chat: %s. Type a message; /reset starts over, /exit or Ctrl-D ends.\n",
                engine.model().info().name.c_str());
+  if (!engine.has_chat_template()) {
+    std::fprintf(stderr, "kestrel: warning: this model carries no chat template (a base model); "
+                         "its answers to the Gemma chat format will be poor\n");
+  }
   std::string line;
   for (;;) {
     std::fprintf(stderr, "> ");
@@ -33,7 +47,12 @@ int chat(const ChatOptions& o) {
     }
     if (line.empty()) continue;
     messages.push_back({"user", line});
-    const auto prompt = engine.tokenizer().encode(text::render_gemma3(messages, true), false, true);
+    // When the conversation outgrows the context, forget the oldest exchanges first.
+    auto prompt = engine.tokenizer().encode(text::render_gemma3(messages, true), false, true);
+    while (prompt.size() + 1 >= engine.n_ctx() && drop_oldest_exchange(messages)) {
+      std::fprintf(stderr, "kestrel: the conversation outgrew the context; forgot the oldest exchange\n");
+      prompt = engine.tokenizer().encode(text::render_gemma3(messages, true), false, true);
+    }
     runtime::GenerateResult result;
     try {
       result = engine.generate(prompt, o.sampling.generate_options(), [](std::string_view piece) {
@@ -42,13 +61,15 @@ int chat(const ChatOptions& o) {
         return true;
       });
     } catch (const Error& e) {
-      std::fprintf(stderr, "\nkestrel: %s\n", e.what());
+      std::fprintf(stderr, "\nkestrel: error: %s\n", e.what());
       messages.pop_back();
       continue;
     }
     std::printf("\n");
+    std::fflush(stdout);
     messages.push_back({"assistant", result.text});
   }
+  std::fprintf(stderr, "\n");
   return 0;
 }
 

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -15,7 +16,7 @@ namespace kestrel::tools {
 struct ModelOptions {
   std::string model;  // empty: the default model
   int threads = 0;
-  size_t ctx = 4096;
+  std::optional<size_t> ctx;
   std::string precision = "source";
   size_t group_size = 32;
 

@@ -20,7 +20,18 @@ int main(int argc, char** argv) {
       {"build", t::add_build_command(app)},
       {"inspect", t::add_inspect_command(app)},
   };
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "kestrel: error: %s\nRun with --help for more information.\n", e.what());
+    return 2;  // usage error
+  }
   try {
     for (const auto& [name, command] : commands) {
       if (app.got_subcommand(name)) return command();

@@ -1,5 +1,10 @@
 // kestrel run: one prompt in, the answer streamed out.
+#include <cerrno>
+#include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -26,9 +31,19 @@ struct RunOptions {
   bool json = false;
 };
 
+constexpr uintmax_t kMaxPromptFileBytes = 64u << 20;
+
 std::string read_file(const std::string& path) {
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  if (ec) throw Error("cannot read " + path + ": " + ec.message());
+  if (!std::filesystem::is_regular_file(status)) throw Error("cannot read " + path + ": not a regular file");
+  if (const auto size = std::filesystem::file_size(path, ec); !ec && size > kMaxPromptFileBytes) {
+    throw Error(path + " has " + std::to_string(size >> 20) + " MiB; prompt files are limited to " +
+                std::to_string(kMaxPromptFileBytes >> 20) + " MiB");
+  }
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error("cannot read " + path);
+  if (!in) throw Error("cannot read " + path + ": " + std::strerror(errno));
   std::ostringstream ss;
   ss << in.rdbuf();
   return ss.str();
@@ -37,9 +52,17 @@ std::string read_file(const std::string& path) {
 std::vector<runtime::TokenId> read_token_ids(const std::string& path) {
   std::istringstream in(read_file(path));
   std::vector<runtime::TokenId> ids;
-  long long v = 0;
-  while (in >> v) ids.push_back(static_cast<runtime::TokenId>(v));
-  if (!in.eof()) throw Error(path + ": expected whitespace-separated token ids");
+  std::string word;
+  while (in >> word) {
+    char* end = nullptr;
+    errno = 0;
+    const long long v = std::strtoll(word.c_str(), &end, 10);
+    if (*end != '\0' || errno != 0 || v < 0 || v > INT32_MAX) {
+      throw Error(path + ": '" + word + "' is not a token id (expected whitespace-separated "
+                  "integers from 0)");
+    }
+    ids.push_back(static_cast<runtime::TokenId>(v));
+  }
   return ids;
 }
 
@@ -54,6 +77,9 @@ int run(const RunOptions& o) {
     // plain continuation for base models such as the default Gemma 3 270M.
     const bool use_template = !o.raw && (o.chat || engine.has_chat_template());
     if (!use_template) {
+      if (!o.system.empty()) {
+        std::fprintf(stderr, "kestrel: warning: --system is ignored without the chat template (add --chat)\n");
+      }
       prompt = engine.encode(text, /*special=*/false);
     } else {
       std::vector<text::ChatMessage> messages;
@@ -82,6 +108,7 @@ int run(const RunOptions& o) {
     return true;
   });
   std::printf("\n");
+  std::fflush(stdout);
   std::fprintf(stderr, "[%zu prompt tokens, %zu generated, prefill %.1f tok/s, decode %.1f tok/s]\n",
                result.prompt_tokens, result.tokens.size(), result.prefill_tok_s,
                result.decode_tok_s);
@@ -98,7 +125,8 @@ Command add_run_command(CLI::App& app) {
   auto* p = cmd->add_option("-p,--prompt", opts->prompt, "Prompt text");
   auto* f = cmd->add_option("-f,--file", opts->file, "Read the prompt from a file");
   auto* ids = cmd->add_option("--token-ids", opts->token_ids_file,
-                              "Read the prompt as whitespace-separated token ids (used by benchmarks)");
+                              "Read the prompt as whitespace-separated token ids, used as they are "
+                              "(no BOS is added; used by benchmarks)");
   p->excludes(f)->excludes(ids);
   f->excludes(ids);
   cmd->add_option("-s,--system", opts->system, "System prompt (chat template only)");

@@ -267,7 +267,8 @@ struct Descriptor {
 
 std::unique_ptr<Mapping> map_file(const std::filesystem::path& path) {
   Descriptor file;
-  file.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused just below).
+  file.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (file.fd < 0) fail_io(path, "open");
   struct stat info {};
   if (fstat(file.fd, &info) != 0) fail_io(path, "stat");
@@ -308,7 +309,9 @@ const char* error_kind_name(GgufErrorKind kind) {
 }
 
 GgufError::GgufError(GgufErrorKind kind, const std::string& message)
-    : Error("GGUF " + std::string(error_kind_name(kind)) + ": " + message), kind_(kind) {}
+    : Error("GGUF " + std::string(error_kind_name(kind)) + ": " + message),
+      kind_(kind),
+      message_(message) {}
 
 size_t Array::size() const {
   return std::visit([](const auto& list) { return list.size(); }, items);
@@ -518,7 +521,7 @@ File File::open(const std::filesystem::path& path) {
   try {
     impl->parse();
   } catch (const GgufError& e) {
-    throw GgufError(e.kind(), path.string() + ": " + e.what());
+    throw GgufError(e.kind(), path.string() + ": " + e.message());
   }
   return File(std::move(impl));
 }

@@ -61,9 +61,12 @@ class GgufError : public Error {
  public:
   GgufError(GgufErrorKind kind, const std::string& message);
   GgufErrorKind kind() const { return kind_; }
+  /// The message without the "GGUF <kind>: " prefix.
+  const std::string& message() const { return message_; }
 
  private:
   GgufErrorKind kind_;
+  std::string message_;
 };
 
 struct Value;

@@ -60,6 +60,9 @@ Gemma3Config Gemma3Config::from_gguf(const gguf::File& file) {
   c.sliding_window_pattern = file.find_uint(key("attention.sliding_window_pattern")).value_or(6);
   if (c.sliding_window_pattern == 0) throw Error("gemma3: sliding_window_pattern must be > 0");
   c.rms_eps = static_cast<float>(file.get_float(key("attention.layer_norm_rms_epsilon")));
+  if (!(c.rms_eps > 0.0f && c.rms_eps < 1.0f)) {
+    throw Error("gemma3: attention.layer_norm_rms_epsilon must be in (0, 1), got " + std::to_string(c.rms_eps));
+  }
   c.rope_base_global = static_cast<float>(file.get_float(key("rope.freq_base")));
   c.rope_base_sliding = static_cast<float>(file.find_float(key("rope.freq_base_swa")).value_or(1e4));
   if (const auto type = file.find_string(key("rope.scaling.type")); type && *type == "linear") {
@@ -131,6 +134,12 @@ KvCache Gemma3Model::new_cache(size_t n_ctx) const {
   KvCache cache;
   cache.n_ctx = n_ctx;
   const size_t stride = config_.n_kv_heads * config_.head_dim;
+  size_t bytes = 0;
+  for (size_t il = 0; il < config_.n_layers; ++il) {
+    const size_t cap = config_.is_sliding(il) ? std::min(n_ctx, config_.sliding_window + kMaxUbatch - 1) : n_ctx;
+    bytes += 2 * cap * stride * sizeof(uint16_t);
+  }
+  check_memory("the KV cache for a context of " + std::to_string(n_ctx) + " tokens", bytes);
   for (size_t il = 0; il < config_.n_layers; ++il) {
     LayerCache lc;
     lc.capacity = config_.is_sliding(il)

@@ -1,5 +1,9 @@
 #include "kestrel/model/model.h"
 
+#include <unistd.h>
+
+#include <cstdio>
+
 #include "kestrel/base/error.h"
 #include "kestrel/model/gemma3.h"
 
@@ -9,6 +13,17 @@ size_t KvCache::bytes() const {
   size_t total = 0;
   for (const auto& layer : layers) total += (layer.k.size() + layer.v.size()) * sizeof(uint16_t);
   return total;
+}
+
+void check_memory(const std::string& what, size_t bytes) {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page <= 0) return;
+  const double total = static_cast<double>(pages) * static_cast<double>(page);
+  if (static_cast<double>(bytes) > total) {
+    char msg[64];
+    std::snprintf(msg, sizeof(msg), "%.1f GiB, more than the %.1f GiB", static_cast<double>(bytes) / (1 << 30), total / (1 << 30));
+    throw Error(what + " needs " + msg + " of memory this machine has; use a smaller --ctx");
+  }
 }
 
 std::unique_ptr<Model> load_model(const gguf::File& file, const LoadOptions& options,

@@ -69,6 +69,9 @@ class Model {
 
 /// Builds the model named by general.architecture. Throws kestrel::Error for an unknown
 /// architecture or missing / misshapen tensors.
+/// Throws kestrel::Error when `what` needs more bytes than the machine's physical memory.
+void check_memory(const std::string& what, size_t bytes);
+
 /// Layer matrices are converted to options.precision (using `pool` to quantize).
 std::unique_ptr<Model> load_model(const gguf::File& file, const LoadOptions& options,
                                   ThreadPool& pool);

@@ -10,6 +10,7 @@ namespace kestrel::runtime {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+constexpr size_t kDefaultContext = 4096;
 
 double ms_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
@@ -44,7 +45,10 @@ Engine::Engine(const std::filesystem::path& model_path, const EngineOptions& opt
       pool_(options.n_threads),
       model_(model::load_model(file_, options.load, pool_)),
       tokenizer_(text::Tokenizer::from_gguf(file_)) {
-  const size_t n_ctx = options.n_ctx == 0 ? model_->info().context_length : options.n_ctx;
+  const size_t max_ctx = model_->info().context_length;
+  const size_t n_ctx = !options.n_ctx ? std::min<size_t>(kDefaultContext, max_ctx)
+                       : *options.n_ctx == 0 ? max_ctx
+                                             : *options.n_ctx;
   cache_ = model_->new_cache(n_ctx);
   logits_.resize(model_->info().n_vocab);
   stop_tokens_.push_back(tokenizer_.eos());

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -20,7 +21,9 @@ namespace kestrel::runtime {
 
 struct EngineOptions {
   int n_threads = 0;     // 0: every hardware thread
-  size_t n_ctx = 4096;   // context positions; 0: the model's maximum
+  /// Context positions. Unset: 4096, or the model's maximum when that is smaller;
+  /// 0: the model's maximum; else exactly this (kestrel::Error above the maximum).
+  std::optional<size_t> n_ctx;
   model::LoadOptions load;  // precision of the layer matrices
 };
 
