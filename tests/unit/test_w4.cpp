@@ -119,3 +119,27 @@ TEST(W4, AffineGroupsReproduceA16LevelGrid) {
   EXPECT_LT(q::w4_rms_error(affine, w.data()), 2e-5);
   EXPECT_GT(q::w4_rms_error(symmetric, w.data()), 10 * q::w4_rms_error(affine, w.data()));
 }
+
+TEST(W4, ImportanceLowersTheErrorWhereItIsHigh) {
+  // Weighting channel errors by activation statistics (llama.cpp imatrix) trades error on
+  // unimportant channels for error on important ones: the weighted error must not grow.
+  kestrel::ThreadPool pool(1);
+  const size_t rows = 16, cols = 64;
+  const auto w = gaussian(rows * cols, 41);
+  std::vector<float> importance(cols, 1.0f);
+  for (size_t i = 0; i < cols; i += 8) importance[i] = 100.0f;
+  for (bool zp : {false, true}) {
+    const auto plain = q::quantize_w4(w.data(), rows, cols, 32, nullptr, zp, pool);
+    const auto aware = q::quantize_w4(w.data(), rows, cols, 32, importance.data(), zp, pool);
+    auto weighted_error = [&](const q::W4Matrix& m) {
+      std::vector<float> row(cols);
+      double e = 0;
+      for (size_t r = 0; r < rows; ++r) {
+        k::matrix_row(m.view(), r, row.data());
+        for (size_t i = 0; i < cols; ++i) e += importance[i] * (row[i] - w[r * cols + i]) * (row[i] - w[r * cols + i]);
+      }
+      return e;
+    };
+    EXPECT_LT(weighted_error(aware), weighted_error(plain)) << "zero points " << zp;
+  }
+}

@@ -9,6 +9,8 @@
 #include "commands.h"
 #include "kestrel/base/thread_pool.h"
 #include "kestrel/image/builder.h"
+#include "kestrel/runtime/calibration.h"
+#include "kestrel/runtime/engine.h"
 #include "kestrel/runtime/model_path.h"
 
 namespace kestrel::tools {
@@ -23,6 +25,8 @@ struct BuildCommandOptions {
   int threads = 0;
   std::string embedding = "source";
   bool symmetric = false;
+  std::string calib;
+  size_t calib_tokens = 32768;
   std::vector<std::string> licenses;
 };
 
@@ -52,9 +56,21 @@ int build(const BuildCommandOptions& o) {
   options.zero_points = !o.symmetric;
   for (const auto& l : o.licenses) options.license_files.emplace_back(l);
   options.progress = progress_bar;
-  ThreadPool pool(o.threads);
   const std::filesystem::path source = o.source == "default" ? runtime::default_model_path()
                                                              : std::filesystem::path(o.source);
+  runtime::Importance importance;
+  if (!o.calib.empty()) {
+    // Calibration runs the source model as it is (exact weights) over the text.
+    runtime::Engine engine(source, {o.threads, std::nullopt, {}});
+    const std::string text = runtime::calibration_text(o.calib, o.calib_tokens * 8);
+    auto tokens = engine.tokenizer().encode(text, false, false);
+    if (tokens.size() > o.calib_tokens) tokens.resize(o.calib_tokens);
+    std::fprintf(stderr, "kestrel build: calibrating on %zu tokens of %s\n", tokens.size(), o.calib.c_str());
+    importance = runtime::collect_importance(engine, tokens, 512);
+    options.importance = &importance;
+    options.calibration_sha256 = image::sha256_hex(text);
+  }
+  ThreadPool pool(o.threads);
   const auto report = image::build_image(source, o.out, options, pool);
   std::printf("built %s: %s, %.1f MiB from %.1f MiB source (sha256 %s), %zu tensors, %.1f s\n",
               o.out.c_str(), o.precision.c_str(), static_cast<double>(report.image_bytes) / (1 << 20),
@@ -79,6 +95,12 @@ Command add_build_command(CLI::App& app) {
   cmd->add_option("--embedding", o->embedding,
                   "w4a16: the token embedding / tied output head as in the source, or INT4")
       ->check(CLI::IsMember({"source", "int4"}))
+      ->capture_default_str();
+  cmd->add_option("--calib", o->calib,
+                  "w4a16: calibration text (plain text, or OpenAssistant .jsonl: the text of its "
+                  "rows in file order) for activation-aware quantization");
+  cmd->add_option("--calib-tokens", o->calib_tokens, "Calibration tokens to use at most")
+      ->check(CLI::Range(size_t{64}, size_t{1} << 22))
       ->capture_default_str();
   cmd->add_flag("--symmetric", o->symmetric,
                 "w4a16: symmetric groups (scale only) instead of affine groups (scale and min)");

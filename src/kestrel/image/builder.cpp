@@ -88,6 +88,19 @@ void write_converted(gguf::Writer& w, const gguf::File& src, const gguf::TensorI
 
 }  // namespace
 
+std::string sha256_hex(std::string_view bytes) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_Digest(bytes.data(), bytes.size(), digest, &len, EVP_sha256(), nullptr);
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  for (unsigned int i = 0; i < len; ++i) {
+    out += hex[digest[i] >> 4];
+    out += hex[digest[i] & 15];
+  }
+  return out;
+}
+
 std::string sha256_file(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error("cannot read " + path.string());
@@ -141,14 +154,14 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
   w.add_string(keys::kPrecision, quant::precision_name(options.precision));
   if (w4) {
     w.add_uint32(keys::kGroupSize, static_cast<uint32_t>(group));
-    w.add_string(keys::kQuantMethod, "rtn");
+    w.add_string(keys::kQuantMethod, options.importance ? "rtn-activation-weighted" : "rtn");
     w.add_uint32(keys::kZeroPoints, options.zero_points ? 1 : 0);
   }
   w.add_string(keys::kKestrelVersion, KESTREL_VERSION);
   w.add_string(keys::kBuildDate, utc_now());
   w.add_string(keys::kSourceFile, source.filename().string());
   w.add_string(keys::kSourceSha256, report.source_sha256);
-  w.add_string(keys::kCalibrationSha256, "");
+  w.add_string(keys::kCalibrationSha256, options.calibration_sha256);
   w.add(keys::kSeed, gguf::Value{gguf::ValueType::kUint64, options.seed});
   w.add_string(keys::kLicenseText, license_text(source, options));
   w.add_placeholder_u64(keys::kContentHash);
@@ -199,7 +212,14 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
       case Plan::kInt4: {
         std::vector<float> dense(t.n_elements);
         gguf::dequantize(t.type, src.tensor_data(t).data(), dense.data(), dense.size());
-        const auto q = quant::quantize_w4(dense.data(), t.shape[1], t.shape[0], group, nullptr,
+        const float* importance = nullptr;
+        if (options.importance) {
+          const auto it = options.importance->find(t.name);
+          if (it != options.importance->end() && it->second.size() == t.shape[0]) {
+            importance = it->second.data();
+          }
+        }
+        const auto q = quant::quantize_w4(dense.data(), t.shape[1], t.shape[0], group, importance,
                                           options.zero_points, pool);
         w.write(as_bytes(q.qs.data(), q.qs.size()));
         w.write(as_bytes(q.scales.data(), q.scales.size() * sizeof(uint16_t)));

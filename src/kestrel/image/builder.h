@@ -4,7 +4,9 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kestrel/base/thread_pool.h"
@@ -20,6 +22,11 @@ struct BuildOptions {
   bool int4_embedding = false;
   /// w4a16: affine groups (an fp16 scale and minimum each) instead of symmetric ones.
   bool zero_points = true;
+  /// Activation-aware quantization: per layer matrix (GGUF name), the mean squared input per
+  /// input channel (runtime/calibration.h); each group's scale (and minimum) then minimizes the
+  /// error weighted by it. Null: plain round-to-nearest.
+  const std::map<std::string, std::vector<float>>* importance = nullptr;
+  std::string calibration_sha256;  // of the calibration text, recorded in the image
   /// Licence / NOTICE files to carry. Files named LICENSE*, NOTICE*, COPYING* or *TERMS* next to
   /// the source are added as well.
   std::vector<std::filesystem::path> license_files;
@@ -44,7 +51,8 @@ struct BuildReport {
 BuildReport build_image(const std::filesystem::path& source, const std::filesystem::path& out,
                         const BuildOptions& options, ThreadPool& pool);
 
-/// SHA-256 of a file, as lowercase hex.
+/// SHA-256 of a file / of bytes, as lowercase hex.
 std::string sha256_file(const std::filesystem::path& path);
+std::string sha256_hex(std::string_view bytes);
 
 }  // namespace kestrel::image

@@ -154,7 +154,7 @@ KvCache Gemma3Model::new_cache(size_t n_ctx) const {
 }
 
 void Gemma3Model::forward(std::span<const TokenId> tokens, KvCache& cache, Logits which,
-                          float* logits, ThreadPool& pool) const {
+                          float* logits, ThreadPool& pool, ActivationObserver* observer) const {
   if (tokens.empty()) throw Error("forward: no tokens");
   if (cache.layers.size() != config_.n_layers) throw Error("forward: cache of another model");
   if (cache.n_past + tokens.size() > cache.n_ctx) {
@@ -173,13 +173,13 @@ void Gemma3Model::forward(std::span<const TokenId> tokens, KvCache& cache, Logit
     float* out = nullptr;
     if (which == Logits::kAll) out = logits + start * config_.n_vocab;
     if (which == Logits::kLast && last_chunk) out = logits;
-    forward_chunk(tokens.subspan(start, n), cache, which, out, pool);
+    forward_chunk(tokens.subspan(start, n), cache, which, out, pool, observer);
   }
 }
 
 void Gemma3Model::attention_block(const Layer& l, size_t il, size_t n, size_t pos0,
-                                  LayerCache& lc, std::vector<float>& x,
-                                  ThreadPool& pool) const {
+                                  LayerCache& lc, std::vector<float>& x, ThreadPool& pool,
+                                  ActivationObserver* observer) const {
   const auto& c = config_;
   const size_t d = c.d_model, hd = c.head_dim;
   const size_t q_dim = c.n_heads * hd, kv_dim = c.n_kv_heads * hd;
@@ -188,6 +188,9 @@ void Gemma3Model::attention_block(const Layer& l, size_t il, size_t n, size_t po
   pool.parallel_for(n, 1, [&](size_t b, size_t e) {
     for (size_t t = b; t < e; ++t) kernels::rms_norm(&x[t * d], l.attn_norm, &xn[t * d], d, c.rms_eps);
   });
+  if (observer) {
+    for (const char* m : {"attn_q", "attn_k", "attn_v"}) observer->observe(blk(il, m), xn.data(), n, d);
+  }
   kernels::matmul(l.wq, xn.data(), n, d, q.data(), q_dim, pool);
   kernels::matmul(l.wk, xn.data(), n, d, k.data(), kv_dim, pool);
   kernels::matmul(l.wv, xn.data(), n, d, v.data(), kv_dim, pool);
@@ -226,6 +229,7 @@ void Gemma3Model::attention_block(const Layer& l, size_t il, size_t n, size_t po
   });
 
   std::vector<float>& o = xn;  // reuse: [n, d]
+  if (observer) observer->observe(blk(il, "attn_output"), attn.data(), n, q_dim);
   kernels::matmul(l.wo, attn.data(), n, q_dim, o.data(), d, pool);
   pool.parallel_for(n, 1, [&](size_t b, size_t e) {
     for (size_t t = b; t < e; ++t) {
@@ -235,19 +239,23 @@ void Gemma3Model::attention_block(const Layer& l, size_t il, size_t n, size_t po
   });
 }
 
-void Gemma3Model::ffn_block(const Layer& l, size_t n, std::vector<float>& x,
-                            ThreadPool& pool) const {
+void Gemma3Model::ffn_block(const Layer& l, size_t il, size_t n, std::vector<float>& x,
+                            ThreadPool& pool, ActivationObserver* observer) const {
   const auto& c = config_;
   const size_t d = c.d_model, f = c.d_ff;
   std::vector<float> xn(n * d), gate(n * f), up(n * f);
   pool.parallel_for(n, 1, [&](size_t b, size_t e) {
     for (size_t t = b; t < e; ++t) kernels::rms_norm(&x[t * d], l.ffn_norm, &xn[t * d], d, c.rms_eps);
   });
+  if (observer) {
+    for (const char* m : {"ffn_gate", "ffn_up"}) observer->observe(blk(il, m), xn.data(), n, d);
+  }
   kernels::matmul(l.w_gate, xn.data(), n, d, gate.data(), f, pool);
   kernels::matmul(l.w_up, xn.data(), n, d, up.data(), f, pool);
   pool.parallel_for(n, 1, [&](size_t b, size_t e) {
     kernels::gelu_tanh_mul(&gate[b * f], &up[b * f], &gate[b * f], (e - b) * f);
   });
+  if (observer) observer->observe(blk(il, "ffn_down"), gate.data(), n, f);
   kernels::matmul(l.w_down, gate.data(), n, f, xn.data(), d, pool);
   pool.parallel_for(n, 1, [&](size_t b, size_t e) {
     for (size_t t = b; t < e; ++t) {
@@ -258,7 +266,8 @@ void Gemma3Model::ffn_block(const Layer& l, size_t n, std::vector<float>& x,
 }
 
 void Gemma3Model::forward_chunk(std::span<const TokenId> tokens, KvCache& cache, Logits which,
-                                float* logits, ThreadPool& pool) const {
+                                float* logits, ThreadPool& pool,
+                                ActivationObserver* observer) const {
   const auto& c = config_;
   const size_t n = tokens.size(), d = c.d_model;
   const size_t pos0 = cache.n_past;
@@ -270,8 +279,8 @@ void Gemma3Model::forward_chunk(std::span<const TokenId> tokens, KvCache& cache,
     }
   });
   for (size_t il = 0; il < c.n_layers; ++il) {
-    attention_block(layers_[il], il, n, pos0, cache.layers[il], x, pool);
-    ffn_block(layers_[il], n, x, pool);
+    attention_block(layers_[il], il, n, pos0, cache.layers[il], x, pool, observer);
+    ffn_block(layers_[il], il, n, x, pool, observer);
   }
   cache.n_past += n;
   if (logits == nullptr) return;

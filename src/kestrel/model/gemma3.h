@@ -48,7 +48,7 @@ class Gemma3Model final : public Model {
   const ModelInfo& info() const override { return info_; }
   KvCache new_cache(size_t n_ctx) const override;
   void forward(std::span<const TokenId> tokens, KvCache& cache, Logits which, float* logits,
-               ThreadPool& pool) const override;
+               ThreadPool& pool, ActivationObserver* observer = nullptr) const override;
   const Gemma3Config& config() const { return config_; }
 
   /// Tokens per forward chunk; sliding-layer caches hold window + kMaxUbatch - 1 slots.
@@ -67,10 +67,11 @@ class Gemma3Model final : public Model {
   };
 
   void forward_chunk(std::span<const TokenId> tokens, KvCache& cache, Logits which,
-                     float* logits, ThreadPool& pool) const;
+                     float* logits, ThreadPool& pool, ActivationObserver* observer) const;
   void attention_block(const Layer& layer, size_t il, size_t n, size_t pos0, LayerCache& lc,
-                       std::vector<float>& x, ThreadPool& pool) const;
-  void ffn_block(const Layer& layer, size_t n, std::vector<float>& x, ThreadPool& pool) const;
+                       std::vector<float>& x, ThreadPool& pool, ActivationObserver* observer) const;
+  void ffn_block(const Layer& layer, size_t il, size_t n, std::vector<float>& x, ThreadPool& pool,
+                 ActivationObserver* observer) const;
 
   Gemma3Config config_;
   ModelInfo info_;

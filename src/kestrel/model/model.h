@@ -48,6 +48,14 @@ struct ModelInfo {
 
 enum class Logits { kLast, kAll };
 
+/// Sees the input of every layer matrix during a forward pass (calibration statistics).
+class ActivationObserver {
+ public:
+  virtual ~ActivationObserver() = default;
+  /// `x`: float32 [n_tokens, cols], the input of the matrix named `matrix` (its GGUF name).
+  virtual void observe(const std::string& matrix, const float* x, size_t n_tokens, size_t cols) = 0;
+};
+
 /// A decoder-only language model. Implementations keep pointers into the GGUF mapping, which
 /// must outlive them.
 class Model {
@@ -64,7 +72,8 @@ class Model {
   /// for Logits::kAll. Throws kestrel::Error when the tokens do not fit in the cache or an id
   /// is outside the vocabulary (the cache is left unchanged then).
   virtual void forward(std::span<const TokenId> tokens, KvCache& cache, Logits which,
-                       float* logits, ThreadPool& pool) const = 0;
+                       float* logits, ThreadPool& pool,
+                       ActivationObserver* observer = nullptr) const = 0;
 };
 
 /// Builds the model named by general.architecture. Throws kestrel::Error for an unknown
