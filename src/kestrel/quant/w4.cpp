@@ -75,9 +75,12 @@ Affine quantize_group_affine(const float* w, const float* importance, size_t n, 
     hi = std::max(hi, w[i]);
   }
   std::vector<uint8_t> q(n), best_q(n);
-  float d = (hi - lo) / 15.0f, m = lo;
-  Affine best{gguf::fp32_to_fp16(d), gguf::fp32_to_fp16(m)};
+  Affine best{gguf::fp32_to_fp16((hi - lo) / 15.0f), gguf::fp32_to_fp16(lo)};
   double best_err = INFINITY;
+  // Several starting grids (the range over 14..17 steps, as make_qkx2_quants' rdelta search),
+  // each refined by alternating rounding and least squares.
+  for (float steps : {15.0f, 14.0f, 14.5f, 15.5f, 16.0f, 17.0f}) {
+  float d = (hi - lo) / steps, m = lo;
   for (int iter = 0; iter < 4; ++iter) {
     const Affine stored{gguf::fp32_to_fp16(d), gguf::fp32_to_fp16(m)};
     const double err = affine_error(w, importance, n, gguf::fp16_to_fp32(stored.d),
@@ -101,6 +104,7 @@ Affine quantize_group_affine(const float* w, const float* importance, size_t n, 
     if (det <= 0) break;
     d = static_cast<float>((s * sqw - sq * sw) / det);
     m = static_cast<float>((sqq * sw - sq * sqw) / det);
+  }
   }
   const size_t half = n / 2;
   for (size_t j = 0; j < half; ++j) out[j] = static_cast<uint8_t>(best_q[j] | (best_q[j + half] << 4));
