@@ -132,3 +132,26 @@ TEST(Kernels, AttendMatchesScalarSoftmaxOverRing) {
     EXPECT_NEAR(out[i], ref, 1e-5) << i;
   }
 }
+
+TEST(Kernels, SplitAttentionMergesToTheWhole) {
+  // Partials over slices of the cache, merged by log-sum-exp, equal one pass over all of it.
+  const size_t hd = 32, group = 4, capacity = 50, stride = hd;
+  std::vector<uint16_t> kc(capacity * stride), vc(capacity * stride);
+  const auto kf = random_vector(kc.size(), 8), vf = random_vector(vc.size(), 9);
+  k::to_fp16(kf.data(), kc.data(), kc.size());
+  k::to_fp16(vf.data(), vc.data(), vc.size());
+  const auto q = random_vector(group * hd, 10, 0.5f);
+  std::vector<float> scores(group * capacity), whole(group * hd), merged(group * hd);
+  k::attend_group(q.data(), group, kc.data(), vc.data(), stride, capacity, hd, 3, 47, scores.data(),
+                  whole.data());
+  const size_t cuts[] = {3, 10, 11, 30, 47};
+  std::vector<float> out(4 * group * hd), mx(4 * group), sum(4 * group);
+  std::vector<k::AttentionPartial> parts;
+  for (size_t p = 0; p < 4; ++p) {
+    parts.push_back({&out[p * group * hd], &mx[p * group], &sum[p * group]});
+    k::attend_partial(q.data(), group, kc.data(), vc.data(), stride, capacity, hd, cuts[p],
+                      cuts[p + 1], scores.data(), &parts.back());
+  }
+  k::merge_partials(parts.data(), parts.size(), group, hd, merged.data());
+  for (size_t i = 0; i < whole.size(); ++i) EXPECT_NEAR(merged[i], whole[i], 1e-5) << i;
+}

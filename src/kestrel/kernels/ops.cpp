@@ -4,12 +4,14 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kestrel/base/error.h"
 #include "kestrel/formats/dequant.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kestrel/kernels/ops.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
+#include "hwy/contrib/math/math-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace kestrel::kernels {
@@ -58,27 +60,93 @@ void AxpyF16(float w, const hwy::float16_t* v, float* out, size_t n) {
   for (; i < n; ++i) out[i] += w * gguf::fp16_to_fp32(reinterpret_cast<const uint16_t*>(v)[i]);
 }
 
-void Attend(const float* q, const uint16_t* k, const uint16_t* v, size_t stride, size_t capacity,
-            size_t head_dim, size_t pos_begin, size_t pos_end, float* scores, float* out) {
+// scores[0..n) = exp(scores - max), vectorized (Highway's Exp, ~1 ulp); returns the sum and
+// writes the max.
+float ExpShifted(float* scores, size_t n, float* max_out) {
+  const hn::ScalableTag<float> d;
+  const size_t N = hn::Lanes(d);
+  float max_score = -INFINITY;
+  for (size_t j = 0; j < n; ++j) max_score = std::max(max_score, scores[j]);
+  const auto vmax = hn::Set(d, max_score);
+  auto vsum = hn::Zero(d);
+  size_t j = 0;
+  for (; j + N <= n; j += N) {
+    const auto e = hn::Exp(d, hn::Sub(hn::LoadU(d, scores + j), vmax));
+    hn::StoreU(e, d, scores + j);
+    vsum = hn::Add(vsum, e);
+  }
+  float sum = hn::GetLane(hn::SumOfLanes(d, vsum));
+  for (; j < n; ++j) sum += scores[j] = std::exp(scores[j] - max_score);
+  *max_out = max_score;
+  return sum;
+}
+
+// The `group` query heads that share one KV head (GQA): each cached K and V row is loaded and
+// converted from fp16 once for all of them. Writes the unnormalized partial result of the
+// range: out = sum_j exp(s_j - max) v_j, with max and sum = sum_j exp(s_j - max) per head.
+void AttendGroup(const float* q, size_t group, const uint16_t* k, const uint16_t* v, size_t stride,
+                 size_t capacity, size_t head_dim, size_t pos_begin, size_t pos_end,
+                 float* scores, float* out, float* max_out, float* sum_out) {
+  const hn::ScalableTag<float> d;
+  const hn::Rebind<hwy::float16_t, decltype(d)> dh;
+  const size_t N = hn::Lanes(d);
   const auto* kh = reinterpret_cast<const hwy::float16_t*>(k);
   const auto* vh = reinterpret_cast<const hwy::float16_t*>(v);
   const size_t n = pos_end - pos_begin;
-  float max_score = -INFINITY;
-  for (size_t j = 0; j < n; ++j) {
-    const size_t slot = (pos_begin + j) % capacity;
-    scores[j] = DotF16(q, kh + slot * stride, head_dim);
-    max_score = std::max(max_score, scores[j]);
+  constexpr size_t kMaxGroup = 8;
+  if (group > kMaxGroup || head_dim % N != 0) {  // general path, one head at a time
+    for (size_t h = 0; h < group; ++h) {
+      float* s = scores + h * n;
+      for (size_t j = 0; j < n; ++j) {
+        s[j] = DotF16(q + h * head_dim, kh + ((pos_begin + j) % capacity) * stride, head_dim);
+      }
+      sum_out[h] = ExpShifted(s, n, &max_out[h]);
+      for (size_t i = 0; i < head_dim; ++i) out[h * head_dim + i] = 0.0f;
+      for (size_t j = 0; j < n; ++j) {
+        AxpyF16(s[j], vh + ((pos_begin + j) % capacity) * stride, out + h * head_dim, head_dim);
+      }
+    }
+    return;
   }
-  float sum = 0.0f;
   for (size_t j = 0; j < n; ++j) {
-    scores[j] = std::exp(scores[j] - max_score);
-    sum += scores[j];
+    const hwy::float16_t* krow = kh + ((pos_begin + j) % capacity) * stride;
+    decltype(hn::Zero(d)) acc[kMaxGroup];
+    for (size_t h = 0; h < group; ++h) acc[h] = hn::Zero(d);
+    for (size_t i = 0; i < head_dim; i += N) {
+      const auto kv = hn::PromoteTo(d, hn::LoadU(dh, krow + i));
+      for (size_t h = 0; h < group; ++h) acc[h] = hn::MulAdd(hn::LoadU(d, q + h * head_dim + i), kv, acc[h]);
+    }
+    for (size_t h = 0; h < group; ++h) scores[h * n + j] = hn::GetLane(hn::SumOfLanes(d, acc[h]));
   }
-  const float inv_sum = 1.0f / sum;
-  for (size_t i = 0; i < head_dim; ++i) out[i] = 0.0f;
+  for (size_t h = 0; h < group; ++h) sum_out[h] = ExpShifted(scores + h * n, n, &max_out[h]);
+  for (size_t i = 0; i < group * head_dim; ++i) out[i] = 0.0f;
   for (size_t j = 0; j < n; ++j) {
-    const size_t slot = (pos_begin + j) % capacity;
-    AxpyF16(scores[j] * inv_sum, vh + slot * stride, out, head_dim);
+    const hwy::float16_t* vrow = vh + ((pos_begin + j) % capacity) * stride;
+    for (size_t i = 0; i < head_dim; i += N) {
+      const auto vv = hn::PromoteTo(d, hn::LoadU(dh, vrow + i));
+      for (size_t h = 0; h < group; ++h) {
+        float* o = out + h * head_dim + i;
+        hn::StoreU(hn::MulAdd(hn::Set(d, scores[h * n + j]), vv, hn::LoadU(d, o)), d, o);
+      }
+    }
+  }
+}
+
+void GeluTanhMul(const float* gate, const float* up, float* y, size_t n) {
+  const hn::ScalableTag<float> d;
+  const size_t N = hn::Lanes(d);
+  const auto c0 = hn::Set(d, 0.7978845608028654f), c1 = hn::Set(d, 0.044715f);
+  const auto half = hn::Set(d, 0.5f), one = hn::Set(d, 1.0f);
+  size_t i = 0;
+  for (; i + N <= n; i += N) {
+    const auto g = hn::LoadU(d, gate + i);
+    const auto inner = hn::Mul(hn::Mul(c0, g), hn::MulAdd(hn::Mul(c1, g), g, one));
+    const auto gelu = hn::Mul(hn::Mul(half, g), hn::Add(one, hn::Tanh(d, inner)));
+    hn::StoreU(hn::Mul(gelu, hn::LoadU(d, up + i)), d, y + i);
+  }
+  for (; i < n; ++i) {
+    const float g = gate[i];
+    y[i] = 0.5f * g * (1.0f + std::tanh(0.7978845608028654f * g * (1.0f + 0.044715f * g * g))) * up[i];
   }
 }
 
@@ -90,7 +158,8 @@ HWY_AFTER_NAMESPACE();
 namespace kestrel::kernels {
 
 HWY_EXPORT(SumSquares);
-HWY_EXPORT(Attend);
+HWY_EXPORT(AttendGroup);
+HWY_EXPORT(GeluTanhMul);
 
 void rms_norm(const float* x, const float* weight, float* y, size_t n, float eps) {
   const float mean = HWY_DYNAMIC_DISPATCH(SumSquares)(x, n) / static_cast<float>(n);
@@ -105,13 +174,7 @@ void rms_norm_unweighted(const float* x, float* y, size_t n, float eps) {
 }
 
 void gelu_tanh_mul(const float* gate, const float* up, float* y, size_t n) {
-  constexpr float kSqrt2OverPi = 0.7978845608028654f;
-  constexpr float kCoef = 0.044715f;
-  for (size_t i = 0; i < n; ++i) {
-    const float g = gate[i];
-    const float gelu = 0.5f * g * (1.0f + std::tanh(kSqrt2OverPi * g * (1.0f + kCoef * g * g)));
-    y[i] = gelu * up[i];
-  }
+  HWY_DYNAMIC_DISPATCH(GeluTanhMul)(gate, up, y, n);
 }
 
 void add_inplace(float* y, const float* x, size_t n) {
@@ -143,8 +206,41 @@ void to_fp16(const float* x, uint16_t* y, size_t n) {
 
 void attend(const float* q, const uint16_t* k, const uint16_t* v, size_t stride, size_t capacity,
             size_t head_dim, size_t pos_begin, size_t pos_end, float* scores, float* out) {
-  HWY_DYNAMIC_DISPATCH(Attend)(q, k, v, stride, capacity, head_dim, pos_begin, pos_end, scores,
-                               out);
+  attend_group(q, 1, k, v, stride, capacity, head_dim, pos_begin, pos_end, scores, out);
+}
+
+void attend_group(const float* q, size_t group, const uint16_t* k, const uint16_t* v,
+                  size_t stride, size_t capacity, size_t head_dim, size_t pos_begin,
+                  size_t pos_end, float* scores, float* out) {
+  float max_score[64], sum[64];
+  if (group > 64) throw Error("attend_group: more than 64 query heads per KV head");
+  HWY_DYNAMIC_DISPATCH(AttendGroup)(q, group, k, v, stride, capacity, head_dim, pos_begin,
+                                    pos_end, scores, out, max_score, sum);
+  for (size_t h = 0; h < group; ++h) scale_inplace(out + h * head_dim, 1.0f / sum[h], head_dim);
+}
+
+void attend_partial(const float* q, size_t group, const uint16_t* k, const uint16_t* v,
+                    size_t stride, size_t capacity, size_t head_dim, size_t pos_begin,
+                    size_t pos_end, float* scores, AttentionPartial* partial) {
+  HWY_DYNAMIC_DISPATCH(AttendGroup)(q, group, k, v, stride, capacity, head_dim, pos_begin,
+                                    pos_end, scores, partial->out, partial->max, partial->sum);
+}
+
+void merge_partials(const AttentionPartial* parts, size_t n_parts, size_t group, size_t head_dim,
+                    float* out) {
+  for (size_t h = 0; h < group; ++h) {
+    float m = -INFINITY;
+    for (size_t p = 0; p < n_parts; ++p) m = std::max(m, parts[p].max[h]);
+    float total = 0.0f;
+    float* o = out + h * head_dim;
+    for (size_t i = 0; i < head_dim; ++i) o[i] = 0.0f;
+    for (size_t p = 0; p < n_parts; ++p) {
+      const float w = std::exp(parts[p].max[h] - m);
+      total += w * parts[p].sum[h];
+      for (size_t i = 0; i < head_dim; ++i) o[i] += w * parts[p].out[h * head_dim + i];
+    }
+    scale_inplace(o, 1.0f / total, head_dim);
+  }
 }
 
 }  // namespace kestrel::kernels

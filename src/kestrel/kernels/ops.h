@@ -42,4 +42,27 @@ void to_fp16(const float* x, uint16_t* y, size_t n);
 void attend(const float* q, const uint16_t* k, const uint16_t* v, size_t stride, size_t capacity,
             size_t head_dim, size_t pos_begin, size_t pos_end, float* scores, float* out);
 
+/// attend() for the `group` query heads that share one KV head (grouped-query attention,
+/// Ainslie et al. 2023): q and out are [group, head_dim] back to back, scores needs
+/// group * (pos_end - pos_begin) floats. Each K and V row is read once for the whole group.
+void attend_group(const float* q, size_t group, const uint16_t* k, const uint16_t* v,
+                  size_t stride, size_t capacity, size_t head_dim, size_t pos_begin,
+                  size_t pos_end, float* scores, float* out);
+
+/// The attention of `group` heads over part of the visible positions, unnormalized, so that
+/// several threads can each take a slice of a long cache during decode and merge (the
+/// log-sum-exp split of FlashDecoding, Dao et al. 2023). `out` must hold group * head_dim
+/// floats; max and sum `group` each.
+struct AttentionPartial {
+  float* out;
+  float* max;
+  float* sum;
+};
+void attend_partial(const float* q, size_t group, const uint16_t* k, const uint16_t* v,
+                    size_t stride, size_t capacity, size_t head_dim, size_t pos_begin,
+                    size_t pos_end, float* scores, AttentionPartial* partial);
+/// Combines partials over disjoint slices into the normalized output [group, head_dim].
+void merge_partials(const AttentionPartial* parts, size_t n_parts, size_t group, size_t head_dim,
+                    float* out);
+
 }  // namespace kestrel::kernels

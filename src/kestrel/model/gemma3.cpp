@@ -214,19 +214,51 @@ void Gemma3Model::attention_block(const Layer& l, size_t il, size_t n, size_t po
     }
   });
 
+  // Items are (token, KV head) pairs. With fewer items than threads (decode), each item's
+  // cache range is split over the threads instead and the partial softmaxes merged.
   const size_t group = c.n_heads / c.n_kv_heads;
-  pool.parallel_for(n * c.n_heads, 1, [&](size_t b, size_t e) {
-    std::vector<float> scores(std::min(pos0 + n, lc.capacity) + 1);
-    for (size_t item = b; item < e; ++item) {
-      const size_t t = item / c.n_heads, h = item % c.n_heads;
-      const size_t pos = pos0 + t;
-      const size_t begin = sliding && pos + 1 > c.sliding_window ? pos + 1 - c.sliding_window : 0;
-      const size_t kv_off = (h / group) * hd;
-      kernels::attend(&q[t * q_dim + h * hd], lc.k.data() + kv_off, lc.v.data() + kv_off,
-                      lc.stride, lc.capacity, hd, begin, pos + 1, scores.data(),
-                      &attn[t * q_dim + h * hd]);
+  const size_t n_items = n * c.n_kv_heads;
+  const size_t threads = static_cast<size_t>(pool.size());
+  auto visible = [&](size_t t) {
+    const size_t pos = pos0 + t;
+    const size_t begin = sliding && pos + 1 > c.sliding_window ? pos + 1 - c.sliding_window : 0;
+    return std::pair<size_t, size_t>{begin, pos + 1};
+  };
+  if (n_items >= threads) {
+    pool.parallel_for(n_items, 1, [&](size_t b, size_t e) {
+      std::vector<float> scores(group * (std::min(pos0 + n, lc.capacity) + 1));
+      for (size_t item = b; item < e; ++item) {
+        const size_t t = item / c.n_kv_heads, g = item % c.n_kv_heads;
+        const auto [begin, end] = visible(t);
+        kernels::attend_group(&q[t * q_dim + g * group * hd], group, lc.k.data() + g * hd,
+                              lc.v.data() + g * hd, lc.stride, lc.capacity, hd, begin, end,
+                              scores.data(), &attn[t * q_dim + g * group * hd]);
+      }
+    });
+  } else {
+    std::vector<float> part_out(threads * group * hd), part_max(threads * group),
+        part_sum(threads * group);
+    std::vector<kernels::AttentionPartial> parts(threads);
+    for (size_t p = 0; p < threads; ++p) {
+      parts[p] = {&part_out[p * group * hd], &part_max[p * group], &part_sum[p * group]};
     }
-  });
+    for (size_t item = 0; item < n_items; ++item) {
+      const size_t t = item / c.n_kv_heads, g = item % c.n_kv_heads;
+      const auto [begin, end] = visible(t);
+      const size_t slice = (end - begin + threads - 1) / threads;
+      const size_t n_parts = (end - begin + slice - 1) / slice;
+      pool.parallel_for(n_parts, 1, [&](size_t pb, size_t pe) {
+        std::vector<float> scores(group * slice);
+        for (size_t p = pb; p < pe; ++p) {
+          const size_t s0 = begin + p * slice, s1 = std::min(end, s0 + slice);
+          kernels::attend_partial(&q[t * q_dim + g * group * hd], group, lc.k.data() + g * hd,
+                                  lc.v.data() + g * hd, lc.stride, lc.capacity, hd, s0, s1,
+                                  scores.data(), &parts[p]);
+        }
+      });
+      kernels::merge_partials(parts.data(), n_parts, group, hd, &attn[t * q_dim + g * group * hd]);
+    }
+  }
 
   std::vector<float>& o = xn;  // reuse: [n, d]
   if (observer) observer->observe(blk(il, "attn_output"), attn.data(), n, q_dim);
