@@ -22,6 +22,64 @@ namespace hn = hwy::HWY_NAMESPACE;
 constexpr size_t kQ8Block = 32;
 constexpr size_t kQ8BlockBytes = 34;
 
+// y[t, row0 + r] = W[r] . x[t] for a block of n_rows float32 rows (row stride `cols`) and
+// n_tokens >= 1 tokens: 4 rows x 4 tokens per step, 16 accumulators, 8 loads per 16 FMAs.
+void GemmF32Block(const float* W, size_t n_rows, size_t cols, const float* x, size_t n_tokens,
+                  size_t x_stride, float* y, size_t y_stride, size_t row0) {
+  const hn::ScalableTag<float> d;
+  const size_t N = hn::Lanes(d);
+  const size_t vec_cols = cols - cols % N;
+  auto dot_tail = [&](const float* wr, const float* xt) {
+    float s = 0.0f;
+    for (size_t i = vec_cols; i < cols; ++i) s += wr[i] * xt[i];
+    return s;
+  };
+  size_t t = 0;
+  for (; t + 4 <= n_tokens; t += 4) {
+    const float* xt[4] = {x + t * x_stride, x + (t + 1) * x_stride, x + (t + 2) * x_stride,
+                          x + (t + 3) * x_stride};
+    size_t r = 0;
+    for (; r + 4 <= n_rows; r += 4) {
+      const float* wr[4] = {W + r * cols, W + (r + 1) * cols, W + (r + 2) * cols, W + (r + 3) * cols};
+      decltype(hn::Zero(d)) acc[4][4];
+      for (auto& row : acc) for (auto& a : row) a = hn::Zero(d);
+      for (size_t i = 0; i < vec_cols; i += N) {
+        const auto x0 = hn::LoadU(d, xt[0] + i), x1 = hn::LoadU(d, xt[1] + i);
+        const auto x2 = hn::LoadU(d, xt[2] + i), x3 = hn::LoadU(d, xt[3] + i);
+        for (size_t k = 0; k < 4; ++k) {
+          const auto wv = hn::LoadU(d, wr[k] + i);
+          acc[k][0] = hn::MulAdd(wv, x0, acc[k][0]);
+          acc[k][1] = hn::MulAdd(wv, x1, acc[k][1]);
+          acc[k][2] = hn::MulAdd(wv, x2, acc[k][2]);
+          acc[k][3] = hn::MulAdd(wv, x3, acc[k][3]);
+        }
+      }
+      for (size_t k = 0; k < 4; ++k) {
+        for (size_t j = 0; j < 4; ++j) {
+          y[(t + j) * y_stride + row0 + r + k] = hn::GetLane(hn::SumOfLanes(d, acc[k][j])) + dot_tail(wr[k], xt[j]);
+        }
+      }
+    }
+    for (; r < n_rows; ++r) {
+      const float* wr = W + r * cols;
+      for (size_t j = 0; j < 4; ++j) {
+        auto a = hn::Zero(d);
+        for (size_t i = 0; i < vec_cols; i += N) a = hn::MulAdd(hn::LoadU(d, wr + i), hn::LoadU(d, xt[j] + i), a);
+        y[(t + j) * y_stride + row0 + r] = hn::GetLane(hn::SumOfLanes(d, a)) + dot_tail(wr, xt[j]);
+      }
+    }
+  }
+  for (; t < n_tokens; ++t) {
+    const float* xt = x + t * x_stride;
+    for (size_t r = 0; r < n_rows; ++r) {
+      const float* wr = W + r * cols;
+      auto a = hn::Zero(d);
+      for (size_t i = 0; i < vec_cols; i += N) a = hn::MulAdd(hn::LoadU(d, wr + i), hn::LoadU(d, xt + i), a);
+      y[t * y_stride + row0 + r] = hn::GetLane(hn::SumOfLanes(d, a)) + dot_tail(wr, xt);
+    }
+  }
+}
+
 // Four rows times four tokens of float32 weights: 16 accumulators, 8 loads per 16 FMAs.
 void MatmulF32Rows(const Matrix& w, const float* x, size_t n_tokens, size_t x_stride, float* y,
                    size_t y_stride, size_t row_begin, size_t row_end) {
@@ -36,6 +94,13 @@ void MatmulF32Rows(const Matrix& w, const float* x, size_t n_tokens, size_t x_st
     return s;
   };
   constexpr size_t kRowBlock = 32;  // rows kept hot in L2 while token tiles stream by
+  if (n_tokens >= 4) {
+    for (size_t rb = row_begin; rb < row_end; rb += kRowBlock) {
+      const size_t re = std::min(row_end, rb + kRowBlock);
+      GemmF32Block(W + rb * cols, re - rb, cols, x, n_tokens, x_stride, y, y_stride, rb);
+    }
+    return;
+  }
   for (size_t rb = row_begin; rb < row_end; rb += kRowBlock) {
     const size_t re = std::min(row_end, rb + kRowBlock);
     size_t t = 0;
@@ -203,12 +268,48 @@ void W4RowTile(const uint8_t* qs, const float* scales, const float* offsets, siz
   for (size_t t = 0; t < kT; ++t) ys[t][r] = hn::GetLane(hn::SumOfLanes(d, acc[t]));
 }
 
+// One INT4 row to float32 (the unpacking of W4RowTile, stored instead of multiplied).
+void DequantW4Row(const uint8_t* qs, const float* scales, const float* offsets, size_t cols,
+                  size_t group_size, float* out) {
+  const hn::ScalableTag<float> d;
+  const hn::Rebind<int32_t, decltype(d)> di;
+  const hn::Rebind<uint8_t, decltype(d)> du8;
+  const size_t N = hn::Lanes(d);
+  const size_t half = group_size / 2;
+  const auto mask = hn::Set(di, 0x0F);
+  for (size_t g = 0; g < cols / group_size; ++g) {
+    const auto scale = hn::Set(d, scales[g]);
+    const auto offset = hn::Set(d, offsets[g]);
+    for (size_t start = 0; start < group_size; start += N) {
+      const bool low = start < half;
+      const auto bytes = hn::PromoteTo(di, hn::LoadU(du8, qs + g * half + (low ? start : start - half)));
+      const auto q = low ? hn::And(bytes, mask) : hn::ShiftRight<4>(bytes);
+      hn::StoreU(hn::MulAdd(hn::ConvertTo(d, q), scale, offset), d, out + g * group_size + start);
+    }
+  }
+}
+
 void MatmulW4Rows(const Matrix& w, const float* x, size_t n_tokens, size_t x_stride, float* y,
                   size_t y_stride, size_t row_begin, size_t row_end) {
   const size_t n_groups = w.cols / w.group_size;
   constexpr size_t kRowBlock = 16;
   std::vector<float> scales(kRowBlock * n_groups), offsets(kRowBlock * n_groups);
   const auto* qs = static_cast<const uint8_t*>(w.data);
+  if (n_tokens >= 8) {
+    // Prefill: a block of rows is unpacked to float32 once (it stays in L2) and multiplied with
+    // every token by the 4x4 float32 tile.
+    std::vector<float> block(kRowBlock * w.cols);
+    for (size_t rb = row_begin; rb < row_end; rb += kRowBlock) {
+      const size_t re = std::min(row_end, rb + kRowBlock);
+      for (size_t r = rb; r < re; ++r) {
+        RowScales(w, r, scales.data(), offsets.data());
+        DequantW4Row(qs + r * (w.cols / 2), scales.data(), offsets.data(), w.cols, w.group_size,
+                     &block[(r - rb) * w.cols]);
+      }
+      GemmF32Block(block.data(), re - rb, w.cols, x, n_tokens, x_stride, y, y_stride, rb);
+    }
+    return;
+  }
   for (size_t rb = row_begin; rb < row_end; rb += kRowBlock) {
     const size_t re = std::min(row_end, rb + kRowBlock);
     for (size_t r = rb; r < re; ++r) {
@@ -263,6 +364,22 @@ void MatmulBF16Rows(const Matrix& w, const float* x, size_t n_tokens, size_t x_s
                     size_t y_stride, size_t row_begin, size_t row_end) {
   const auto* W = static_cast<const hwy::bfloat16_t*>(w.data);
   constexpr size_t kRowBlock = 16;
+  if (n_tokens >= 8) {  // prefill: widen a block of rows once, then the 4x4 float32 tile
+    const hn::ScalableTag<float> d;
+    const hn::Rebind<hwy::bfloat16_t, decltype(d)> db;
+    const size_t N = hn::Lanes(d);
+    std::vector<float> block(kRowBlock * w.cols);
+    for (size_t rb = row_begin; rb < row_end; rb += kRowBlock) {
+      const size_t re = std::min(row_end, rb + kRowBlock);
+      const size_t n = (re - rb) * w.cols;
+      const hwy::bfloat16_t* src = W + rb * w.cols;
+      size_t i = 0;
+      for (; i + N <= n; i += N) hn::StoreU(hn::PromoteTo(d, hn::LoadU(db, src + i)), d, &block[i]);
+      for (; i < n; ++i) block[i] = gguf::bf16_to_fp32(reinterpret_cast<const uint16_t*>(src)[i]);
+      GemmF32Block(block.data(), re - rb, w.cols, x, n_tokens, x_stride, y, y_stride, rb);
+    }
+    return;
+  }
   for (size_t rb = row_begin; rb < row_end; rb += kRowBlock) {
     const size_t re = std::min(row_end, rb + kRowBlock);
     for (size_t t = 0; t < n_tokens; t += 4) {
