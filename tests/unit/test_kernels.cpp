@@ -155,3 +155,27 @@ TEST(Kernels, SplitAttentionMergesToTheWhole) {
   k::merge_partials(parts.data(), parts.size(), group, hd, merged.data());
   for (size_t i = 0; i < whole.size(); ++i) EXPECT_NEAR(merged[i], whole[i], 1e-5) << i;
 }
+
+TEST(Kernels, AttentionBlockMatchesPerQueryAttention) {
+  // A prefill tile (queries with different causal ranges) equals attending query by query.
+  const size_t hd = 32, capacity = 40, stride = hd;
+  std::vector<uint16_t> kc(capacity * stride), vc(capacity * stride);
+  const auto kf = random_vector(kc.size(), 12), vf = random_vector(vc.size(), 13);
+  k::to_fp16(kf.data(), kc.data(), kc.size());
+  k::to_fp16(vf.data(), vc.data(), vc.size());
+  const size_t n_q = 6;
+  const auto q = random_vector(n_q * hd, 14, 0.5f);
+  const size_t begins[n_q] = {0, 0, 5, 5, 9, 12}, ends[n_q] = {20, 21, 22, 23, 24, 25};
+  const float* queries[n_q];
+  float* outs[n_q];
+  std::vector<float> out(n_q * hd), ref(n_q * hd), scores(n_q * capacity);
+  for (size_t i = 0; i < n_q; ++i) {
+    queries[i] = &q[i * hd];
+    outs[i] = &out[i * hd];
+    k::attend(&q[i * hd], kc.data(), vc.data(), stride, capacity, hd, begins[i], ends[i],
+              scores.data(), &ref[i * hd]);
+  }
+  k::attend_block(queries, n_q, begins, ends, kc.data(), vc.data(), stride, capacity, hd,
+                  scores.data(), outs);
+  for (size_t i = 0; i < out.size(); ++i) EXPECT_NEAR(out[i], ref[i], 1e-5) << i;
+}

@@ -132,6 +132,62 @@ void AttendGroup(const float* q, size_t group, const uint16_t* k, const uint16_t
   }
 }
 
+// Prefill tile: n_q query vectors (consecutive tokens x the heads of one KV head), query i
+// seeing positions [begins[i], ends[i]). Each K and V row of the union of the ranges is
+// converted once and used by every query that sees it.
+void AttendBlock(const float* const* qs, size_t n_q, const size_t* begins, const size_t* ends,
+                 const uint16_t* k, const uint16_t* v, size_t stride, size_t capacity,
+                 size_t head_dim, float* scores, float* const* outs) {
+  const hn::ScalableTag<float> d;
+  const hn::Rebind<hwy::float16_t, decltype(d)> dh;
+  const size_t N = hn::Lanes(d);
+  const auto* kh = reinterpret_cast<const hwy::float16_t*>(k);
+  const auto* vh = reinterpret_cast<const hwy::float16_t*>(v);
+  constexpr size_t kMaxQ = 16;
+  size_t lo = begins[0], hi = ends[0];
+  for (size_t i = 1; i < n_q; ++i) {
+    lo = std::min(lo, begins[i]);
+    hi = std::max(hi, ends[i]);
+  }
+  const size_t n = hi - lo;
+  for (size_t j = 0; j < n; ++j) {
+    const hwy::float16_t* krow = kh + ((lo + j) % capacity) * stride;
+    decltype(hn::Zero(d)) acc[kMaxQ];
+    for (size_t i = 0; i < n_q; ++i) acc[i] = hn::Zero(d);
+    for (size_t c = 0; c < head_dim; c += N) {
+      const auto kv = hn::PromoteTo(d, hn::LoadU(dh, krow + c));
+      for (size_t i = 0; i < n_q; ++i) acc[i] = hn::MulAdd(hn::LoadU(d, qs[i] + c), kv, acc[i]);
+    }
+    for (size_t i = 0; i < n_q; ++i) scores[i * n + j] = hn::GetLane(hn::SumOfLanes(d, acc[i]));
+  }
+  float inv_sum[kMaxQ];
+  for (size_t i = 0; i < n_q; ++i) {
+    float* s = scores + i * n;
+    float mx;
+    const size_t b = begins[i] - lo, e = ends[i] - lo;
+    inv_sum[i] = 1.0f / ExpShifted(s + b, e - b, &mx);
+    for (size_t j = 0; j < b; ++j) s[j] = 0.0f;
+    for (size_t j = e; j < n; ++j) s[j] = 0.0f;
+    for (size_t c = 0; c < head_dim; ++c) outs[i][c] = 0.0f;
+  }
+  for (size_t j = 0; j < n; ++j) {
+    const hwy::float16_t* vrow = vh + ((lo + j) % capacity) * stride;
+    for (size_t c = 0; c < head_dim; c += N) {
+      const auto vv = hn::PromoteTo(d, hn::LoadU(dh, vrow + c));
+      for (size_t i = 0; i < n_q; ++i) {
+        const float w = scores[i * n + j];
+        if (w == 0.0f) continue;
+        hn::StoreU(hn::MulAdd(hn::Set(d, w), vv, hn::LoadU(d, outs[i] + c)), d, outs[i] + c);
+      }
+    }
+  }
+  for (size_t i = 0; i < n_q; ++i) {
+    for (size_t c = 0; c < head_dim; c += N) {
+      hn::StoreU(hn::Mul(hn::LoadU(d, outs[i] + c), hn::Set(d, inv_sum[i])), d, outs[i] + c);
+    }
+  }
+}
+
 void GeluTanhMul(const float* gate, const float* up, float* y, size_t n) {
   const hn::ScalableTag<float> d;
   const size_t N = hn::Lanes(d);
@@ -159,6 +215,7 @@ namespace kestrel::kernels {
 
 HWY_EXPORT(SumSquares);
 HWY_EXPORT(AttendGroup);
+HWY_EXPORT(AttendBlock);
 HWY_EXPORT(GeluTanhMul);
 
 void rms_norm(const float* x, const float* weight, float* y, size_t n, float eps) {
@@ -217,6 +274,16 @@ void attend_group(const float* q, size_t group, const uint16_t* k, const uint16_
   HWY_DYNAMIC_DISPATCH(AttendGroup)(q, group, k, v, stride, capacity, head_dim, pos_begin,
                                     pos_end, scores, out, max_score, sum);
   for (size_t h = 0; h < group; ++h) scale_inplace(out + h * head_dim, 1.0f / sum[h], head_dim);
+}
+
+void attend_block(const float* const* queries, size_t n_queries, const size_t* begins,
+                  const size_t* ends, const uint16_t* k, const uint16_t* v, size_t stride,
+                  size_t capacity, size_t head_dim, float* scores, float* const* outs) {
+  if (n_queries == 0 || n_queries > kMaxBlockQueries || head_dim % 16 != 0) {
+    throw Error("attend_block: 1 to 16 queries of a head_dim divisible by 16");
+  }
+  HWY_DYNAMIC_DISPATCH(AttendBlock)(queries, n_queries, begins, ends, k, v, stride, capacity,
+                                    head_dim, scores, outs);
 }
 
 void attend_partial(const float* q, size_t group, const uint16_t* k, const uint16_t* v,

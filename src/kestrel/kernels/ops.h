@@ -49,6 +49,16 @@ void attend_group(const float* q, size_t group, const uint16_t* k, const uint16_
                   size_t stride, size_t capacity, size_t head_dim, size_t pos_begin,
                   size_t pos_end, float* scores, float* out);
 
+/// Prefill tile of attention: n_queries (1..kMaxBlockQueries) query vectors of one KV head, query
+/// i seeing positions [begins[i], ends[i]) (its causal / sliding-window range). K and V rows of
+/// the union of the ranges are read once for all queries. `scores` needs n_queries * (max end
+/// - min begin) floats; outs[i] receives query i's output [head_dim]. head_dim must be a
+/// multiple of 16. Throws kestrel::Error otherwise.
+constexpr size_t kMaxBlockQueries = 16;
+void attend_block(const float* const* queries, size_t n_queries, const size_t* begins,
+                  const size_t* ends, const uint16_t* k, const uint16_t* v, size_t stride,
+                  size_t capacity, size_t head_dim, float* scores, float* const* outs);
+
 /// The attention of `group` heads over part of the visible positions, unnormalized, so that
 /// several threads can each take a slice of a long cache during decode and merge (the
 /// log-sum-exp split of FlashDecoding, Dao et al. 2023). `out` must hold group * head_dim

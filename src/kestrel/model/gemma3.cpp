@@ -224,7 +224,33 @@ void Gemma3Model::attention_block(const Layer& l, size_t il, size_t n, size_t po
     const size_t begin = sliding && pos + 1 > c.sliding_window ? pos + 1 - c.sliding_window : 0;
     return std::pair<size_t, size_t>{begin, pos + 1};
   };
-  if (n_items >= threads) {
+  // Prefill: tiles of consecutive tokens x the heads of one KV head share each K/V row read.
+  const size_t tile_tokens = std::max<size_t>(1, kernels::kMaxBlockQueries / group);
+  const size_t n_tiles = (n + tile_tokens - 1) / tile_tokens;
+  if (n_items >= threads && group <= kernels::kMaxBlockQueries && hd % 16 == 0) {
+    pool.parallel_for(n_tiles * c.n_kv_heads, 1, [&](size_t b, size_t e) {
+      std::vector<float> scores(kernels::kMaxBlockQueries * (std::min(pos0 + n, lc.capacity) + tile_tokens));
+      for (size_t item = b; item < e; ++item) {
+        const size_t tile = item / c.n_kv_heads, g = item % c.n_kv_heads;
+        const size_t t0 = tile * tile_tokens, t1 = std::min(n, t0 + tile_tokens);
+        const float* queries[kernels::kMaxBlockQueries];
+        float* outs[kernels::kMaxBlockQueries];
+        size_t begins[kernels::kMaxBlockQueries], ends[kernels::kMaxBlockQueries];
+        size_t n_q = 0;
+        for (size_t t = t0; t < t1; ++t) {
+          const auto [begin, end] = visible(t);
+          for (size_t h = 0; h < group; ++h, ++n_q) {
+            queries[n_q] = &q[t * q_dim + (g * group + h) * hd];
+            outs[n_q] = &attn[t * q_dim + (g * group + h) * hd];
+            begins[n_q] = begin;
+            ends[n_q] = end;
+          }
+        }
+        kernels::attend_block(queries, n_q, begins, ends, lc.k.data() + g * hd,
+                              lc.v.data() + g * hd, lc.stride, lc.capacity, hd, scores.data(), outs);
+      }
+    });
+  } else if (n_items >= threads) {
     pool.parallel_for(n_items, 1, [&](size_t b, size_t e) {
       std::vector<float> scores(group * (std::min(pos0 + n, lc.capacity) + 1));
       for (size_t item = b; item < e; ++item) {
