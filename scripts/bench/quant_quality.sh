@@ -41,8 +41,11 @@ echo "| --- | ---: | ---: | ---: | ---: | ---: |"
 row "BF16 baseline (kestrel build --precision bf16)" "$OUT/bf16.kimg"
 row "source Q4_K_M GGUF, as is" "$SRC"
 row "llama.cpp Q4_0 requantization" "$OUT/q4_0.gguf"
-for args in "--symmetric --group-size 32" "--group-size 32" "--group-size 64" "--group-size 128" "--group-size 32 --embedding int4"; do
-  name="w4a16 ${args}"
+CALIB=../shared/data/oasst/en-validation.jsonl
+for args in "--symmetric --group-size 32" "--group-size 32" "--group-size 64" "--group-size 128" \
+            "--group-size 32 --embedding int4" "--symmetric --group-size 32 --calib $CALIB" \
+            "--group-size 32 --calib $CALIB" "--group-size 64 --calib $CALIB"; do
+  name="w4a16 ${args/$CALIB/oasst}"
   file="$OUT/w4.kimg"
   # shellcheck disable=SC2086
   $K build "$SRC" -o "$file" $args >/dev/null 2>&1
