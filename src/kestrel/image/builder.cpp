@@ -88,10 +88,9 @@ void write_converted(gguf::Writer& w, const gguf::File& src, const gguf::TensorI
 
 }  // namespace
 
-std::string sha256_hex(std::string_view bytes) {
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  EVP_Digest(bytes.data(), bytes.size(), digest, &len, EVP_sha256(), nullptr);
+namespace {
+
+std::string to_hex(const unsigned char* digest, unsigned int len) {
   static const char* hex = "0123456789abcdef";
   std::string out;
   for (unsigned int i = 0; i < len; ++i) {
@@ -99,6 +98,15 @@ std::string sha256_hex(std::string_view bytes) {
     out += hex[digest[i] & 15];
   }
   return out;
+}
+
+}  // namespace
+
+std::string sha256_hex(std::string_view bytes) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_Digest(bytes.data(), bytes.size(), digest, &len, EVP_sha256(), nullptr);
+  return to_hex(digest, len);
 }
 
 std::string sha256_file(const std::filesystem::path& path) {
@@ -115,13 +123,7 @@ std::string sha256_file(const std::filesystem::path& path) {
   unsigned int len = 0;
   EVP_DigestFinal_ex(ctx, digest, &len);
   EVP_MD_CTX_free(ctx);
-  static const char* hex = "0123456789abcdef";
-  std::string out;
-  for (unsigned int i = 0; i < len; ++i) {
-    out += hex[digest[i] >> 4];
-    out += hex[digest[i] & 15];
-  }
-  return out;
+  return to_hex(digest, len);
 }
 
 BuildReport build_image(const std::filesystem::path& source, const std::filesystem::path& out,
