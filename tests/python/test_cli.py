@@ -157,3 +157,30 @@ def test_unknown_architecture(tmp_path):
     w.write_tensors_to_file()
     w.close()
     assert "unsupported model architecture 'mamba9'" in error_of(kestrel("run", "-m", path, "-p", "x"))
+
+
+@needs_model
+def test_build_inspect_and_run_an_image(tmp_path):
+    image = tmp_path / "w4.kimg"
+    r = kestrel("build", "default", "-o", image, "--group-size", 64)
+    assert r.returncode == 0, r.stderr
+    assert image.exists() and not (tmp_path / "w4.kimg.partial").exists()
+    info = kestrel("inspect", image)
+    assert info.returncode == 0, info.stderr
+    assert "precision     w4a16 (group size 64" in info.stdout
+    assert "checksum      ok" in info.stdout
+    # The image answers like the in-memory build of the same precision, token for token.
+    args = ("run", "--raw", "-p", "The capital of France is", "-n", 12, "--temp", 0, "--json")
+    from_image = json.loads(kestrel(*args, "-m", image).stdout)["tokens"]
+    in_memory = json.loads(kestrel(*args, "--precision", "w4a16", "--group-size", 64).stdout)["tokens"]
+    assert from_image == in_memory
+    # Rebuilding from an image is refused and leaves nothing behind.
+    again = tmp_path / "again.kimg"
+    assert "already a Kestrel image" in error_of(kestrel("build", image, "-o", again))
+    assert not again.exists() and not (tmp_path / "again.kimg.partial").exists()
+
+
+def test_build_usage_and_output_errors(tmp_path):
+    assert "--group-size" in error_of(kestrel("build", "x.gguf", "-o", tmp_path / "o", "--group-size", 48), code=2)
+    missing = tmp_path / "missing.gguf"
+    assert "missing.gguf" in error_of(kestrel("build", missing, "-o", tmp_path / "o.kimg"))
