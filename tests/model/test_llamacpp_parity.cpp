@@ -26,6 +26,7 @@
 
 #include "kestrel/runtime/engine.h"
 #include "kestrel/runtime/model_path.h"
+#include "default_engine.h"
 
 namespace kestrel::runtime {
 namespace {
@@ -42,25 +43,7 @@ const nlohmann::json& goldens() {
   return j;
 }
 
-class LlamaCppParity : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    try {
-      engine_ = std::make_unique<Engine>(default_model_path(), EngineOptions{0, 1024, {}});
-    } catch (const std::exception& e) {
-      skip_reason_ = e.what();
-    }
-  }
-  static void TearDownTestSuite() { engine_.reset(); }
-  void SetUp() override {
-    if (!engine_) GTEST_SKIP() << skip_reason_;
-  }
-  static std::unique_ptr<Engine> engine_;
-  static std::string skip_reason_;
-};
-
-std::unique_ptr<Engine> LlamaCppParity::engine_;
-std::string LlamaCppParity::skip_reason_;
+class LlamaCppParity : public WithDefaultEngine<1024> {};
 
 float top2_gap(std::span<const float> logits) {
   float a = -INFINITY, b = -INFINITY;

@@ -18,6 +18,7 @@
 #include "kestrel/base/error.h"
 #include "kestrel/runtime/engine.h"
 #include "kestrel/runtime/model_path.h"
+#include "default_engine.h"
 #include "kestrel/runtime/perplexity.h"
 
 namespace kestrel::runtime {
@@ -30,27 +31,8 @@ constexpr size_t kChunks = 2;
 const std::filesystem::path kWikiText =
     std::filesystem::path(KESTREL_SOURCE_DIR "/../shared/data/wikitext2/wiki.test.raw");
 
-class Perplexity : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    try {
-      EngineOptions options;
-      options.n_ctx = 1;  // perplexity makes its own caches
-      engine_ = std::make_unique<Engine>(default_model_path(), options);
-    } catch (const std::exception& e) {
-      skip_reason_ = e.what();
-    }
-  }
-  static void TearDownTestSuite() { engine_.reset(); }
-  void SetUp() override {
-    if (!engine_) GTEST_SKIP() << skip_reason_;
-  }
-  static std::unique_ptr<Engine> engine_;
-  static std::string skip_reason_;
-};
-
-std::unique_ptr<Engine> Perplexity::engine_;
-std::string Perplexity::skip_reason_;
+// perplexity() makes its own caches, so the engine's context can be 1.
+class Perplexity : public WithDefaultEngine<1> {};
 
 std::string some_text() {
   std::string text;
