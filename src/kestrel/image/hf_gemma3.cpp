@@ -1,0 +1,466 @@
+#include "kestrel/image/hf_gemma3.h"
+
+#include <stdlib.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <optional>
+#include <regex>
+
+#include "kestrel/base/error.h"
+#include "kestrel/formats/dequant.h"
+#include "kestrel/formats/gguf_writer.h"
+#include "kestrel/formats/safetensors.h"
+
+namespace kestrel::image {
+namespace {
+
+using gguf::TensorType;
+using gguf::Value;
+using gguf::ValueType;
+using nlohmann::json;
+namespace st = safetensors;
+
+// SentencePiece / llama.cpp token types (tokenizer.ggml.token_type).
+constexpr int64_t kNormal = 1, kControl = 3, kUserDefined = 4, kByte = 6;
+
+Value u32(uint64_t v) { return Value{ValueType::kUint32, v}; }
+Value f32(double v) { return Value{ValueType::kFloat32, static_cast<double>(static_cast<float>(v))}; }
+Value boolean(bool v) { return Value{ValueType::kBool, v}; }
+Value str(std::string v) { return Value{ValueType::kString, std::move(v)}; }
+template <typename T>
+Value array(ValueType element, std::vector<T> items) {
+  auto a = std::make_shared<gguf::Array>();
+  a->element_type = element;
+  a->items = std::move(items);
+  return Value{ValueType::kArray, a};
+}
+
+std::string config_name(const std::filesystem::path& dir) { return (dir / "config.json").string(); }
+
+// The text model's config: config.json itself, or its text_config (Gemma3ForConditionalGeneration).
+json text_config(const st::Checkpoint& ckpt) {
+  const json& c = ckpt.config();
+  const std::string type = c.value("model_type", "");
+  if (type == "gemma3_text") return c;
+  if (type == "gemma3" && c.contains("text_config") && c["text_config"].is_object()) return c["text_config"];
+  throw Error(config_name(ckpt.dir()) + ": model_type '" + type +
+              "' is not a Gemma 3 text model (kestrel build reads gemma3_text checkpoints)");
+}
+
+uint64_t get_uint(const json& c, const char* key, const std::filesystem::path& dir,
+                  std::optional<uint64_t> fallback = std::nullopt) {
+  if (!c.contains(key) || c[key].is_null()) {
+    if (fallback) return *fallback;
+    throw Error(config_name(dir) + " has no " + key);
+  }
+  if (!c[key].is_number_unsigned() || c[key].get<uint64_t>() == 0) {
+    throw Error(config_name(dir) + ": " + key + " is not a positive integer");
+  }
+  return c[key].get<uint64_t>();
+}
+
+double get_float(const json& c, const char* key, const std::filesystem::path& dir, double fallback) {
+  if (!c.contains(key) || c[key].is_null()) return fallback;
+  if (!c[key].is_number()) throw Error(config_name(dir) + ": " + key + " is not a number");
+  return c[key].get<double>();
+}
+
+// Layer i is global when (i + 1) % pattern == 0 (llama.cpp's gemma3 convention).
+uint64_t sliding_window_pattern(const json& c, uint64_t n_layers, const std::filesystem::path& dir) {
+  if (c.contains("sliding_window_pattern") && c["sliding_window_pattern"].is_number_unsigned()) {
+    return c["sliding_window_pattern"].get<uint64_t>();
+  }
+  if (!c.contains("layer_types") || !c["layer_types"].is_array()) return 6;  // HF's default
+  const auto& types = c["layer_types"];
+  if (types.size() != n_layers) throw Error(config_name(dir) + ": layer_types has " + std::to_string(types.size()) + " entries for " + std::to_string(n_layers) + " layers");
+  uint64_t pattern = 0;
+  for (uint64_t i = 0; i < n_layers; ++i) {
+    if (types[i] == "full_attention") {
+      pattern = i + 1;
+      break;
+    }
+  }
+  if (pattern == 0) pattern = n_layers + 1;  // no global layer among these
+  for (uint64_t i = 0; i < n_layers; ++i) {
+    const bool global = (i + 1) % pattern == 0;
+    if (types[i] != (global ? "full_attention" : "sliding_attention")) {
+      throw Error(config_name(dir) + ": layer_types is not one global layer every N layers, which Kestrel's gemma3 requires");
+    }
+  }
+  return pattern;
+}
+
+struct Vocab {
+  std::vector<std::string> tokens;
+  std::vector<double> scores;
+  std::vector<int64_t> types;
+  std::map<std::string, int64_t> ids;
+};
+
+bool is_byte_piece(const std::string& p) {
+  static const std::regex re("<0x[0-9A-F]{2}>");
+  return p.size() == 6 && std::regex_match(p, re);
+}
+
+// tokenizer.json: model.vocab (piece -> id) plus added_tokens. Types: added tokens are CONTROL
+// when special, USER_DEFINED otherwise; <0xHH> pieces BYTE; the rest NORMAL. Scores, which only
+// tokenizer.model carries: NORMAL pieces get -(their rank among NORMAL pieces in id order),
+// which is what Gemma's SentencePiece model holds; BYTE 0; added tokens -1000 (llama.cpp's value).
+Vocab read_vocab(const std::filesystem::path& dir) {
+  const auto path = dir / "tokenizer.json";
+  if (!std::filesystem::is_regular_file(path)) {
+    throw Error(dir.string() + " has no tokenizer.json (kestrel build reads the vocabulary from it)");
+  }
+  const json tj = st::read_json(path);
+  if (!tj.contains("model") || !tj["model"].is_object() || !tj["model"].contains("vocab") ||
+      !tj["model"]["vocab"].is_object()) {
+    throw Error(path.string() + " has no model.vocab object (a BPE or SentencePiece-style tokenizer)");
+  }
+  std::map<int64_t, std::pair<std::string, int64_t>> by_id;  // id -> (piece, type)
+  auto put = [&](const std::string& piece, const json& id, int64_t type) {
+    if (!id.is_number_unsigned() || id.get<uint64_t>() > (1u << 24)) {
+      throw Error(path.string() + ": token '" + piece + "' has a bad id");
+    }
+    by_id[id.get<int64_t>()] = {piece, type};
+  };
+  for (const auto& [piece, id] : tj["model"]["vocab"].items()) {
+    put(piece, id, is_byte_piece(piece) ? kByte : kNormal);
+  }
+  if (tj.contains("added_tokens") && tj["added_tokens"].is_array()) {
+    for (const auto& t : tj["added_tokens"]) {
+      if (!t.is_object() || !t.contains("content") || !t["content"].is_string() || !t.contains("id")) {
+        throw Error(path.string() + ": an added_tokens entry has no content or id");
+      }
+      put(t["content"].get<std::string>(), t["id"], t.value("special", false) ? kControl : kUserDefined);
+    }
+  }
+  if (by_id.empty()) throw Error(path.string() + " has an empty vocabulary");
+  const auto n = static_cast<size_t>(by_id.rbegin()->first + 1);
+  if (by_id.size() != n) {
+    throw Error(path.string() + ": token ids are not contiguous (" + std::to_string(by_id.size()) + " tokens, largest id " + std::to_string(n - 1) + ")");
+  }
+  Vocab v;
+  double rank = 0;
+  for (const auto& [id, entry] : by_id) {
+    v.tokens.push_back(entry.first);
+    v.types.push_back(entry.second);
+    if (entry.second == kNormal) {
+      v.scores.push_back(-rank);
+      rank += 1;
+    } else {
+      v.scores.push_back(entry.second == kByte ? 0.0 : -1000.0);
+    }
+    v.ids[entry.first] = id;
+  }
+  return v;
+}
+
+// A special token of tokenizer_config.json ("<bos>" or {"content": "<bos>"}), as an id.
+std::optional<uint64_t> special_id(const json& tc, const char* key, const Vocab& v) {
+  if (!tc.contains(key)) return std::nullopt;
+  const json& t = tc[key];
+  std::string s;
+  if (t.is_string()) s = t.get<std::string>();
+  else if (t.is_object() && t.contains("content") && t["content"].is_string()) s = t["content"].get<std::string>();
+  else return std::nullopt;
+  const auto it = v.ids.find(s);
+  if (it == v.ids.end()) return std::nullopt;
+  return static_cast<uint64_t>(it->second);
+}
+
+std::optional<uint64_t> config_id(const json& c, const char* key) {
+  if (!c.contains(key)) return std::nullopt;
+  const json& t = c[key].is_array() && !c[key].empty() ? c[key][0] : c[key];
+  if (!t.is_number_unsigned()) return std::nullopt;
+  return t.get<uint64_t>();
+}
+
+// HF name (without the language model prefix) -> GGUF name; empty when not a Gemma 3 tensor.
+std::string gguf_name(const std::string& hf) {
+  static const std::map<std::string, std::string> kGlobal = {
+      {"embed_tokens.weight", "token_embd.weight"}, {"norm.weight", "output_norm.weight"}};
+  static const std::map<std::string, std::string> kLayer = {
+      {"self_attn.q_proj.weight", "attn_q"}, {"self_attn.k_proj.weight", "attn_k"},
+      {"self_attn.v_proj.weight", "attn_v"}, {"self_attn.o_proj.weight", "attn_output"},
+      {"self_attn.q_norm.weight", "attn_q_norm"}, {"self_attn.k_norm.weight", "attn_k_norm"},
+      {"input_layernorm.weight", "attn_norm"}, {"post_attention_layernorm.weight", "post_attention_norm"},
+      {"pre_feedforward_layernorm.weight", "ffn_norm"}, {"post_feedforward_layernorm.weight", "post_ffw_norm"},
+      {"mlp.gate_proj.weight", "ffn_gate"}, {"mlp.up_proj.weight", "ffn_up"}, {"mlp.down_proj.weight", "ffn_down"}};
+  if (const auto it = kGlobal.find(hf); it != kGlobal.end()) return it->second;
+  static const std::regex re("layers\\.([0-9]{1,6})\\.(.+)");
+  std::smatch m;
+  if (!std::regex_match(hf, m, re)) return "";
+  const auto it = kLayer.find(m[2].str());
+  if (it == kLayer.end()) return "";
+  return "blk." + m[1].str() + "." + it->second + ".weight";
+}
+
+bool is_vision(const std::string& name) {
+  for (const char* p : {"vision_tower.", "multi_modal_projector.", "multimodal_projector.", "vision_model.",
+                        "model.vision_tower.", "model.multi_modal_projector."}) {
+    if (name.rfind(p, 0) == 0) return true;
+  }
+  return false;
+}
+
+std::string strip_prefix(const std::string& name) {
+  for (const char* p : {"model.language_model.", "language_model.model.", "model."}) {
+    if (name.rfind(p, 0) == 0) return name.substr(std::strlen(p));
+  }
+  return name;
+}
+
+struct Planned {
+  std::string hf;    // checkpoint name
+  std::string name;  // GGUF name
+  int layer = -1;
+  std::vector<uint64_t> shape;  // GGUF order
+  TensorType type = TensorType::kF32;
+  bool norm = false;
+  uint64_t rows_kept = 0;  // rows written (the embedding is trimmed to the vocabulary)
+};
+
+float element(const std::byte* p, st::Dtype dtype, size_t i) {
+  switch (dtype) {
+    case st::Dtype::kF32: { float f; std::memcpy(&f, p + 4 * i, 4); return f; }
+    case st::Dtype::kF16: { uint16_t h; std::memcpy(&h, p + 2 * i, 2); return gguf::fp16_to_fp32(h); }
+    case st::Dtype::kBF16: { uint16_t h; std::memcpy(&h, p + 2 * i, 2); return gguf::bf16_to_fp32(h); }
+    default: { double d; std::memcpy(&d, p + 8 * i, 8); return static_cast<float>(d); }
+  }
+}
+
+}  // namespace
+
+bool is_hf_checkpoint(const std::filesystem::path& path) {
+  std::error_code ec;
+  return std::filesystem::is_directory(path, ec) && std::filesystem::is_regular_file(path / "config.json", ec);
+}
+
+void write_hf_gemma3_gguf(const std::filesystem::path& dir, const std::filesystem::path& out,
+                          const std::function<void(const std::string&)>& log) {
+  const st::Checkpoint ckpt = st::Checkpoint::open(dir);
+  const json c = text_config(ckpt);
+  const uint64_t n_layers = get_uint(c, "num_hidden_layers", dir);
+  const uint64_t d_model = get_uint(c, "hidden_size", dir);
+  const uint64_t d_ff = get_uint(c, "intermediate_size", dir);
+  const uint64_t n_heads = get_uint(c, "num_attention_heads", dir, 8);
+  const uint64_t n_kv = get_uint(c, "num_key_value_heads", dir, 4);
+  const uint64_t head_dim = get_uint(c, "head_dim", dir, 256);
+  if (c.contains("attn_logit_softcapping") && !c["attn_logit_softcapping"].is_null()) {
+    throw Error(config_name(dir) + ": attn_logit_softcapping is set, which Gemma 3 does not use");
+  }
+  if (c.contains("query_pre_attn_scalar") && c["query_pre_attn_scalar"].is_number() &&
+      c["query_pre_attn_scalar"].get<double>() != static_cast<double>(head_dim)) {
+    throw Error(config_name(dir) + ": query_pre_attn_scalar differs from head_dim; Kestrel's gemma3 scales by 1/sqrt(head_dim)");
+  }
+  const Vocab vocab = read_vocab(dir);
+  const uint64_t n_vocab = vocab.tokens.size();
+
+  // Plan every tensor: name, shape (checked against config.json), type.
+  std::vector<Planned> plan;
+  size_t skipped_vision = 0;
+  for (const auto& hf : ckpt.names()) {
+    if (is_vision(hf)) { ++skipped_vision; continue; }
+    const std::string bare = strip_prefix(hf);
+    if (bare == "lm_head.weight") {
+      if (log) log("skipping " + hf + " (the output head is tied to the embedding)");
+      continue;
+    }
+    Planned p;
+    p.hf = hf;
+    p.name = gguf_name(bare);
+    if (p.name.empty()) throw Error(dir.string() + ": tensor '" + hf + "' is not part of a Gemma 3 text model");
+    const auto& info = ckpt.info(hf);
+    if (p.name.rfind("blk.", 0) == 0) p.layer = std::stoi(p.name.substr(4));
+    if (p.layer >= static_cast<int>(n_layers)) throw Error(dir.string() + ": tensor '" + hf + "' is past num_hidden_layers");
+    p.norm = p.name.find("norm.weight") != std::string::npos;
+    std::vector<uint64_t> want;  // HF order
+    const std::string& g = p.name;
+    auto ends = [&](const char* s) { return g.size() >= std::strlen(s) && g.compare(g.size() - std::strlen(s), std::strlen(s), s) == 0; };
+    if (g == "token_embd.weight") want = {info.shape.empty() ? 0 : std::max(info.shape[0], n_vocab), d_model};
+    else if (ends("attn_q_norm.weight") || ends("attn_k_norm.weight")) want = {head_dim};
+    else if (p.norm) want = {d_model};
+    else if (ends("attn_q.weight")) want = {n_heads * head_dim, d_model};
+    else if (ends("attn_k.weight") || ends("attn_v.weight")) want = {n_kv * head_dim, d_model};
+    else if (ends("attn_output.weight")) want = {d_model, n_heads * head_dim};
+    else if (ends("ffn_gate.weight") || ends("ffn_up.weight")) want = {d_ff, d_model};
+    else if (ends("ffn_down.weight")) want = {d_model, d_ff};
+    if (info.shape != want) {
+      auto fmt = [](const std::vector<uint64_t>& s) {
+        std::string r = "[";
+        for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+        return r + "]";
+      };
+      throw Error(dir.string() + ": tensor '" + hf + "' has shape " + fmt(info.shape) + ", config.json implies " + fmt(want) +
+                  (g == "token_embd.weight" ? " (at least the tokenizer's " + std::to_string(n_vocab) + " rows)" : ""));
+    }
+    switch (info.dtype) {
+      case st::Dtype::kF32: case st::Dtype::kF64: p.type = TensorType::kF32; break;
+      case st::Dtype::kF16: p.type = p.norm ? TensorType::kF32 : TensorType::kF16; break;
+      case st::Dtype::kBF16: p.type = p.norm ? TensorType::kF32 : TensorType::kBF16; break;
+      default:
+        throw Error(dir.string() + ": tensor '" + hf + "' has dtype " + st::dtype_name(info.dtype) + "; kestrel build reads F32, F16, BF16 and F64");
+    }
+    p.rows_kept = info.shape.size() == 2 ? (g == "token_embd.weight" ? n_vocab : info.shape[0]) : 1;
+    p.shape.assign(info.shape.rbegin(), info.shape.rend());
+    if (info.shape.size() == 2) p.shape[1] = p.rows_kept;
+    plan.push_back(std::move(p));
+  }
+  if (skipped_vision > 0 && log) log("skipping " + std::to_string(skipped_vision) + " vision tower / projector tensors (text model only)");
+  std::sort(plan.begin(), plan.end(), [](const Planned& a, const Planned& b) {
+    return a.layer != b.layer ? a.layer < b.layer : a.name < b.name;
+  });
+  for (size_t i = 1; i < plan.size(); ++i) {
+    if (plan[i].name == plan[i - 1].name) throw Error(dir.string() + ": tensors '" + plan[i - 1].hf + "' and '" + plan[i].hf + "' both map to " + plan[i].name);
+  }
+  {
+    std::vector<std::string> required = {"token_embd.weight", "output_norm.weight"};
+    for (uint64_t il = 0; il < n_layers; ++il) {
+      for (const char* t : {"attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm", "attn_norm",
+                            "post_attention_norm", "ffn_norm", "post_ffw_norm", "ffn_gate", "ffn_up", "ffn_down"}) {
+        required.push_back("blk." + std::to_string(il) + "." + t + ".weight");
+      }
+    }
+    for (const auto& r : required) {
+      if (std::none_of(plan.begin(), plan.end(), [&](const Planned& p) { return p.name == r; })) {
+        throw Error(dir.string() + ": the checkpoint has no tensor for " + r);
+      }
+    }
+  }
+
+  // Metadata, in the order llama.cpp's converter writes it.
+  gguf::Writer w(out, 32);
+  w.add("general.architecture", str("gemma3"));
+  w.add("general.type", str("model"));
+  w.add("general.name", str(dir.filename().empty() ? dir.parent_path().filename().string() : dir.filename().string()));
+  w.add("gemma3.context_length", u32(get_uint(c, "max_position_embeddings", dir, 131072)));
+  w.add("gemma3.embedding_length", u32(d_model));
+  w.add("gemma3.block_count", u32(n_layers));
+  w.add("gemma3.feed_forward_length", u32(d_ff));
+  w.add("gemma3.attention.head_count", u32(n_heads));
+  w.add("gemma3.attention.layer_norm_rms_epsilon", f32(get_float(c, "rms_norm_eps", dir, 1e-6)));
+  w.add("gemma3.attention.key_length", u32(head_dim));
+  w.add("gemma3.attention.value_length", u32(head_dim));
+  w.add("gemma3.rope.freq_base", f32(get_float(c, "rope_theta", dir, 1e6)));
+  w.add("gemma3.attention.sliding_window", u32(get_uint(c, "sliding_window", dir)));
+  w.add("gemma3.attention.head_count_kv", u32(n_kv));
+  if (c.contains("rope_scaling") && c["rope_scaling"].is_object()) {
+    const json& rs = c["rope_scaling"];
+    const std::string type = rs.value("rope_type", rs.value("type", ""));
+    if (type != "linear") throw Error(config_name(dir) + ": rope_scaling type '" + type + "' is not linear, the only one Gemma 3 uses");
+    w.add("gemma3.rope.scaling.type", str("linear"));
+    w.add("gemma3.rope.scaling.factor", f32(get_float(rs, "factor", dir, 1.0)));
+  }
+  if (c.contains("final_logit_softcapping") && c["final_logit_softcapping"].is_number()) {
+    w.add("gemma3.final_logit_softcapping", f32(c["final_logit_softcapping"].get<double>()));
+  }
+  w.add("gemma3.rope.freq_base_swa", f32(get_float(c, "rope_local_base_freq", dir, 1e4)));
+  w.add("gemma3.attention.sliding_window_pattern", u32(sliding_window_pattern(c, n_layers, dir)));
+
+  json tc = json::object();
+  if (std::filesystem::is_regular_file(dir / "tokenizer_config.json")) tc = st::read_json(dir / "tokenizer_config.json");
+  if (!tc.is_object()) throw Error((dir / "tokenizer_config.json").string() + " is not a JSON object");
+  w.add("tokenizer.ggml.model", str("llama"));
+  w.add("tokenizer.ggml.pre", str("default"));
+  w.add("tokenizer.ggml.tokens", array(ValueType::kString, vocab.tokens));
+  w.add("tokenizer.ggml.scores", array(ValueType::kFloat32, vocab.scores));
+  w.add("tokenizer.ggml.token_type", array(ValueType::kInt32, vocab.types));
+  const json& cfg = ckpt.config();
+  const std::pair<const char*, const char*> specials[] = {
+      {"bos_token", "bos_token_id"}, {"eos_token", "eos_token_id"}, {"unk_token", nullptr}, {"pad_token", "pad_token_id"}};
+  const char* keys[] = {"tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id", "tokenizer.ggml.unknown_token_id",
+                        "tokenizer.ggml.padding_token_id"};
+  for (size_t i = 0; i < 4; ++i) {
+    auto id = special_id(tc, specials[i].first, vocab);
+    if (!id && specials[i].second) id = config_id(cfg, specials[i].second);
+    if (id && *id < n_vocab) w.add(keys[i], u32(*id));
+  }
+  w.add("tokenizer.ggml.add_bos_token", boolean(tc.value("add_bos_token", true)));
+  w.add("tokenizer.ggml.add_sep_token", boolean(false));
+  w.add("tokenizer.ggml.add_eos_token", boolean(tc.value("add_eos_token", false)));
+  std::string chat_template;
+  if (tc.contains("chat_template") && tc["chat_template"].is_string()) chat_template = tc["chat_template"].get<std::string>();
+  if (chat_template.empty() && std::filesystem::is_regular_file(dir / "chat_template.jinja")) {
+    std::ifstream in(dir / "chat_template.jinja", std::ios::binary);
+    chat_template.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  if (!chat_template.empty()) w.add("tokenizer.chat_template", str(chat_template));
+  w.add("tokenizer.ggml.add_space_prefix", boolean(false));
+  w.add("general.quantization_version", u32(2));
+  const auto& embd = ckpt.info(plan[static_cast<size_t>(std::find_if(plan.begin(), plan.end(), [](const Planned& p) { return p.name == "token_embd.weight"; }) - plan.begin())].hf);
+  w.add("general.file_type", u32(embd.dtype == st::Dtype::kBF16 ? 32 : embd.dtype == st::Dtype::kF16 ? 1 : 0));
+
+  for (const auto& p : plan) w.add_tensor(p.name, p.type, p.shape);
+  w.begin_data();
+  std::vector<float> buf;
+  for (const auto& p : plan) {
+    const auto& info = ckpt.info(p.hf);
+    const auto data = ckpt.data(p.hf);
+    const uint64_t row_elems = info.shape.size() == 2 ? info.shape[1] : info.n_elements();
+    const uint64_t elems = p.rows_kept * row_elems;
+    const size_t esize = st::dtype_size(info.dtype);
+    const bool verbatim = !p.norm && info.dtype != st::Dtype::kF64;
+    if (verbatim) {
+      w.write(data.first(static_cast<size_t>(elems * esize)));
+    } else {
+      constexpr uint64_t kStep = 1 << 18;
+      for (uint64_t i = 0; i < elems; i += kStep) {
+        const size_t n = static_cast<size_t>(std::min(kStep, elems - i));
+        buf.resize(n);
+        for (size_t j = 0; j < n; ++j) {
+          const size_t k = static_cast<size_t>(i) + j;
+          if (p.norm && info.dtype == st::Dtype::kF64) {
+            double d;
+            std::memcpy(&d, data.data() + 8 * k, 8);
+            buf[j] = static_cast<float>(d + 1.0);
+          } else {
+            // float32 arithmetic, as the converter (torch, upcast to float32 first) does it.
+            buf[j] = p.norm ? element(data.data(), info.dtype, k) + 1.0f : element(data.data(), info.dtype, k);
+          }
+        }
+        w.write({reinterpret_cast<const std::byte*>(buf.data()), n * sizeof(float)});
+      }
+    }
+    ckpt.release(p.hf);
+  }
+  w.finish();
+}
+
+BuildReport build_image_from_hf(const std::filesystem::path& dir, const std::filesystem::path& out,
+                                const BuildOptions& options, ThreadPool& pool,
+                                const std::function<void(const std::string&)>& log) {
+  // The intermediate GGUF lives in a private directory next to the output (same filesystem,
+  // nothing else in it for build_image's licence scan to pick up).
+  const auto parent = out.has_parent_path() ? out.parent_path() : std::filesystem::path(".");
+  std::string templ = (parent / ".kestrel-hf-XXXXXX").string();
+  if (mkdtemp(templ.data()) == nullptr) throw Error("cannot create a temporary directory in " + parent.string());
+  const std::filesystem::path tmp_dir(templ);
+  const std::string base = std::filesystem::absolute(dir).lexically_normal().filename().string();
+  const auto gguf_path = tmp_dir / ((base.empty() ? std::string("checkpoint") : base) + ".gguf");
+  BuildOptions opts = options;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const auto name = entry.path().filename().string();
+    if (entry.is_regular_file() && (name.rfind("LICENSE", 0) == 0 || name.rfind("LICENCE", 0) == 0 ||
+                                    name.rfind("NOTICE", 0) == 0 || name.rfind("COPYING", 0) == 0 ||
+                                    name.find("TERMS") != std::string::npos)) {
+      opts.license_files.push_back(entry.path());
+    }
+  }
+  try {
+    write_hf_gemma3_gguf(dir, gguf_path, log);
+    BuildReport report = build_image(gguf_path, out, opts, pool);
+    report.source_bytes = st::Checkpoint::open(dir).bytes();
+    std::filesystem::remove_all(tmp_dir, ec);
+    return report;
+  } catch (...) {
+    std::filesystem::remove_all(tmp_dir, ec);
+    throw;
+  }
+}
+
+}  // namespace kestrel::image
