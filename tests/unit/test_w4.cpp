@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kestrel/formats/dequant.h"
+#include "kestrel/kernels/gemm_bf16.h"
 #include "kestrel/kernels/matmul.h"
 #include "kestrel/quant/w4.h"
 
@@ -80,12 +81,21 @@ TEST(W4, MatmulMatchesDequantizedReference) {
     const auto x = gaussian(n * cols, 22);
     for (bool zero_points : {false, true}) {
       const auto m = q::quantize_w4(w.data(), rows, cols, group, nullptr, zero_points, pool);
-      std::vector<float> y(n * rows), ref(n * rows);
+      std::vector<float> y(n * rows), ref(n * rows), row(cols);
       k::matmul(m.view(), x.data(), n, cols, y.data(), rows, pool);
       k::matmul_reference(m.view(), x.data(), n, cols, ref.data(), rows);
-      for (size_t i = 0; i < y.size(); ++i) {
-        EXPECT_NEAR(y[i], ref[i], 2e-5 * std::sqrt(static_cast<double>(cols)) * 4)
-            << rows << "x" << cols << "/" << group << " zp=" << zero_points << " i=" << i;
+      // Prefill (8+ tokens) may use bfloat16 dot products: both operands rounded to 8
+      // significant bits, so each product is off by at most ~2^-8 relative.
+      const bool bf16 = n >= 8 && k::bf16_dot_available() && cols % 32 == 0;
+      for (size_t r = 0; r < rows; ++r) {
+        k::matrix_row(m.view(), r, row.data());
+        for (size_t t = 0; t < n; ++t) {
+          double magnitude = 0;
+          for (size_t i = 0; i < cols; ++i) magnitude += std::fabs(row[i] * x[t * cols + i]);
+          const double tol = bf16 ? magnitude / 128 : 2e-5 * std::sqrt(static_cast<double>(cols)) * 4;
+          EXPECT_NEAR(y[t * rows + r], ref[t * rows + r], tol)
+              << rows << "x" << cols << "/" << group << " zp=" << zero_points << " r=" << r << " t=" << t;
+        }
       }
     }
   }
@@ -94,7 +104,7 @@ TEST(W4, MatmulMatchesDequantizedReference) {
 TEST(BF16, MatmulMatchesReferenceOnOddShapes) {
   kestrel::ThreadPool pool(2);
   for (auto [rows, cols, n] : std::vector<std::tuple<size_t, size_t, size_t>>{
-           {1, 1, 1}, {7, 13, 3}, {33, 100, 6}, {64, 640, 2}}) {
+           {1, 1, 1}, {7, 13, 3}, {33, 100, 6}, {64, 640, 2}, {40, 640, 9}}) {
     const auto wf = gaussian(rows * cols, 31);
     std::vector<uint16_t> wb(wf.size());
     for (size_t i = 0; i < wf.size(); ++i) wb[i] = kestrel::gguf::fp32_to_bf16(wf[i]);
@@ -103,7 +113,16 @@ TEST(BF16, MatmulMatchesReferenceOnOddShapes) {
     std::vector<float> y(n * rows), ref(n * rows);
     k::matmul(m, x.data(), n, cols, y.data(), rows, pool);
     k::matmul_reference(m, x.data(), n, cols, ref.data(), rows);
-    for (size_t i = 0; i < y.size(); ++i) EXPECT_NEAR(y[i], ref[i], 1e-4 * std::sqrt(cols)) << i;
+    // With 8+ tokens the activations may be rounded to bf16 too (bf16 dot products).
+    const bool bf16 = n >= 8 && k::bf16_dot_available() && cols % 32 == 0;
+    for (size_t t = 0; t < n; ++t) {
+      for (size_t r = 0; r < rows; ++r) {
+        double magnitude = 0;  // bf16 activations: each product off by at most 2^-9 relative
+        for (size_t i = 0; i < cols; ++i) magnitude += std::fabs(wf[r * cols + i] * x[t * cols + i]);
+        const double tol = bf16 ? magnitude / 256 : 1e-4 * std::sqrt(cols);
+        EXPECT_NEAR(y[t * rows + r], ref[t * rows + r], tol) << "t=" << t << " r=" << r;
+      }
+    }
   }
 }
 
@@ -141,5 +160,28 @@ TEST(W4, ImportanceLowersTheErrorWhereItIsHigh) {
       return e;
     };
     EXPECT_LT(weighted_error(aware), weighted_error(plain)) << "zero points " << zp;
+  }
+}
+
+TEST(BF16, DotProductGemmMatchesRoundedReference) {
+  // gemm_bf16_block against float64 sums of the same bf16-rounded operands.
+  if (!k::bf16_dot_available()) GTEST_SKIP() << "this CPU has no AVX512-BF16";
+  const size_t rows = 9, cols = 96, n = 7;
+  const auto wf = gaussian(rows * cols, 51), xf = gaussian(n * cols, 52);
+  std::vector<uint16_t> w(wf.size()), x(xf.size());
+  k::to_bf16(wf.data(), w.data(), w.size());
+  k::to_bf16(xf.data(), x.data(), x.size());
+  std::vector<float> y(n * (rows + 2), -1.0f);
+  k::gemm_bf16_block(w.data(), rows, cols, x.data(), n, cols, y.data(), rows + 2, 1);
+  for (size_t t = 0; t < n; ++t) {
+    for (size_t r = 0; r < rows; ++r) {
+      double ref = 0;
+      for (size_t i = 0; i < cols; ++i) {
+        ref += static_cast<double>(kestrel::gguf::bf16_to_fp32(w[r * cols + i])) *
+               kestrel::gguf::bf16_to_fp32(x[t * cols + i]);
+      }
+      EXPECT_NEAR(y[t * (rows + 2) + 1 + r], ref, 1e-4) << "t=" << t << " r=" << r;
+    }
+    EXPECT_EQ(y[t * (rows + 2)], -1.0f);  // columns outside [row0, row0 + rows) untouched
   }
 }

@@ -9,6 +9,7 @@
 #include "commands.h"
 #include "kestrel/base/thread_pool.h"
 #include "kestrel/image/builder.h"
+#include "kestrel/image/hf_gemma3.h"
 #include "kestrel/runtime/calibration.h"
 #include "kestrel/runtime/engine.h"
 #include "kestrel/runtime/model_path.h"
@@ -58,6 +59,12 @@ int build(const BuildCommandOptions& o) {
   options.progress = progress_bar;
   const std::filesystem::path source = o.source == "default" ? runtime::default_model_path()
                                                              : std::filesystem::path(o.source);
+  // A directory with config.json: a Hugging Face checkpoint (image/hf_gemma3.h).
+  const bool hf = image::is_hf_checkpoint(source);
+  if (hf && !o.calib.empty()) {
+    throw Error("--calib needs a GGUF source (the calibration pass runs the model, which kestrel "
+                "cannot load from a Hugging Face directory); build a bf16 image first and calibrate from a GGUF");
+  }
   runtime::Importance importance;
   if (!o.calib.empty()) {
     // Calibration runs the source model as it is (exact weights) over the text.
@@ -71,7 +78,10 @@ int build(const BuildCommandOptions& o) {
     options.calibration_sha256 = image::sha256_hex(text);
   }
   ThreadPool pool(o.threads);
-  const auto report = image::build_image(source, o.out, options, pool);
+  const auto report =
+      hf ? image::build_image_from_hf(source, o.out, options, pool,
+                                      [](const std::string& m) { std::fprintf(stderr, "kestrel build: %s\n", m.c_str()); })
+         : image::build_image(source, o.out, options, pool);
   std::printf("built %s: %s, %.1f MiB from %.1f MiB source (sha256 %s), %zu tensors, %.1f s\n",
               o.out.c_str(), o.precision.c_str(), static_cast<double>(report.image_bytes) / (1 << 20),
               static_cast<double>(report.source_bytes) / (1 << 20), report.source_sha256.c_str(),
@@ -84,7 +94,7 @@ int build(const BuildCommandOptions& o) {
 Command add_build_command(CLI::App& app) {
   auto o = std::make_shared<BuildCommandOptions>();
   auto* cmd = app.add_subcommand("build", "Build a Kestrel model image from a GGUF checkpoint");
-  cmd->add_option("source", o->source, "Source GGUF file ('default': the default model)")->required();
+  cmd->add_option("source", o->source, "Source GGUF file ('default': the default model) or Hugging Face Gemma 3 checkpoint directory")->required();
   cmd->add_option("-o,--output", o->out, "Image file to write")->required();
   cmd->add_option("--precision", o->precision, "w4a16 (INT4 weights) or bf16 (the baseline)")
       ->check(CLI::IsMember({"w4a16", "bf16"}))

@@ -8,6 +8,7 @@
 
 #include "kestrel/base/error.h"
 #include "kestrel/formats/dequant.h"
+#include "kestrel/kernels/gemm_bf16.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kestrel/kernels/matmul.cpp"
@@ -296,9 +297,17 @@ void MatmulW4Rows(const Matrix& w, const float* x, size_t n_tokens, size_t x_str
   std::vector<float> scales(kRowBlock * n_groups), offsets(kRowBlock * n_groups);
   const auto* qs = static_cast<const uint8_t*>(w.data);
   if (n_tokens >= 8) {
-    // Prefill: a block of rows is unpacked to float32 once (it stays in L2) and multiplied with
-    // every token by the 4x4 float32 tile.
+    // Prefill: a block of rows is unpacked once (it stays in L2) and multiplied with every
+    // token: with bfloat16 dot products where the CPU has them (activations and the unpacked
+    // weights rounded to bf16, float32 accumulation), else by the 4x4 float32 tile.
     std::vector<float> block(kRowBlock * w.cols);
+    const bool bf16 = bf16_dot_available() && w.cols % 32 == 0;
+    std::vector<uint16_t> block16, x16;
+    if (bf16) {
+      block16.resize(block.size());
+      x16.resize(n_tokens * w.cols);
+      for (size_t t = 0; t < n_tokens; ++t) to_bf16(x + t * x_stride, &x16[t * w.cols], w.cols);
+    }
     for (size_t rb = row_begin; rb < row_end; rb += kRowBlock) {
       const size_t re = std::min(row_end, rb + kRowBlock);
       for (size_t r = rb; r < re; ++r) {
@@ -306,7 +315,12 @@ void MatmulW4Rows(const Matrix& w, const float* x, size_t n_tokens, size_t x_str
         DequantW4Row(qs + r * (w.cols / 2), scales.data(), offsets.data(), w.cols, w.group_size,
                      &block[(r - rb) * w.cols]);
       }
-      GemmF32Block(block.data(), re - rb, w.cols, x, n_tokens, x_stride, y, y_stride, rb);
+      if (bf16) {
+        to_bf16(block.data(), block16.data(), (re - rb) * w.cols);
+        gemm_bf16_block(block16.data(), re - rb, w.cols, x16.data(), n_tokens, w.cols, y, y_stride, rb);
+      } else {
+        GemmF32Block(block.data(), re - rb, w.cols, x, n_tokens, x_stride, y, y_stride, rb);
+      }
     }
     return;
   }
@@ -364,6 +378,18 @@ void MatmulBF16Rows(const Matrix& w, const float* x, size_t n_tokens, size_t x_s
                     size_t y_stride, size_t row_begin, size_t row_end) {
   const auto* W = static_cast<const hwy::bfloat16_t*>(w.data);
   constexpr size_t kRowBlock = 16;
+  if (n_tokens >= 8 && bf16_dot_available() && w.cols % 32 == 0) {
+    // Prefill with bfloat16 dot products: the rows are bf16 already; round the activations once.
+    std::vector<uint16_t> x16(n_tokens * w.cols);
+    for (size_t t = 0; t < n_tokens; ++t) to_bf16(x + t * x_stride, &x16[t * w.cols], w.cols);
+    const auto* rows16 = static_cast<const uint16_t*>(w.data);
+    for (size_t rb = row_begin; rb < row_end; rb += kRowBlock) {
+      const size_t re = std::min(row_end, rb + kRowBlock);
+      gemm_bf16_block(rows16 + rb * w.cols, re - rb, w.cols, x16.data(), n_tokens, w.cols, y,
+                      y_stride, rb);
+    }
+    return;
+  }
   if (n_tokens >= 8) {  // prefill: widen a block of rows once, then the 4x4 float32 tile
     const hn::ScalableTag<float> d;
     const hn::Rebind<hwy::bfloat16_t, decltype(d)> db;
