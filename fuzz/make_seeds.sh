@@ -115,3 +115,33 @@ with open(os.path.join(out, "tokenizer", "invalid_utf8"), "wb") as fh:
     fh.write(b"a\xff\xc3(\xe2\x96 \xf0\x9f\x98")
 PY
 echo "make_seeds: $(ls "$OUT/gguf" | wc -l) gguf seeds, $(ls "$OUT/tokenizer" | wc -l) tokenizer seeds in $OUT"
+
+# safetensors: small files written by hand (every dtype the reader knows, metadata, an empty
+# tensor, two tensors sharing nothing), plus the header of a checkpoint in the Gemma 3 layout.
+mkdir -p "$OUT/safetensors"
+python3 - "$OUT/safetensors" <<'PY'
+import json, os, struct, sys
+out = sys.argv[1]
+def write(name, tensors, metadata=None):
+    header, blob = {}, b""
+    for tname, dtype, shape, data in tensors:
+        header[tname] = {"dtype": dtype, "shape": shape, "data_offsets": [len(blob), len(blob) + len(data)]}
+        blob += data
+    if metadata is not None:
+        header["__metadata__"] = metadata
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(os.path.join(out, name), "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + blob)
+write("dtypes.safetensors", [("f64", "F64", [1], bytes(8)), ("f32", "F32", [2, 2], bytes(range(16))),
+                             ("f16", "F16", [3], bytes(6)), ("bf16", "BF16", [1, 3], bytes(6)),
+                             ("i64", "I64", [1], bytes(8)), ("i32", "I32", [1], bytes(4)), ("i16", "I16", [1], bytes(2)),
+                             ("i8", "I8", [2], bytes(2)), ("u8", "U8", [2], bytes(2)), ("b", "BOOL", [1], b"\x01")],
+      {"format": "pt"})
+write("empty_tensor.safetensors", [("e", "F32", [0, 4], b""), ("x", "F32", [1], bytes(4))])
+write("gemma3.safetensors", [("model.embed_tokens.weight", "F32", [4, 8], bytes(128)),
+                             ("model.norm.weight", "BF16", [8], bytes(16)),
+                             ("model.layers.0.self_attn.q_proj.weight", "F16", [8, 8], bytes(128))])
+write("none.safetensors", [])
+PY
+echo "make_seeds: $(ls "$OUT/safetensors" | wc -l) safetensors seeds"

@@ -54,4 +54,5 @@ run() {  # target, seed subfolder, max_len
 }
 run fuzz_gguf gguf 1048576
 run fuzz_tokenizer tokenizer 4096
+run fuzz_safetensors safetensors 65536
 exit $status
