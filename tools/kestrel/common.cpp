@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "kestrel/base/error.h"
 #include "kestrel/runtime/model_path.h"
 
 namespace kestrel::tools {
@@ -38,6 +39,10 @@ void ModelOptions::add_to(CLI::App& cmd) {
 
 runtime::Engine ModelOptions::load() const {
   const std::filesystem::path path = model.empty() ? runtime::default_model_path() : std::filesystem::path(model);
+  if (std::filesystem::is_directory(path)) {
+    throw Error(path.string() + " is a directory (a Hugging Face checkpoint?); build an image from "
+                "it first: kestrel build " + path.string() + " -o model.kimg");
+  }
   return runtime::Engine(path, {threads, ctx, {quant::parse_precision(precision), group_size}});
 }
 
