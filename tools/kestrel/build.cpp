@@ -65,6 +65,10 @@ int build(const BuildCommandOptions& o) {
     throw Error("--calib needs a GGUF source (the calibration pass runs the model, which kestrel "
                 "cannot load from a Hugging Face directory); build a bf16 image first and calibrate from a GGUF");
   }
+  if (options.precision != quant::Precision::kW4A16 &&
+      (!o.calib.empty() || o.group_size != 32 || o.symmetric || o.embedding != "source")) {
+    throw Error("--calib, --group-size, --symmetric and --embedding apply to --precision w4a16 only");
+  }
   runtime::Importance importance;
   if (!o.calib.empty()) {
     // Calibration runs the source model as it is (exact weights) over the text.
@@ -72,6 +76,10 @@ int build(const BuildCommandOptions& o) {
     const std::string text = runtime::calibration_text(o.calib, o.calib_tokens * 8);
     auto tokens = engine.tokenizer().encode(text, false, false);
     if (tokens.size() > o.calib_tokens) tokens.resize(o.calib_tokens);
+    if (tokens.size() < 64) {
+      throw Error("the calibration text " + o.calib + " has " + std::to_string(tokens.size()) +
+                  " tokens; at least 64 are needed (a few thousand are better)");
+    }
     std::fprintf(stderr, "kestrel build: calibrating on %zu tokens of %s\n", tokens.size(), o.calib.c_str());
     importance = runtime::collect_importance(engine, tokens, 512);
     options.importance = &importance;

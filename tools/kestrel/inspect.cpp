@@ -46,7 +46,8 @@ int inspect(const std::string& path) {
     std::printf("format        version %u\n", info->format_version);
     std::printf("precision     %s", quant::precision_name(info->precision));
     if (info->precision == quant::Precision::kW4A16) {
-      std::printf(" (group size %zu, %s, embedding/head %s)", info->group_size,
+      std::printf(" (group size %zu, %s, %s, embedding/head %s)", info->group_size,
+                  info->zero_points ? "affine: scale + min" : "symmetric: scale only",
                   text_or(f, k::kQuantMethod).c_str(), text_or(f, k::kEmbeddingType).c_str());
     }
     std::printf("\n");

@@ -115,7 +115,8 @@ Command add_perplexity_command(CLI::App& app) {
   cmd->add_option("-f,--file", opts->file, "Text file to evaluate")->required();
   cmd->add_option("--kl-base", opts->base,
                   "Base GGUF model: also report KL(base || model), same top-1 and the base perplexity");
-  cmd->add_option("-c,--ctx", opts->ctx, "Tokens per chunk; the second half of each is scored")
+  cmd->add_option("-c,--ctx", opts->ctx, "Tokens per chunk (at least 4); the second half of each is scored")
+      ->check(CLI::Range(size_t{4}, size_t{1} << 24))
       ->capture_default_str();
   cmd->add_option("--chunks", opts->chunks, "Chunks to evaluate at most (0: all)")->capture_default_str();
   cmd->add_option("-t,--threads", opts->threads, "Threads (default: every core)")

@@ -190,7 +190,36 @@ void Writer::write(std::span<const std::byte> bytes) {
   }
 }
 
-uint64_t Writer::content_hash() const { return XXH3_64bits_digest(state(hash_state_)); }
+namespace {
+
+uint64_t metadata_hash(const std::vector<std::pair<std::string, Value>>& metadata,
+                       std::string_view exclude_key) {
+  XXH3_state_t* s = XXH3_createState();
+  XXH3_64bits_reset(s);
+  std::vector<std::byte> bytes;
+  for (const auto& [key, value] : metadata) {
+    if (key == exclude_key) continue;
+    bytes.clear();
+    put_string(bytes, key);
+    put_scalar<uint32_t>(bytes, static_cast<uint32_t>(value.type));
+    put_value(bytes, value);
+    XXH3_64bits_update(s, bytes.data(), bytes.size());
+  }
+  const uint64_t h = XXH3_64bits_digest(s);
+  XXH3_freeState(s);
+  return h;
+}
+
+uint64_t combine(uint64_t metadata, uint64_t tensors) {
+  const uint64_t both[2] = {metadata, tensors};
+  return XXH3_64bits(both, sizeof(both));
+}
+
+}  // namespace
+
+uint64_t Writer::content_hash(std::string_view exclude_key) const {
+  return combine(metadata_hash(metadata_, exclude_key), XXH3_64bits_digest(state(hash_state_)));
+}
 
 void Writer::patch(std::string_view key, uint64_t value) {
   for (const auto& [k, offset] : placeholder_offsets_) {
@@ -217,7 +246,7 @@ void Writer::finish() {
   finished_ = true;
 }
 
-uint64_t content_hash(const File& file) {
+uint64_t content_hash(const File& file, std::string_view exclude_key) {
   XXH3_state_t* s = XXH3_createState();
   XXH3_64bits_reset(s);
   for (const auto& t : file.tensors()) {
@@ -226,7 +255,7 @@ uint64_t content_hash(const File& file) {
   }
   const uint64_t h = XXH3_64bits_digest(s);
   XXH3_freeState(s);
-  return h;
+  return combine(metadata_hash(file.metadata(), exclude_key), h);
 }
 
 }  // namespace kestrel::gguf

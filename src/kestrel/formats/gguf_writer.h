@@ -37,8 +37,9 @@ class Writer {
   /// Appends bytes of the current tensor; moves to the next tensor once it is complete.
   /// Throws kestrel::Error when more bytes are written than the tensors declared.
   void write(std::span<const std::byte> bytes);
-  /// XXH3-64 of every tensor's bytes in order (padding excluded) written so far.
-  uint64_t content_hash() const;
+  /// The content hash of the file as written (see gguf::content_hash), leaving out the metadata
+  /// key `exclude_key` (the key that will hold the hash).
+  uint64_t content_hash(std::string_view exclude_key) const;
   /// Sets a placeholder's value.
   void patch(std::string_view key, uint64_t value);
   /// Checks that every tensor is complete and closes the file. Throws kestrel::Error.
@@ -69,8 +70,10 @@ class Writer {
   bool finished_ = false;
 };
 
-/// XXH3-64 of every tensor's bytes of `file` in tensor order: what Writer::content_hash()
-/// computed when the file was written.
-uint64_t content_hash(const File& file);
+/// XXH3-64 over every metadata entry (key, type and encoded value, in file order) except
+/// `exclude_key`, combined with XXH3-64 over every tensor's bytes in tensor order: what
+/// Writer::content_hash() computed when the file was written. Any change to a value or a
+/// tensor changes it.
+uint64_t content_hash(const File& file, std::string_view exclude_key);
 
 }  // namespace kestrel::gguf

@@ -38,6 +38,21 @@ std::string read_text(const std::filesystem::path& path) {
   return ss.str();
 }
 
+// A licence file goes into a GGUF string, which must be UTF-8.
+bool valid_utf8(const std::string& s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    const size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    if (len == 0 || i + len > s.size()) return false;
+    for (size_t k = 1; k < len; ++k) {
+      if ((static_cast<unsigned char>(s[i + k]) >> 6) != 0x2) return false;
+    }
+    i += len;
+  }
+  return true;
+}
+
 bool looks_like_license(const std::string& name) {
   for (const char* prefix : {"LICENSE", "LICENCE", "NOTICE", "COPYING"}) {
     if (name.rfind(prefix, 0) == 0) return true;
@@ -55,9 +70,24 @@ std::string license_text(const std::filesystem::path& source, const BuildOptions
   }
   std::string text;
   for (const auto& f : files) {
-    text += "==> " + f.filename().string() + " <==\n" + read_text(f) + "\n";
+    const std::string body = read_text(f);
+    if (!valid_utf8(body)) throw Error("licence file " + f.string() + " is not UTF-8 text");
+    text += "==> " + f.filename().string() + " <==\n" + body + "\n";
   }
   return text;
+}
+
+// Refuses, before any work, an output the final rename could not produce.
+void check_output_path(const std::filesystem::path& out) {
+  if (out.empty()) throw Error("kestrel build: the output path is empty");
+  std::error_code ec;
+  if (std::filesystem::is_directory(out, ec)) {
+    throw Error("kestrel build: the output " + out.string() + " is a directory");
+  }
+  const auto parent = out.has_parent_path() ? out.parent_path() : std::filesystem::path(".");
+  if (!std::filesystem::is_directory(parent, ec)) {
+    throw Error("kestrel build: the output folder " + parent.string() + " does not exist");
+  }
 }
 
 std::span<const std::byte> as_bytes(const void* data, size_t n) {
@@ -132,6 +162,7 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
   if (options.precision == quant::Precision::kSource) {
     throw Error("kestrel build: choose a precision (w4a16 or bf16)");
   }
+  check_output_path(out);
   const gguf::File src = gguf::File::open(source);
   if (src.has(keys::kFormatVersion)) {
     throw Error(source.string() + " is already a Kestrel image; build from the original checkpoint");
@@ -234,7 +265,7 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
     }
     if (options.progress) options.progress(i + 1, tensors.size(), t.name);
   }
-  w.patch(keys::kContentHash, w.content_hash());
+  w.patch(keys::kContentHash, w.content_hash(keys::kContentHash));
   w.finish();
   std::filesystem::rename(partial, out);
   report.n_tensors = tensors.size();

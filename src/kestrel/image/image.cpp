@@ -31,7 +31,7 @@ std::optional<ImageInfo> read_image_info(const gguf::File& file) {
 
 void verify_content(const gguf::File& file) {
   const uint64_t stored = file.get_uint(keys::kContentHash);
-  const uint64_t actual = gguf::content_hash(file);
+  const uint64_t actual = gguf::content_hash(file, keys::kContentHash);
   if (stored != actual) {
     char msg[160];
     std::snprintf(msg, sizeof(msg),

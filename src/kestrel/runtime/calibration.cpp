@@ -79,6 +79,7 @@ std::string calibration_text(const std::filesystem::path& path, size_t max_chars
     if (!text.empty()) text += "\n\n";
     text += row["text"].get<std::string>();
   }
+  if (text.empty()) throw Error(path.string() + ": no non-deleted rows with a \"text\" field");
   if (text.size() > max_chars) text.resize(max_chars);
   return text;
 }

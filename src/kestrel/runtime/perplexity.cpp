@@ -117,6 +117,17 @@ PerplexityResult run(Engine& model, Engine* base, std::span<const model::TokenId
                 " tokens but the base model's has " +
                 std::to_string(base->model().info().n_vocab) + "; KL divergence needs the same vocabulary");
   }
+  if (base != nullptr) {
+    const auto& a = model.tokenizer();
+    const auto& b = base->tokenizer();
+    for (size_t id = 0; id < a.n_vocab() && id < b.n_vocab(); ++id) {
+      const auto t = static_cast<model::TokenId>(id);
+      if (a.piece(t) != b.piece(t)) {
+        throw Error("the model and the base model differ at token " + std::to_string(id) + " ('" +
+                    a.piece(t) + "' vs '" + b.piece(t) + "'); KL divergence needs the same vocabulary");
+      }
+    }
+  }
   const auto t0 = Clock::now();
   const size_t n_ctx = o.n_ctx;
   const size_t first = n_ctx / 2;
