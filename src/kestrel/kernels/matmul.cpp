@@ -302,11 +302,22 @@ void MatmulW4Rows(const Matrix& w, const float* x, size_t n_tokens, size_t x_str
     // weights rounded to bf16, float32 accumulation), else by the 4x4 float32 tile.
     std::vector<float> block(kRowBlock * w.cols);
     const bool bf16 = bf16_dot_available() && w.cols % 32 == 0;
-    std::vector<uint16_t> block16, x16;
     if (bf16) {
-      block16.resize(block.size());
-      x16.resize(n_tokens * w.cols);
+      // Bigger row blocks: bf16 rows are half the size, and every block streams all of x.
+      constexpr size_t kBf16RowBlock = 16;
+      std::vector<uint16_t> block16(kBf16RowBlock * w.cols), x16(n_tokens * w.cols);
       for (size_t t = 0; t < n_tokens; ++t) to_bf16(x + t * x_stride, &x16[t * w.cols], w.cols);
+      for (size_t rb = row_begin; rb < row_end; rb += kBf16RowBlock) {
+        const size_t re = std::min(row_end, rb + kBf16RowBlock);
+        for (size_t r = rb; r < re; ++r) {
+          RowScales(w, r, scales.data(), offsets.data());
+          DequantW4Row(qs + r * (w.cols / 2), scales.data(), offsets.data(), w.cols, w.group_size,
+                       block.data());
+          to_bf16(block.data(), &block16[(r - rb) * w.cols], w.cols);
+        }
+        gemm_bf16_block(block16.data(), re - rb, w.cols, x16.data(), n_tokens, w.cols, y, y_stride, rb);
+      }
+      return;
     }
     for (size_t rb = row_begin; rb < row_end; rb += kRowBlock) {
       const size_t re = std::min(row_end, rb + kRowBlock);
@@ -315,12 +326,7 @@ void MatmulW4Rows(const Matrix& w, const float* x, size_t n_tokens, size_t x_str
         DequantW4Row(qs + r * (w.cols / 2), scales.data(), offsets.data(), w.cols, w.group_size,
                      &block[(r - rb) * w.cols]);
       }
-      if (bf16) {
-        to_bf16(block.data(), block16.data(), (re - rb) * w.cols);
-        gemm_bf16_block(block16.data(), re - rb, w.cols, x16.data(), n_tokens, w.cols, y, y_stride, rb);
-      } else {
-        GemmF32Block(block.data(), re - rb, w.cols, x, n_tokens, x_stride, y, y_stride, rb);
-      }
+      GemmF32Block(block.data(), re - rb, w.cols, x, n_tokens, x_stride, y, y_stride, rb);
     }
     return;
   }
