@@ -269,6 +269,17 @@ void W4RowTile(const uint8_t* qs, const float* scales, const float* offsets, siz
   for (size_t t = 0; t < kT; ++t) ys[t][r] = hn::GetLane(hn::SumOfLanes(d, acc[t]));
 }
 
+// Pointers to the activations and outputs of up to 4 tokens from t; returns how many.
+size_t TokenTile(const float* x, size_t x_stride, float* y, size_t y_stride, size_t t,
+                 size_t n_tokens, const float* xs[4], float* ys[4]) {
+  const size_t nt = std::min<size_t>(4, n_tokens - t);
+  for (size_t i = 0; i < nt; ++i) {
+    xs[i] = x + (t + i) * x_stride;
+    ys[i] = y + (t + i) * y_stride;
+  }
+  return nt;
+}
+
 // One INT4 row to float32 (the unpacking of W4RowTile, stored instead of multiplied).
 void DequantW4Row(const uint8_t* qs, const float* scales, const float* offsets, size_t cols,
                   size_t group_size, float* out) {
@@ -336,13 +347,9 @@ void MatmulW4Rows(const Matrix& w, const float* x, size_t n_tokens, size_t x_str
       RowScales(w, r, &scales[(r - rb) * n_groups], &offsets[(r - rb) * n_groups]);
     }
     for (size_t t = 0; t < n_tokens; t += 4) {
-      const size_t nt = std::min<size_t>(4, n_tokens - t);
       const float* xs[4];
       float* ys[4];
-      for (size_t i = 0; i < nt; ++i) {
-        xs[i] = x + (t + i) * x_stride;
-        ys[i] = y + (t + i) * y_stride;
-      }
+      const size_t nt = TokenTile(x, x_stride, y, y_stride, t, n_tokens, xs, ys);
       for (size_t r = rb; r < re; ++r) {
         const uint8_t* row = qs + r * (w.cols / 2);
         const float* sc = &scales[(r - rb) * n_groups];
@@ -415,13 +422,9 @@ void MatmulBF16Rows(const Matrix& w, const float* x, size_t n_tokens, size_t x_s
   for (size_t rb = row_begin; rb < row_end; rb += kRowBlock) {
     const size_t re = std::min(row_end, rb + kRowBlock);
     for (size_t t = 0; t < n_tokens; t += 4) {
-      const size_t nt = std::min<size_t>(4, n_tokens - t);
       const float* xs[4];
       float* ys[4];
-      for (size_t i = 0; i < nt; ++i) {
-        xs[i] = x + (t + i) * x_stride;
-        ys[i] = y + (t + i) * y_stride;
-      }
+      const size_t nt = TokenTile(x, x_stride, y, y_stride, t, n_tokens, xs, ys);
       for (size_t r = rb; r < re; ++r) {
         const hwy::bfloat16_t* row = W + r * w.cols;
         switch (nt) {
