@@ -84,6 +84,29 @@ BENCHMARK(F32)->Name("Prefill/F32")->Args({2048, 256})->UseRealTime();
 BENCHMARK(W4)->Name("Prefill/W4")->Args({2048, 256})->UseRealTime();
 BENCHMARK(BF16)->Name("Prefill/BF16")->Args({2048, 256})->UseRealTime();
 
+// Memory bandwidth: all threads summing disjoint parts of a 1 GiB buffer (read-only, like a
+// decode step streaming weights). The ceiling for decode is this over the bytes read per token.
+void ReadBandwidth(benchmark::State& state) {
+  const size_t n = size_t{1} << 28;  // floats: 1 GiB
+  std::vector<float> buf(n, 1.0f);
+  std::vector<double> partial(static_cast<size_t>(pool().size()));
+  for (auto _ : state) {
+    pool().parallel_for(n, 1 << 16, [&](size_t b, size_t e) {
+      float acc[16] = {};
+      for (size_t i = b; i + 16 <= e; i += 16) {
+        for (int k = 0; k < 16; ++k) acc[k] += buf[i + static_cast<size_t>(k)];
+      }
+      double s = 0;
+      for (float a : acc) s += a;
+      partial[b / ((n + partial.size() - 1) / partial.size())] = s;
+    });
+    benchmark::DoNotOptimize(partial.data());
+  }
+  state.counters["GB/s"] = benchmark::Counter(static_cast<double>(n * sizeof(float)),
+                                              benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(ReadBandwidth)->Name("Memory/ReadBandwidth")->UseRealTime()->Iterations(5);
+
 }  // namespace
 
 BENCHMARK_MAIN();
