@@ -44,6 +44,7 @@ void Run(benchmark::State& state, k::WeightType type) {
       q4 = kestrel::quant::quantize_w4(w.data(), rows, cols, 32, nullptr, true, pool());
       m = q4.view();
       break;
+    case k::WeightType::kF16:
     case k::WeightType::kBF16:
       b16.resize(w.size());
       for (size_t i = 0; i < w.size(); ++i) b16[i] = kestrel::gguf::fp32_to_bf16(w[i]);

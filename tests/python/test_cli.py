@@ -184,3 +184,18 @@ def test_build_usage_and_output_errors(tmp_path):
     assert "--group-size" in error_of(kestrel("build", "x.gguf", "-o", tmp_path / "o", "--group-size", 48), code=2)
     missing = tmp_path / "missing.gguf"
     assert "missing.gguf" in error_of(kestrel("build", missing, "-o", tmp_path / "o.kimg"))
+
+
+@needs_model
+def test_fp16_baseline_image(tmp_path):
+    image = tmp_path / "fp16.kimg"
+    assert kestrel("build", "default", "-o", image, "--precision", "fp16").returncode == 0
+    assert "precision     fp16" in kestrel("inspect", image).stdout
+    args = ("run", "--raw", "-p", "The capital of France is", "-n", 12, "--temp", 0, "--json")
+    from_image = json.loads(kestrel(*args, "-m", image).stdout)["tokens"]
+    in_memory = json.loads(kestrel(*args, "--precision", "fp16").stdout)["tokens"]
+    assert from_image == in_memory
+    # The fp16 baseline continues exactly like llama.cpp on the float32 weights here.
+    item = GOLDENS["references"]["f32"][0]
+    r = kestrel("run", "-m", image, "--raw", "-p", item["text"], "-n", 16, "--temp", 0, "--ignore-eos", "--json")
+    assert json.loads(r.stdout)["tokens"] == item["greedy"][:16]

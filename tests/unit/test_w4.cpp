@@ -185,3 +185,20 @@ TEST(BF16, DotProductGemmMatchesRoundedReference) {
     EXPECT_EQ(y[t * (rows + 2)], -1.0f);  // columns outside [row0, row0 + rows) untouched
   }
 }
+
+TEST(F16, MatmulMatchesReferenceForDecodeAndPrefill) {
+  // fp16 rows are widened exactly to float32, so only float32 summation order differs.
+  kestrel::ThreadPool pool(2);
+  for (auto [rows, cols, n] : std::vector<std::tuple<size_t, size_t, size_t>>{
+           {7, 13, 1}, {33, 100, 3}, {40, 640, 9}}) {
+    const auto wf = gaussian(rows * cols, 61);
+    std::vector<uint16_t> wh(wf.size());
+    for (size_t i = 0; i < wf.size(); ++i) wh[i] = kestrel::gguf::fp32_to_fp16(wf[i]);
+    const auto x = gaussian(n * cols, 62);
+    k::Matrix m{k::WeightType::kF16, wh.data(), rows, cols};
+    std::vector<float> y(n * rows), ref(n * rows);
+    k::matmul(m, x.data(), n, cols, y.data(), rows, pool);
+    k::matmul_reference(m, x.data(), n, cols, ref.data(), rows);
+    for (size_t i = 0; i < y.size(); ++i) EXPECT_NEAR(y[i], ref[i], 1e-4 * std::sqrt(cols)) << i;
+  }
+}

@@ -104,8 +104,9 @@ Command add_build_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("build", "Build a Kestrel model image from a GGUF checkpoint");
   cmd->add_option("source", o->source, "Source GGUF file ('default': the default model) or Hugging Face Gemma 3 checkpoint directory")->required();
   cmd->add_option("-o,--output", o->out, "Image file to write")->required();
-  cmd->add_option("--precision", o->precision, "w4a16 (INT4 weights) or bf16 (the baseline)")
-      ->check(CLI::IsMember({"w4a16", "bf16"}))
+  cmd->add_option("--precision", o->precision,
+                  "w4a16 (INT4 weights), or bf16 / fp16 (the unquantized baseline)")
+      ->check(CLI::IsMember({"w4a16", "bf16", "fp16"}))
       ->capture_default_str();
   cmd->add_option("--group-size", o->group_size, "w4a16: weights per fp16 scale")
       ->check(CLI::IsMember({32, 64, 128}))

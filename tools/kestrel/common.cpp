@@ -29,8 +29,8 @@ void ModelOptions::add_to(CLI::App& cmd) {
       ->check(CLI::Range(size_t{0}, size_t{1} << 24));
   cmd.add_option("--precision", precision,
                  "Layer weights in memory: source (as the file has them), w4a16 (INT4 groups, "
-                 "built at load), bf16")
-      ->check(CLI::IsMember({"source", "w4a16", "bf16"}))
+                 "built at load), bf16, fp16")
+      ->check(CLI::IsMember({"source", "w4a16", "bf16", "fp16"}))
       ->capture_default_str();
   cmd.add_option("--group-size", group_size, "w4a16: weights per scale (32, 64 or 128)")
       ->check(CLI::IsMember({32, 64, 128}))

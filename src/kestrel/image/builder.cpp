@@ -110,7 +110,9 @@ void write_converted(gguf::Writer& w, const gguf::File& src, const gguf::TensorI
     if (type == TensorType::kF32) {
       w.write(as_bytes(f32.data(), n * sizeof(float)));
     } else {
-      for (size_t i = 0; i < n; ++i) b16[i] = gguf::fp32_to_bf16(f32[i]);
+      for (size_t i = 0; i < n; ++i) {
+        b16[i] = type == TensorType::kF16 ? gguf::fp32_to_fp16(f32[i]) : gguf::fp32_to_bf16(f32[i]);
+      }
       w.write(as_bytes(b16.data(), n * sizeof(uint16_t)));
     }
   }
@@ -160,7 +162,7 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
                         const BuildOptions& options, ThreadPool& pool) {
   const auto t0 = std::chrono::steady_clock::now();
   if (options.precision == quant::Precision::kSource) {
-    throw Error("kestrel build: choose a precision (w4a16 or bf16)");
+    throw Error("kestrel build: choose a precision (w4a16, bf16 or fp16)");
   }
   check_output_path(out);
   const gguf::File src = gguf::File::open(source);
@@ -200,7 +202,8 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
   w.add_placeholder_u64(keys::kContentHash);
 
   // Plan: what each source tensor becomes.
-  enum class Plan { kInt4, kBF16, kCopy, kF32 };
+  enum class Plan { kInt4, kHalf, kCopy, kF32 };  // kHalf: bf16 or fp16 as asked
+  const TensorType half = options.precision == quant::Precision::kFP16 ? TensorType::kF16 : TensorType::kBF16;
   std::vector<Plan> plans;
   for (const auto& t : src.tensors()) {
     if (!gguf::is_supported(t.type)) {
@@ -209,13 +212,13 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
     }
     Plan p;
     if (is_layer_matrix(t)) {
-      p = w4 ? Plan::kInt4 : Plan::kBF16;
+      p = w4 ? Plan::kInt4 : Plan::kHalf;
       if (w4 && t.shape[0] % group != 0) {
         throw Error("tensor '" + t.name + "' has rows of " + std::to_string(t.shape[0]) +
                     ", not a multiple of the group size " + std::to_string(group));
       }
     } else if (t.shape.size() == 2) {  // the embedding / output head
-      p = !w4 ? Plan::kBF16 : options.int4_embedding ? Plan::kInt4 : Plan::kCopy;
+      p = !w4 ? Plan::kHalf : options.int4_embedding ? Plan::kInt4 : Plan::kCopy;
       if (p == Plan::kInt4 && t.shape[0] % group != 0) p = Plan::kCopy;
     } else {
       p = Plan::kF32;
@@ -229,7 +232,7 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
           w.add_tensor(t.name + kMinsSuffix, TensorType::kF16, {t.shape[0] / group, t.shape[1]});
         }
         break;
-      case Plan::kBF16: w.add_tensor(t.name, TensorType::kBF16, t.shape); break;
+      case Plan::kHalf: w.add_tensor(t.name, half, t.shape); break;
       case Plan::kCopy: w.add_tensor(t.name, t.type, t.shape); break;
       case Plan::kF32: w.add_tensor(t.name, TensorType::kF32, t.shape); break;
     }
@@ -259,7 +262,7 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
         w.write(as_bytes(q.mins.data(), q.mins.size() * sizeof(uint16_t)));
         break;
       }
-      case Plan::kBF16: write_converted(w, src, t, TensorType::kBF16); break;
+      case Plan::kHalf: write_converted(w, src, t, half); break;
       case Plan::kCopy: w.write(src.tensor_data(t)); break;
       case Plan::kF32: write_converted(w, src, t, TensorType::kF32); break;
     }

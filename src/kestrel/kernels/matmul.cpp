@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kestrel/base/error.h"
@@ -365,56 +366,66 @@ void MatmulW4Rows(const Matrix& w, const float* x, size_t n_tokens, size_t x_str
   }
 }
 
-template <size_t kT>
-void BF16RowTile(const hwy::bfloat16_t* row, size_t cols, const float* const* xs,
-                 float* const* ys, size_t r) {
+// Scalar conversion of a 16-bit weight (for row tails).
+template <typename T>
+float HalfWeight(const T* row, size_t j) {
+  const uint16_t bits = reinterpret_cast<const uint16_t*>(row)[j];
+  if constexpr (std::is_same_v<T, hwy::bfloat16_t>) return gguf::bf16_to_fp32(bits);
+  return gguf::fp16_to_fp32(bits);
+}
+
+// kT tokens times one 16-bit (bfloat16 or fp16) row, widened to float32 on the fly.
+template <size_t kT, typename T>
+void HalfRowTile(const T* row, size_t cols, const float* const* xs, float* const* ys, size_t r) {
   const hn::ScalableTag<float> d;
-  const hn::Rebind<hwy::bfloat16_t, decltype(d)> db;
+  const hn::Rebind<T, decltype(d)> dh;
   const size_t N = hn::Lanes(d);
   decltype(hn::Zero(d)) acc[kT];
   for (size_t t = 0; t < kT; ++t) acc[t] = hn::Zero(d);
   size_t i = 0;
   for (; i + N <= cols; i += N) {
-    const auto wv = hn::PromoteTo(d, hn::LoadU(db, row + i));
+    const auto wv = hn::PromoteTo(d, hn::LoadU(dh, row + i));
     for (size_t t = 0; t < kT; ++t) acc[t] = hn::MulAdd(wv, hn::LoadU(d, xs[t] + i), acc[t]);
   }
   for (size_t t = 0; t < kT; ++t) {
     float tail = 0.0f;
-    for (size_t j = i; j < cols; ++j) {
-      tail += gguf::bf16_to_fp32(reinterpret_cast<const uint16_t*>(row)[j]) * xs[t][j];
-    }
+    for (size_t j = i; j < cols; ++j) tail += HalfWeight(row, j) * xs[t][j];
     ys[t][r] = hn::GetLane(hn::SumOfLanes(d, acc[t])) + tail;
   }
 }
 
-void MatmulBF16Rows(const Matrix& w, const float* x, size_t n_tokens, size_t x_stride, float* y,
+// Rows of bfloat16 (T = hwy::bfloat16_t) or fp16 (T = hwy::float16_t) weights.
+template <typename T>
+void MatmulHalfRows(const Matrix& w, const float* x, size_t n_tokens, size_t x_stride, float* y,
                     size_t y_stride, size_t row_begin, size_t row_end) {
-  const auto* W = static_cast<const hwy::bfloat16_t*>(w.data);
+  const auto* W = static_cast<const T*>(w.data);
   constexpr size_t kRowBlock = 16;
-  if (n_tokens >= 8 && bf16_dot_available() && w.cols % 32 == 0) {
-    // Prefill with bfloat16 dot products: the rows are bf16 already; round the activations once.
-    std::vector<uint16_t> x16(n_tokens * w.cols);
-    for (size_t t = 0; t < n_tokens; ++t) to_bf16(x + t * x_stride, &x16[t * w.cols], w.cols);
-    const auto* rows16 = static_cast<const uint16_t*>(w.data);
-    for (size_t rb = row_begin; rb < row_end; rb += kRowBlock) {
-      const size_t re = std::min(row_end, rb + kRowBlock);
-      gemm_bf16_block(rows16 + rb * w.cols, re - rb, w.cols, x16.data(), n_tokens, w.cols, y,
-                      y_stride, rb);
+  if constexpr (std::is_same_v<T, hwy::bfloat16_t>) {
+    if (n_tokens >= 8 && bf16_dot_available() && w.cols % 32 == 0) {
+      // Prefill with bfloat16 dot products: the rows are bf16 already; round the activations once.
+      std::vector<uint16_t> x16(n_tokens * w.cols);
+      for (size_t t = 0; t < n_tokens; ++t) to_bf16(x + t * x_stride, &x16[t * w.cols], w.cols);
+      const auto* rows16 = static_cast<const uint16_t*>(w.data);
+      for (size_t rb = row_begin; rb < row_end; rb += kRowBlock) {
+        const size_t re = std::min(row_end, rb + kRowBlock);
+        gemm_bf16_block(rows16 + rb * w.cols, re - rb, w.cols, x16.data(), n_tokens, w.cols, y,
+                        y_stride, rb);
+      }
+      return;
     }
-    return;
   }
   if (n_tokens >= 8) {  // prefill: widen a block of rows once, then the 4x4 float32 tile
     const hn::ScalableTag<float> d;
-    const hn::Rebind<hwy::bfloat16_t, decltype(d)> db;
+    const hn::Rebind<T, decltype(d)> dh;
     const size_t N = hn::Lanes(d);
     std::vector<float> block(kRowBlock * w.cols);
     for (size_t rb = row_begin; rb < row_end; rb += kRowBlock) {
       const size_t re = std::min(row_end, rb + kRowBlock);
       const size_t n = (re - rb) * w.cols;
-      const hwy::bfloat16_t* src = W + rb * w.cols;
+      const T* src = W + rb * w.cols;
       size_t i = 0;
-      for (; i + N <= n; i += N) hn::StoreU(hn::PromoteTo(d, hn::LoadU(db, src + i)), d, &block[i]);
-      for (; i < n; ++i) block[i] = gguf::bf16_to_fp32(reinterpret_cast<const uint16_t*>(src)[i]);
+      for (; i + N <= n; i += N) hn::StoreU(hn::PromoteTo(d, hn::LoadU(dh, src + i)), d, &block[i]);
+      for (; i < n; ++i) block[i] = HalfWeight(src, i);
       GemmF32Block(block.data(), re - rb, w.cols, x, n_tokens, x_stride, y, y_stride, rb);
     }
     return;
@@ -426,12 +437,12 @@ void MatmulBF16Rows(const Matrix& w, const float* x, size_t n_tokens, size_t x_s
       float* ys[4];
       const size_t nt = TokenTile(x, x_stride, y, y_stride, t, n_tokens, xs, ys);
       for (size_t r = rb; r < re; ++r) {
-        const hwy::bfloat16_t* row = W + r * w.cols;
+        const T* row = W + r * w.cols;
         switch (nt) {
-          case 4: BF16RowTile<4>(row, w.cols, xs, ys, r); break;
-          case 3: BF16RowTile<3>(row, w.cols, xs, ys, r); break;
-          case 2: BF16RowTile<2>(row, w.cols, xs, ys, r); break;
-          default: BF16RowTile<1>(row, w.cols, xs, ys, r); break;
+          case 4: HalfRowTile<4>(row, w.cols, xs, ys, r); break;
+          case 3: HalfRowTile<3>(row, w.cols, xs, ys, r); break;
+          case 2: HalfRowTile<2>(row, w.cols, xs, ys, r); break;
+          default: HalfRowTile<1>(row, w.cols, xs, ys, r); break;
         }
       }
     }
@@ -444,7 +455,9 @@ void MatmulRows(const Matrix& w, const float* x, size_t n_tokens, size_t x_strid
     case WeightType::kW4:
       return MatmulW4Rows(w, x, n_tokens, x_stride, y, y_stride, row_begin, row_end);
     case WeightType::kBF16:
-      return MatmulBF16Rows(w, x, n_tokens, x_stride, y, y_stride, row_begin, row_end);
+      return MatmulHalfRows<hwy::bfloat16_t>(w, x, n_tokens, x_stride, y, y_stride, row_begin, row_end);
+    case WeightType::kF16:
+      return MatmulHalfRows<hwy::float16_t>(w, x, n_tokens, x_stride, y, y_stride, row_begin, row_end);
     case WeightType::kF32:
       return MatmulF32Rows(w, x, n_tokens, x_stride, y, y_stride, row_begin, row_end);
     case WeightType::kQ8_0:
@@ -468,6 +481,7 @@ size_t Matrix::row_bytes() const {
     case WeightType::kQ8_0:
       return cols / 32 * 34;
     case WeightType::kBF16:
+    case WeightType::kF16:
       return cols * 2;
     case WeightType::kW4:
       return cols / 2;
@@ -500,6 +514,9 @@ void matrix_row(const Matrix& w, size_t r, float* out) {
       return;
     case WeightType::kBF16:
       gguf::dequantize(gguf::TensorType::kBF16, w.row(r), out, w.cols);
+      return;
+    case WeightType::kF16:
+      gguf::dequantize(gguf::TensorType::kF16, w.row(r), out, w.cols);
       return;
     case WeightType::kW4: {
       const uint8_t* q = w.row(r);

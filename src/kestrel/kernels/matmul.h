@@ -13,6 +13,7 @@ enum class WeightType {
   kF32,   // row-major float32
   kQ8_0,  // ggml Q8_0 blocks: per 32 weights, an fp16 scale d and 32 int8 q; w = d * q
   kBF16,  // row-major bfloat16
+  kF16,   // row-major IEEE fp16
   kW4,    // INT4 grouped along the row: w = d_g * (q - 8), or d_g * q + m_g with mins; see below
 };
 

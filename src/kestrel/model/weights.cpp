@@ -77,8 +77,10 @@ kernels::Matrix WeightStore::image_matrix(const std::string& name, size_t rows, 
     }
     m.group_size = g;
   } else {
-    m.type = kernels::WeightType::kBF16;
-    m.data = file_->tensor_data(image_tensor(name, gguf::TensorType::kBF16, {cols, rows})).data();
+    const bool fp16 = image_->precision == Precision::kFP16;
+    m.type = fp16 ? kernels::WeightType::kF16 : kernels::WeightType::kBF16;
+    m.data = file_->tensor_data(image_tensor(name, fp16 ? gguf::TensorType::kF16 : gguf::TensorType::kBF16,
+                                             {cols, rows})).data();
   }
   n_params_ += rows * cols;
   return m;
@@ -95,11 +97,14 @@ kernels::Matrix WeightStore::matrix(const std::string& name, size_t rows, size_t
                                                    options_.zero_points, *pool_));
     return owned_w4_.back().view();
   }
-  auto& bf16 = owned_16_.emplace_back(dense.size());
-  for (size_t i = 0; i < dense.size(); ++i) bf16[i] = gguf::fp32_to_bf16(dense[i]);
+  const bool fp16 = options_.precision == Precision::kFP16;
+  auto& half = owned_16_.emplace_back(dense.size());
+  for (size_t i = 0; i < dense.size(); ++i) {
+    half[i] = fp16 ? gguf::fp32_to_fp16(dense[i]) : gguf::fp32_to_bf16(dense[i]);
+  }
   kernels::Matrix m;
-  m.type = kernels::WeightType::kBF16;
-  m.data = bf16.data();
+  m.type = fp16 ? kernels::WeightType::kF16 : kernels::WeightType::kBF16;
+  m.data = half.data();
   m.rows = rows;
   m.cols = cols;
   return m;
@@ -115,6 +120,9 @@ kernels::Matrix WeightStore::source_matrix(const std::string& name, size_t rows,
   m.cols = cols;
   if (info.type == gguf::TensorType::kQ8_0) {
     m.type = kernels::WeightType::kQ8_0;
+    m.data = file_->tensor_data(info).data();
+  } else if (info.type == gguf::TensorType::kF16) {
+    m.type = kernels::WeightType::kF16;
     m.data = file_->tensor_data(info).data();
   } else if (info.type == gguf::TensorType::kBF16) {
     m.type = kernels::WeightType::kBF16;

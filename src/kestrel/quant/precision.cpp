@@ -8,7 +8,8 @@ Precision parse_precision(const std::string& name) {
   if (name == "source") return Precision::kSource;
   if (name == "w4a16") return Precision::kW4A16;
   if (name == "bf16") return Precision::kBF16;
-  throw Error("unknown precision '" + name + "' (expected source, w4a16 or bf16)");
+  if (name == "fp16") return Precision::kFP16;
+  throw Error("unknown precision '" + name + "' (expected source, w4a16, bf16 or fp16)");
 }
 
 const char* precision_name(Precision precision) {
@@ -16,6 +17,7 @@ const char* precision_name(Precision precision) {
     case Precision::kSource: return "source";
     case Precision::kW4A16: return "w4a16";
     case Precision::kBF16: return "bf16";
+    case Precision::kFP16: return "fp16";
   }
   return "?";
 }

@@ -9,9 +9,10 @@ enum class Precision {
   kSource,  // as the source file has them (F32 and Q8_0 in place, other types as float32)
   kW4A16,   // INT4 groups with fp16 scales (quant/w4.h); activations float32
   kBF16,    // bfloat16: the unquantized baseline
+  kFP16,    // IEEE fp16: the unquantized baseline, as TensorRT Edge-LLM builds it
 };
 
-/// Parses "source", "w4a16" or "bf16"; throws kestrel::Error otherwise.
+/// Parses "source", "w4a16", "bf16" or "fp16"; throws kestrel::Error otherwise.
 Precision parse_precision(const std::string& name);
 const char* precision_name(Precision precision);
 
