@@ -103,31 +103,10 @@ void MatmulF32Rows(const Matrix& w, const float* x, size_t n_tokens, size_t x_st
     }
     return;
   }
+  // Decode (fewer than 4 tokens): four rows per step share each load of x.
   for (size_t rb = row_begin; rb < row_end; rb += kRowBlock) {
     const size_t re = std::min(row_end, rb + kRowBlock);
-    size_t t = 0;
-    for (; t + 4 <= n_tokens; t += 4) {
-      const float* x0 = x + (t + 0) * x_stride;
-      const float* x1 = x + (t + 1) * x_stride;
-      const float* x2 = x + (t + 2) * x_stride;
-      const float* x3 = x + (t + 3) * x_stride;
-      for (size_t r = rb; r < re; ++r) {
-        const float* wr = W + r * cols;
-        auto a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
-        for (size_t i = 0; i < vec_cols; i += N) {
-          const auto wv = hn::LoadU(d, wr + i);
-          a0 = hn::MulAdd(wv, hn::LoadU(d, x0 + i), a0);
-          a1 = hn::MulAdd(wv, hn::LoadU(d, x1 + i), a1);
-          a2 = hn::MulAdd(wv, hn::LoadU(d, x2 + i), a2);
-          a3 = hn::MulAdd(wv, hn::LoadU(d, x3 + i), a3);
-        }
-        y[(t + 0) * y_stride + r] = hn::GetLane(hn::SumOfLanes(d, a0)) + tail(wr, x0);
-        y[(t + 1) * y_stride + r] = hn::GetLane(hn::SumOfLanes(d, a1)) + tail(wr, x1);
-        y[(t + 2) * y_stride + r] = hn::GetLane(hn::SumOfLanes(d, a2)) + tail(wr, x2);
-        y[(t + 3) * y_stride + r] = hn::GetLane(hn::SumOfLanes(d, a3)) + tail(wr, x3);
-      }
-    }
-    for (; t < n_tokens; ++t) {
+    for (size_t t = 0; t < n_tokens; ++t) {
       const float* xt = x + t * x_stride;
       size_t r = rb;
       for (; r + 4 <= re; r += 4) {
@@ -228,6 +207,19 @@ void RowScales(const Matrix& w, size_t r, float* scales, float* offsets) {
   }
 }
 
+// Weights [start, start + N) of one INT4 group as float32: they come from N consecutive bytes
+// (low nibbles for the first half of the group, high nibbles for the second).
+template <class D>
+HWY_INLINE hn::Vec<D> UnpackW4(D d, const uint8_t* group_bytes, size_t start, size_t half,
+                              hn::Vec<D> scale, hn::Vec<D> offset) {
+  const hn::Rebind<int32_t, D> di;
+  const hn::Rebind<uint8_t, D> du8;
+  const bool low = start < half;
+  const auto bytes = hn::PromoteTo(di, hn::LoadU(du8, group_bytes + (low ? start : start - half)));
+  const auto q = low ? hn::And(bytes, hn::Set(di, 0x0F)) : hn::ShiftRight<4>(bytes);
+  return hn::MulAdd(hn::ConvertTo(d, q), scale, offset);
+}
+
 // kT tokens times one INT4 row: each group is unpacked to float once and used kT times.
 // Nibble j of a group's bytes is weight j (low) or j + group_size/2 (high), so a run of N
 // weights starting at `start` comes from N consecutive bytes.
@@ -259,10 +251,7 @@ void W4RowTile(const uint8_t* qs, const float* scales, const float* offsets, siz
       continue;
     }
     for (size_t start = 0; start < group_size; start += N) {
-      const bool low = start < half;
-      const auto bytes = hn::PromoteTo(di, hn::LoadU(du8, qb + (low ? start : start - half)));
-      const auto q = low ? hn::And(bytes, mask) : hn::ShiftRight<4>(bytes);
-      const auto wv = hn::MulAdd(hn::ConvertTo(d, q), scale, offset);
+      const auto wv = UnpackW4(d, qb, start, half, scale, offset);
       const size_t col = g * group_size + start;
       for (size_t t = 0; t < kT; ++t) acc[t] = hn::MulAdd(wv, hn::LoadU(d, xs[t] + col), acc[t]);
     }
@@ -285,19 +274,13 @@ size_t TokenTile(const float* x, size_t x_stride, float* y, size_t y_stride, siz
 void DequantW4Row(const uint8_t* qs, const float* scales, const float* offsets, size_t cols,
                   size_t group_size, float* out) {
   const hn::ScalableTag<float> d;
-  const hn::Rebind<int32_t, decltype(d)> di;
-  const hn::Rebind<uint8_t, decltype(d)> du8;
   const size_t N = hn::Lanes(d);
   const size_t half = group_size / 2;
-  const auto mask = hn::Set(di, 0x0F);
   for (size_t g = 0; g < cols / group_size; ++g) {
     const auto scale = hn::Set(d, scales[g]);
     const auto offset = hn::Set(d, offsets[g]);
     for (size_t start = 0; start < group_size; start += N) {
-      const bool low = start < half;
-      const auto bytes = hn::PromoteTo(di, hn::LoadU(du8, qs + g * half + (low ? start : start - half)));
-      const auto q = low ? hn::And(bytes, mask) : hn::ShiftRight<4>(bytes);
-      hn::StoreU(hn::MulAdd(hn::ConvertTo(d, q), scale, offset), d, out + g * group_size + start);
+      hn::StoreU(UnpackW4(d, qs + g * half, start, half, scale, offset), d, out + g * group_size + start);
     }
   }
 }
@@ -315,12 +298,10 @@ void MatmulW4Rows(const Matrix& w, const float* x, size_t n_tokens, size_t x_str
     std::vector<float> block(kRowBlock * w.cols);
     const bool bf16 = bf16_dot_available() && w.cols % 32 == 0;
     if (bf16) {
-      // Bigger row blocks: bf16 rows are half the size, and every block streams all of x.
-      constexpr size_t kBf16RowBlock = 16;
-      std::vector<uint16_t> block16(kBf16RowBlock * w.cols), x16(n_tokens * w.cols);
+      std::vector<uint16_t> block16(kRowBlock * w.cols), x16(n_tokens * w.cols);
       for (size_t t = 0; t < n_tokens; ++t) to_bf16(x + t * x_stride, &x16[t * w.cols], w.cols);
-      for (size_t rb = row_begin; rb < row_end; rb += kBf16RowBlock) {
-        const size_t re = std::min(row_end, rb + kBf16RowBlock);
+      for (size_t rb = row_begin; rb < row_end; rb += kRowBlock) {
+        const size_t re = std::min(row_end, rb + kRowBlock);
         for (size_t r = rb; r < re; ++r) {
           RowScales(w, r, scales.data(), offsets.data());
           DequantW4Row(qs + r * (w.cols / 2), scales.data(), offsets.data(), w.cols, w.group_size,
