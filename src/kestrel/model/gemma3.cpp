@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "kestrel/base/error.h"
+#include "kestrel/head/flashhead_format.h"
 #include "kestrel/kernels/ops.h"
 
 namespace kestrel::model {
@@ -92,9 +93,10 @@ Gemma3Model::Gemma3Model(const gguf::File& file, const LoadOptions& options, Thr
   // The embedding (and the tied output head) keeps the source's form in every precision:
   // Q8_0 in the default model. docs/quantization.md has the measurement behind this.
   embedding_ = store_.source_matrix("token_embd.weight", config_.n_vocab, c.d_model);
-  output_ = store_.has("output.weight")
-                ? store_.source_matrix("output.weight", config_.n_vocab, c.d_model)
-                : embedding_;
+  tied_ = !store_.has("output.weight");
+  head_.weight = tied_ ? embedding_ : store_.source_matrix("output.weight", config_.n_vocab, c.d_model);
+  head_.final_softcap = c.final_softcap;
+  if (const auto order = head::find_row_order(file)) head_.set_row_order(*order);
   output_norm_ = store_.vector("output_norm.weight", c.d_model);
   const size_t q_dim = c.n_heads * c.head_dim;
   const size_t kv_dim = c.n_kv_heads * c.head_dim;
@@ -153,8 +155,9 @@ KvCache Gemma3Model::new_cache(size_t n_ctx) const {
   return cache;
 }
 
-void Gemma3Model::forward(std::span<const TokenId> tokens, KvCache& cache, Logits which,
-                          float* logits, ThreadPool& pool, ActivationObserver* observer) const {
+void Gemma3Model::forward_hidden(std::span<const TokenId> tokens, KvCache& cache, Logits which,
+                                 float* hidden, ThreadPool& pool,
+                                 ActivationObserver* observer) const {
   if (tokens.empty()) throw Error("forward: no tokens");
   if (cache.layers.size() != config_.n_layers) throw Error("forward: cache of another model");
   if (cache.n_past + tokens.size() > cache.n_ctx) {
@@ -171,8 +174,8 @@ void Gemma3Model::forward(std::span<const TokenId> tokens, KvCache& cache, Logit
     const size_t n = std::min(kMaxUbatch, tokens.size() - start);
     const bool last_chunk = start + n == tokens.size();
     float* out = nullptr;
-    if (which == Logits::kAll) out = logits + start * config_.n_vocab;
-    if (which == Logits::kLast && last_chunk) out = logits;
+    if (which == Logits::kAll) out = hidden + start * config_.d_model;
+    if (which == Logits::kLast && last_chunk) out = hidden;
     forward_chunk(tokens.subspan(start, n), cache, which, out, pool, observer);
   }
 }
@@ -324,7 +327,7 @@ void Gemma3Model::ffn_block(const Layer& l, size_t il, size_t n, std::vector<flo
 }
 
 void Gemma3Model::forward_chunk(std::span<const TokenId> tokens, KvCache& cache, Logits which,
-                                float* logits, ThreadPool& pool,
+                                float* hidden, ThreadPool& pool,
                                 ActivationObserver* observer) const {
   const auto& c = config_;
   const size_t n = tokens.size(), d = c.d_model;
@@ -332,7 +335,8 @@ void Gemma3Model::forward_chunk(std::span<const TokenId> tokens, KvCache& cache,
   std::vector<float> x(n * d);
   pool.parallel_for(n, 1, [&](size_t b, size_t e) {
     for (size_t t = b; t < e; ++t) {
-      kernels::matrix_row(embedding_, static_cast<size_t>(tokens[t]), &x[t * d]);
+      const size_t row = tied_ ? head_.row_of(tokens[t]) : static_cast<size_t>(tokens[t]);
+      kernels::matrix_row(embedding_, row, &x[t * d]);
       kernels::scale_inplace(&x[t * d], c.embed_scale, d);
     }
   });
@@ -341,18 +345,10 @@ void Gemma3Model::forward_chunk(std::span<const TokenId> tokens, KvCache& cache,
     ffn_block(layers_[il], il, n, x, pool, observer);
   }
   cache.n_past += n;
-  if (logits == nullptr) return;
-
+  if (hidden == nullptr) return;
   const size_t first = which == Logits::kAll ? 0 : n - 1;
-  const size_t n_out = n - first;
-  std::vector<float> xn(n_out * d);
-  for (size_t t = 0; t < n_out; ++t) {
-    kernels::rms_norm(&x[(first + t) * d], output_norm_, &xn[t * d], d, c.rms_eps);
-  }
-  kernels::matmul(output_, xn.data(), n_out, d, logits, c.n_vocab, pool);
-  if (c.final_softcap > 0.0f) {
-    const float cap = c.final_softcap;
-    for (size_t i = 0; i < n_out * c.n_vocab; ++i) logits[i] = cap * std::tanh(logits[i] / cap);
+  for (size_t t = first; t < n; ++t) {
+    kernels::rms_norm(&x[t * d], output_norm_, &hidden[(t - first) * d], d, c.rms_eps);
   }
 }
 

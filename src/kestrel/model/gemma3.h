@@ -47,8 +47,9 @@ class Gemma3Model final : public Model {
 
   const ModelInfo& info() const override { return info_; }
   KvCache new_cache(size_t n_ctx) const override;
-  void forward(std::span<const TokenId> tokens, KvCache& cache, Logits which, float* logits,
-               ThreadPool& pool, ActivationObserver* observer = nullptr) const override;
+  void forward_hidden(std::span<const TokenId> tokens, KvCache& cache, Logits which, float* hidden,
+                      ThreadPool& pool, ActivationObserver* observer = nullptr) const override;
+  const head::OutputHead& output_head() const override { return head_; }
   const Gemma3Config& config() const { return config_; }
 
   /// Tokens per forward chunk; sliding-layer caches hold window + kMaxUbatch - 1 slots.
@@ -67,7 +68,7 @@ class Gemma3Model final : public Model {
   };
 
   void forward_chunk(std::span<const TokenId> tokens, KvCache& cache, Logits which,
-                     float* logits, ThreadPool& pool, ActivationObserver* observer) const;
+                     float* hidden, ThreadPool& pool, ActivationObserver* observer) const;
   void attention_block(const Layer& layer, size_t il, size_t n, size_t pos0, LayerCache& lc,
                        std::vector<float>& x, ThreadPool& pool, ActivationObserver* observer) const;
   void ffn_block(const Layer& layer, size_t il, size_t n, std::vector<float>& x, ThreadPool& pool,
@@ -77,7 +78,8 @@ class Gemma3Model final : public Model {
   ModelInfo info_;
   WeightStore store_;
   kernels::Matrix embedding_;  // [n_vocab, d_model], also the output head when tied
-  kernels::Matrix output_;
+  bool tied_ = true;
+  head::OutputHead head_;
   const float* output_norm_ = nullptr;
   std::vector<Layer> layers_;
   std::vector<float> inv_freq_global_, inv_freq_sliding_;

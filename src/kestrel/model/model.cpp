@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <vector>
 
 #include "kestrel/base/error.h"
 #include "kestrel/model/gemma3.h"
@@ -13,6 +14,14 @@ size_t KvCache::bytes() const {
   size_t total = 0;
   for (const auto& layer : layers) total += (layer.k.size() + layer.v.size()) * sizeof(uint16_t);
   return total;
+}
+
+void Model::forward(std::span<const TokenId> tokens, KvCache& cache, Logits which, float* logits,
+                    ThreadPool& pool, ActivationObserver* observer) const {
+  const size_t rows = which == Logits::kAll ? tokens.size() : 1;
+  std::vector<float> hidden(rows * info().d_model);
+  forward_hidden(tokens, cache, which, hidden.data(), pool, observer);
+  head::dense_logits(output_head(), hidden.data(), rows, logits, pool);
 }
 
 void check_memory(const std::string& what, size_t bytes) {

@@ -10,6 +10,7 @@
 
 #include "kestrel/base/thread_pool.h"
 #include "kestrel/formats/gguf.h"
+#include "kestrel/head/output_head.h"
 #include "kestrel/model/weights.h"
 
 namespace kestrel::model {
@@ -68,12 +69,21 @@ class Model {
   virtual KvCache new_cache(size_t n_ctx) const = 0;
 
   /// Runs `tokens` at positions cache.n_past, cache.n_past + 1, ... and advances n_past.
-  /// Writes float32 logits to `logits`: [n_vocab] for Logits::kLast, [tokens.size(), n_vocab]
-  /// for Logits::kAll. Throws kestrel::Error when the tokens do not fit in the cache or an id
-  /// is outside the vocabulary (the cache is left unchanged then).
-  virtual void forward(std::span<const TokenId> tokens, KvCache& cache, Logits which,
-                       float* logits, ThreadPool& pool,
-                       ActivationObserver* observer = nullptr) const = 0;
+  /// Writes the final hidden states, after the output norm, float32 [rows, d_model]: one row
+  /// (the last token) for Logits::kLast, tokens.size() rows for Logits::kAll. Throws
+  /// kestrel::Error when the tokens do not fit in the cache or an id is outside the
+  /// vocabulary (the cache is left unchanged then).
+  virtual void forward_hidden(std::span<const TokenId> tokens, KvCache& cache, Logits which,
+                              float* hidden, ThreadPool& pool,
+                              ActivationObserver* observer = nullptr) const = 0;
+
+  /// The dense output head that turns those hidden states into logits.
+  virtual const head::OutputHead& output_head() const = 0;
+
+  /// forward_hidden followed by the dense head: float32 logits [n_vocab] for Logits::kLast,
+  /// [tokens.size(), n_vocab] for Logits::kAll, in token order. Errors as forward_hidden.
+  void forward(std::span<const TokenId> tokens, KvCache& cache, Logits which, float* logits,
+               ThreadPool& pool, ActivationObserver* observer = nullptr) const;
 };
 
 /// Builds the model named by general.architecture. Throws kestrel::Error for an unknown

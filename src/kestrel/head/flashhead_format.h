@@ -1,0 +1,37 @@
+// How FlashHead data sits in a Kestrel image (docs/flashhead.md, docs/image-format.md).
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <span>
+
+#include "kestrel/formats/gguf.h"
+#include "kestrel/head/output_head.h"
+
+namespace kestrel::head {
+
+namespace keys {
+/// Tokens per cluster (every cluster holds exactly this many).
+inline constexpr const char* kClusterSize = "kestrel.flashhead.cluster_size";
+/// Clusters K = n_vocab / cluster_size.
+inline constexpr const char* kClusters = "kestrel.flashhead.n_clusters";
+/// Probes used when the user does not choose.
+inline constexpr const char* kProbes = "kestrel.flashhead.probes";
+/// Seed of the clustering and its wall time (provenance).
+inline constexpr const char* kSeed = "kestrel.flashhead.seed";
+inline constexpr const char* kIterations = "kestrel.flashhead.iterations";
+}  // namespace keys
+
+/// I32 {n_vocab}: row r of the output head holds token row_tokens[r]; cluster k is rows
+/// [k * cluster_size, (k + 1) * cluster_size). The head tensor itself is stored in this order.
+inline constexpr const char* kRowTokensTensor = "flashhead.row_tokens";
+/// Q8_0 {d_model, K}: the stage-1 centroids (int8 with an fp16 scale per 32 values).
+inline constexpr const char* kCentroidsTensor = "flashhead.centroids";
+/// I32 {n}: tokens always scored in stage 2 (EOS, <end_of_turn>, other stop tokens).
+inline constexpr const char* kSpecialTokensTensor = "flashhead.special_tokens";
+
+/// The head's row order when `file` is an image built with FlashHead, else nullopt.
+/// Throws kestrel::Error when the tensor exists with the wrong type or shape.
+std::optional<std::span<const TokenId>> find_row_order(const gguf::File& file);
+
+}  // namespace kestrel::head

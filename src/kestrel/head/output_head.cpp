@@ -1,0 +1,52 @@
+#include "kestrel/head/output_head.h"
+
+#include <cmath>
+#include <vector>
+
+#include "kestrel/base/error.h"
+
+namespace kestrel::head {
+
+void OutputHead::set_row_order(std::span<const TokenId> order) {
+  if (order.size() != weight.rows) {
+    throw Error("head row order has " + std::to_string(order.size()) + " entries for " +
+                std::to_string(weight.rows) + " rows");
+  }
+  std::vector<uint32_t> rows(order.size(), UINT32_MAX);
+  for (size_t r = 0; r < order.size(); ++r) {
+    const TokenId t = order[r];
+    if (t < 0 || static_cast<size_t>(t) >= order.size() || rows[static_cast<size_t>(t)] != UINT32_MAX) {
+      throw Error("head row order is not a permutation of the vocabulary (row " + std::to_string(r) +
+                  " holds token " + std::to_string(t) + ")");
+    }
+    rows[static_cast<size_t>(t)] = static_cast<uint32_t>(r);
+  }
+  row_tokens = order;
+  token_rows = std::move(rows);
+}
+
+void apply_softcap(float* z, size_t n, float cap) {
+  if (cap <= 0.0f) return;
+  for (size_t i = 0; i < n; ++i) z[i] = cap * std::tanh(z[i] / cap);
+}
+
+void dense_logits(const OutputHead& head, const float* hidden, size_t n_rows, float* logits,
+                  ThreadPool& pool) {
+  const size_t v = head.n_vocab(), d = head.weight.cols;
+  if (head.row_tokens.empty()) {
+    kernels::matmul(head.weight, hidden, n_rows, d, logits, v, pool);
+  } else {
+    std::vector<float> by_row(n_rows * v);
+    kernels::matmul(head.weight, hidden, n_rows, d, by_row.data(), v, pool);
+    for (size_t t = 0; t < n_rows; ++t) {
+      for (size_t r = 0; r < v; ++r) {
+        logits[t * v + static_cast<size_t>(head.row_tokens[r])] = by_row[t * v + r];
+      }
+    }
+  }
+  pool.parallel_for(n_rows, 1, [&](size_t b, size_t e) {
+    apply_softcap(logits + b * v, (e - b) * v, head.final_softcap);
+  });
+}
+
+}  // namespace kestrel::head

@@ -1,0 +1,46 @@
+// The dense output head (LM head): logits over the whole vocabulary from final hidden states.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "kestrel/base/thread_pool.h"
+#include "kestrel/kernels/matmul.h"
+
+namespace kestrel::head {
+
+using TokenId = int32_t;
+
+/// The output head of a model: logits z = softcap(W h), W = `weight` [n_vocab, d_model].
+///
+/// In an image built with FlashHead the rows of W are stored in cluster order: row r holds
+/// token row_tokens[r] (docs/flashhead.md). `row_tokens` is empty when rows are in token order.
+struct OutputHead {
+  kernels::Matrix weight;
+  /// Gemma's final logit soft-capping, z = cap * tanh(z / cap); 0 = none (Gemma 2 paper,
+  /// arXiv 2408.00118, sec. 2; HF modeling_gemma3.py `final_logit_softcapping`).
+  float final_softcap = 0.0f;
+  std::span<const TokenId> row_tokens;  // [n_vocab] or empty
+  std::vector<uint32_t> token_rows;     // inverse of row_tokens; empty when that is
+
+  size_t n_vocab() const { return weight.rows; }
+  /// The row of W that holds `token`.
+  size_t row_of(TokenId token) const {
+    return token_rows.empty() ? static_cast<size_t>(token) : token_rows[static_cast<size_t>(token)];
+  }
+  /// Sets row_tokens and fills token_rows. Throws kestrel::Error unless `order` is a
+  /// permutation of 0..n_vocab-1.
+  void set_row_order(std::span<const TokenId> order);
+};
+
+/// In place: z = cap * tanh(z / cap) for n values (nothing when cap <= 0).
+void apply_softcap(float* z, size_t n, float cap);
+
+/// Dense logits: logits[t, v] = softcap(W[row_of(v)] . hidden[t]) for t < n_rows, in token
+/// order. hidden: float32 [n_rows, d_model]; logits: float32 [n_rows, n_vocab].
+void dense_logits(const OutputHead& head, const float* hidden, size_t n_rows, float* logits,
+                  ThreadPool& pool);
+
+}  // namespace kestrel::head
