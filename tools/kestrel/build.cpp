@@ -29,7 +29,28 @@ struct BuildCommandOptions {
   std::string calib;
   size_t calib_tokens = 32768;
   std::vector<std::string> licenses;
+  bool flashhead = false;
+  size_t cluster_size = 16;
+  size_t probes = 0;
+  size_t flashhead_iterations = 8;
 };
+
+// FlashHead clustering progress: a redrawn line on a terminal, a line per fifth otherwise.
+void clustering_progress(double fraction, const std::string& what) {
+  static const bool tty = isatty(fileno(stderr)) != 0;
+  static int last_fifth = -1;
+  const int percent = static_cast<int>(100 * fraction);
+  if (!tty) {
+    if (percent / 20 != last_fifth) {
+      last_fifth = percent / 20;
+      std::fprintf(stderr, "kestrel build: FlashHead clustering %3d%% (%s)\n", percent, what.c_str());
+    }
+    return;
+  }
+  std::fprintf(stderr, "\rFlashHead clustering %3d%% %-40.40s", percent, what.c_str());
+  if (fraction >= 1.0) std::fprintf(stderr, "\n");
+  std::fflush(stderr);
+}
 
 // Redraws one line on a terminal; prints a line per tenth of the work otherwise (logs, CI).
 void progress_bar(size_t done, size_t total, const std::string& name) {
@@ -57,6 +78,15 @@ int build(const BuildCommandOptions& o) {
   options.zero_points = !o.symmetric;
   for (const auto& l : o.licenses) options.license_files.emplace_back(l);
   options.progress = progress_bar;
+  if (!o.flashhead && (o.cluster_size != 16 || o.probes != 0)) {
+    throw Error("--cluster-size and --probes apply to --flashhead builds only");
+  }
+  options.flashhead = o.flashhead;
+  options.flashhead_clustering.cluster_size = o.cluster_size;
+  options.flashhead_clustering.iterations = o.flashhead_iterations;
+  options.flashhead_clustering.seed = o.seed;
+  options.flashhead_clustering.progress = clustering_progress;
+  options.flashhead_probes = o.probes;
   const std::filesystem::path source = o.source == "default" ? runtime::default_model_path()
                                                              : std::filesystem::path(o.source);
   // A directory with config.json: a Hugging Face checkpoint (image/hf_gemma3.h).
@@ -94,6 +124,10 @@ int build(const BuildCommandOptions& o) {
               o.out.c_str(), o.precision.c_str(), static_cast<double>(report.image_bytes) / (1 << 20),
               static_cast<double>(report.source_bytes) / (1 << 20), report.source_sha256.c_str(),
               report.n_tensors, report.seconds);
+  if (o.flashhead) {
+    std::printf("FlashHead: clusters of %zu, clustering %.1f s, mean cosine of a row to its cluster %.3f\n",
+                o.cluster_size, report.flashhead_seconds, report.flashhead_mean_cosine);
+  }
   return 0;
 }
 
@@ -127,6 +161,16 @@ Command add_build_command(CLI::App& app) {
   cmd->add_option("--license", o->licenses,
                   "Licence/NOTICE file to carry (repeatable; LICENSE*, NOTICE*, *TERMS* files "
                   "next to the source are added automatically)");
+  cmd->add_flag("--flashhead", o->flashhead,
+                "Add FlashHead, the two-stage retrieval LM head (docs/flashhead.md)");
+  cmd->add_option("--cluster-size", o->cluster_size, "FlashHead: tokens per cluster (must divide the vocabulary)")
+      ->check(CLI::Range(size_t{1}, size_t{4096}))
+      ->capture_default_str();
+  cmd->add_option("--probes", o->probes, "FlashHead: default clusters probed per step (default: clusters / 16)")
+      ->check(CLI::Range(size_t{1}, size_t{1} << 24));
+  cmd->add_option("--flashhead-iterations", o->flashhead_iterations, "FlashHead: k-means iterations per level")
+      ->check(CLI::Range(size_t{1}, size_t{100}))
+      ->capture_default_str();
   cmd->add_option("-t,--threads", o->threads, "Threads (default: every core)")
       ->check(CLI::Range(0, ThreadPool::kMaxThreads));
   return [o] { return build(*o); };

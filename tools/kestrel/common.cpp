@@ -35,6 +35,21 @@ void ModelOptions::add_to(CLI::App& cmd) {
   cmd.add_option("--group-size", group_size, "w4a16: weights per scale (32, 64 or 128)")
       ->check(CLI::IsMember({32, 64, 128}))
       ->capture_default_str();
+  cmd.add_option("--head", head,
+                 "Output head: auto (FlashHead when the image has it), dense, flash")
+      ->check(CLI::IsMember({"auto", "dense", "flash"}))
+      ->capture_default_str();
+  cmd.add_option("--probes", probes, "FlashHead clusters probed per token (default: the image's)")
+      ->check(CLI::Range(size_t{1}, size_t{1} << 24));
+}
+
+runtime::EngineOptions ModelOptions::engine_options() const {
+  runtime::EngineOptions o{threads, ctx, {quant::parse_precision(precision), group_size}};
+  o.head = head == "dense" ? runtime::HeadMode::kDense
+           : head == "flash" ? runtime::HeadMode::kFlash
+                             : runtime::HeadMode::kAuto;
+  o.probes = probes;
+  return o;
 }
 
 runtime::Engine ModelOptions::load() const {
@@ -43,7 +58,7 @@ runtime::Engine ModelOptions::load() const {
     throw Error(path.string() + " is a directory (a Hugging Face checkpoint?); build an image from "
                 "it first: kestrel build " + path.string() + " -o model.kimg");
   }
-  return runtime::Engine(path, {threads, ctx, {quant::parse_precision(precision), group_size}});
+  return runtime::Engine(path, engine_options());
 }
 
 void SamplingOptions::add_to(CLI::App& cmd) {

@@ -19,8 +19,11 @@ struct ModelOptions {
   std::optional<size_t> ctx;
   std::string precision = "source";
   size_t group_size = 32;
+  std::string head = "auto";
+  size_t probes = 0;
 
   void add_to(CLI::App& cmd);
+  runtime::EngineOptions engine_options() const;
   runtime::Engine load() const;
 };
 

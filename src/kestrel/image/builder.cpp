@@ -2,7 +2,11 @@
 
 #include <openssl/evp.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstring>
+#include <optional>
 #include <ctime>
 #include <fstream>
 #include <sstream>
@@ -10,8 +14,10 @@
 #include "kestrel/base/error.h"
 #include "kestrel/formats/dequant.h"
 #include "kestrel/formats/gguf_writer.h"
+#include "kestrel/head/flashhead_format.h"
 #include "kestrel/image/image.h"
 #include "kestrel/quant/w4.h"
+#include "kestrel/text/tokenizer.h"
 
 namespace kestrel::image {
 namespace {
@@ -94,10 +100,10 @@ std::span<const std::byte> as_bytes(const void* data, size_t n) {
   return {static_cast<const std::byte*>(data), n};
 }
 
-// Writes a tensor's values as `type` (F32 or BF16), converting `rows_per_step` rows at a time.
-void write_converted(gguf::Writer& w, const gguf::File& src, const gguf::TensorInfo& t,
+// Writes a tensor's values (`bytes`, in t.type) as `type` (F32, F16 or BF16), a block of rows
+// at a time.
+void write_converted(gguf::Writer& w, const gguf::TensorInfo& t, std::span<const std::byte> bytes,
                      TensorType type) {
-  const auto bytes = src.tensor_data(t);
   const uint64_t row = t.shape[0];
   const uint64_t src_row_bytes = gguf::row_bytes(t.type, row);
   const uint64_t rows_per_step = std::max<uint64_t>(1, (1u << 20) / row);
@@ -116,6 +122,64 @@ void write_converted(gguf::Writer& w, const gguf::File& src, const gguf::TensorI
       w.write(as_bytes(b16.data(), n * sizeof(uint16_t)));
     }
   }
+}
+
+// ggml Q8_0: per 32 values an fp16 scale d = max|x| / 127 and int8 q = round(x / d)
+// (ggml-quants.c quantize_row_q8_0_ref). n a multiple of 32.
+std::vector<std::byte> quantize_q8_0(const float* x, size_t n) {
+  std::vector<std::byte> out(n / 32 * 34);
+  for (size_t b = 0; b < n / 32; ++b) {
+    float amax = 0.0f;
+    for (size_t i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[b * 32 + i]));
+    const float d = amax / 127.0f;
+    const float inv = d > 0.0f ? 1.0f / d : 0.0f;
+    const uint16_t d16 = gguf::fp32_to_fp16(d);
+    std::memcpy(&out[b * 34], &d16, 2);
+    for (size_t i = 0; i < 32; ++i) {
+      out[b * 34 + 2 + i] = static_cast<std::byte>(static_cast<int8_t>(std::lround(x[b * 32 + i] * inv)));
+    }
+  }
+  return out;
+}
+
+// What a FlashHead build adds: the clustering, the head's rows in cluster order (source
+// bytes), the quantized centroids and the always-scored tokens.
+struct FlashHeadData {
+  head::Clustering clustering;
+  std::vector<std::byte> head_bytes;  // the head tensor, rows permuted
+  std::vector<std::byte> centroids;   // Q8_0 [n_clusters, d]
+  std::vector<int32_t> special;
+  size_t probes = 0;
+};
+
+FlashHeadData prepare_flashhead(const gguf::File& src, const gguf::TensorInfo& head_tensor,
+                                const BuildOptions& options, ThreadPool& pool) {
+  FlashHeadData f;
+  const size_t d = static_cast<size_t>(head_tensor.shape[0]), v = static_cast<size_t>(head_tensor.shape[1]);
+  if (d % 32 != 0) throw Error("FlashHead needs a d_model that is a multiple of 32");
+  const auto bytes = src.tensor_data(head_tensor);
+  {
+    std::vector<float> rows(v * d);
+    gguf::dequantize(head_tensor.type, bytes.data(), rows.data(), rows.size());
+    f.clustering = head::cluster_rows(rows.data(), v, d, options.flashhead_clustering, pool);
+  }
+  const size_t row_bytes = static_cast<size_t>(gguf::row_bytes(head_tensor.type, d));
+  f.head_bytes.resize(v * row_bytes);
+  for (size_t r = 0; r < v; ++r) {
+    std::memcpy(&f.head_bytes[r * row_bytes], bytes.data() + static_cast<size_t>(f.clustering.order[r]) * row_bytes, row_bytes);
+  }
+  f.centroids = quantize_q8_0(f.clustering.centroids.data(), f.clustering.centroids.size());
+  const text::Tokenizer tok = text::Tokenizer::from_gguf(src);
+  f.special.push_back(tok.eos());
+  for (const char* piece : {"<end_of_turn>", "<eos>"}) {
+    if (auto id = tok.find(piece); id && std::find(f.special.begin(), f.special.end(), *id) == f.special.end()) {
+      f.special.push_back(*id);
+    }
+  }
+  const size_t k = f.clustering.n_clusters;
+  f.probes = options.flashhead_probes ? options.flashhead_probes : std::max<size_t>(1, k / 16);
+  if (f.probes > k) throw Error("--probes " + std::to_string(f.probes) + " exceeds the " + std::to_string(k) + " clusters");
+  return f;
 }
 
 }  // namespace
@@ -199,6 +263,22 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
   w.add_string(keys::kCalibrationSha256, options.calibration_sha256);
   w.add(keys::kSeed, gguf::Value{gguf::ValueType::kUint64, options.seed});
   w.add_string(keys::kLicenseText, license_text(source, options));
+  // FlashHead: the head is output.weight, or the tied token embedding.
+  const gguf::TensorInfo* head_tensor = src.find_tensor("output.weight");
+  if (head_tensor == nullptr) head_tensor = src.find_tensor("token_embd.weight");
+  std::optional<FlashHeadData> flash;
+  if (options.flashhead) {
+    if (head_tensor == nullptr || head_tensor->shape.size() != 2) throw Error("FlashHead: the source has no output head");
+    const auto tf = std::chrono::steady_clock::now();
+    flash = prepare_flashhead(src, *head_tensor, options, pool);
+    report.flashhead_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - tf).count();
+    report.flashhead_mean_cosine = flash->clustering.mean_cosine;
+    w.add_uint32(head::keys::kClusterSize, static_cast<uint32_t>(flash->clustering.cluster_size));
+    w.add_uint32(head::keys::kClusters, static_cast<uint32_t>(flash->clustering.n_clusters));
+    w.add_uint32(head::keys::kProbes, static_cast<uint32_t>(flash->probes));
+    w.add_uint32(head::keys::kIterations, static_cast<uint32_t>(options.flashhead_clustering.iterations));
+    w.add(head::keys::kSeed, gguf::Value{gguf::ValueType::kUint64, options.flashhead_clustering.seed});
+  }
   w.add_placeholder_u64(keys::kContentHash);
 
   // Plan: what each source tensor becomes.
@@ -240,14 +320,22 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
       w.add_string(keys::kEmbeddingType, p == Plan::kInt4 ? "INT4" : gguf::tensor_type_name(t.type));
     }
   }
+  if (flash) {
+    const uint64_t d = head_tensor->shape[0], v = head_tensor->shape[1];
+    w.add_tensor(head::kRowTokensTensor, TensorType::kI32, {v});
+    w.add_tensor(head::kCentroidsTensor, TensorType::kQ8_0, {d, flash->clustering.n_clusters});
+    w.add_tensor(head::kSpecialTokensTensor, TensorType::kI32, {flash->special.size()});
+  }
   w.begin_data();
   const auto& tensors = src.tensors();
   for (size_t i = 0; i < tensors.size(); ++i) {
     const auto& t = tensors[i];
+    const std::span<const std::byte> data =
+        flash && &t == head_tensor ? std::span<const std::byte>(flash->head_bytes) : src.tensor_data(t);
     switch (plans[i]) {
       case Plan::kInt4: {
         std::vector<float> dense(t.n_elements);
-        gguf::dequantize(t.type, src.tensor_data(t).data(), dense.data(), dense.size());
+        gguf::dequantize(t.type, data.data(), dense.data(), dense.size());
         const float* importance = nullptr;
         if (options.importance) {
           const auto it = options.importance->find(t.name);
@@ -262,11 +350,17 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
         w.write(as_bytes(q.mins.data(), q.mins.size() * sizeof(uint16_t)));
         break;
       }
-      case Plan::kHalf: write_converted(w, src, t, half); break;
-      case Plan::kCopy: w.write(src.tensor_data(t)); break;
-      case Plan::kF32: write_converted(w, src, t, TensorType::kF32); break;
+      case Plan::kHalf: write_converted(w, t, data, half); break;
+      case Plan::kCopy: w.write(data); break;
+      case Plan::kF32: write_converted(w, t, data, TensorType::kF32); break;
     }
     if (options.progress) options.progress(i + 1, tensors.size(), t.name);
+  }
+  if (flash) {
+    w.write(as_bytes(flash->clustering.order.data(), flash->clustering.order.size() * sizeof(int32_t)));
+    w.write(flash->centroids);
+    w.write(as_bytes(flash->special.data(), flash->special.size() * sizeof(int32_t)));
+    flash.reset();
   }
   w.patch(keys::kContentHash, w.content_hash(keys::kContentHash));
   w.finish();

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kestrel/base/thread_pool.h"
+#include "kestrel/head/clustering.h"
 #include "kestrel/quant/precision.h"
 
 namespace kestrel::image {
@@ -30,6 +31,11 @@ struct BuildOptions {
   /// Licence / NOTICE files to carry. Files named LICENSE*, NOTICE*, COPYING* or *TERMS* next to
   /// the source are added as well.
   std::vector<std::filesystem::path> license_files;
+  /// FlashHead (docs/flashhead.md): cluster the output head's rows, store them in cluster
+  /// order with the stage-1 centroids. `flashhead.seed` seeds the clustering.
+  bool flashhead = false;
+  head::ClusteringOptions flashhead_clustering;
+  size_t flashhead_probes = 0;  // default probes recorded in the image; 0: n_clusters / 16
   /// Called after each tensor: (tensors done, tensors in all, the tensor's name).
   std::function<void(size_t, size_t, const std::string&)> progress;
 };
@@ -40,6 +46,8 @@ struct BuildReport {
   size_t n_tensors = 0;
   double seconds = 0;
   std::string source_sha256;
+  double flashhead_seconds = 0;       // clustering wall time
+  double flashhead_mean_cosine = 0;   // quality of the clustering
 };
 
 /// Builds the image `out` from the GGUF `source`, one tensor in memory at a time. Layer

@@ -485,6 +485,28 @@ void matmul(const Matrix& w, const float* x, size_t n_tokens, size_t x_stride, f
   });
 }
 
+void matmul_rows(const Matrix& w, const float* x, size_t n_tokens, size_t x_stride, float* y,
+                 size_t y_stride, size_t row_begin, size_t row_end) {
+  HWY_DYNAMIC_DISPATCH(MatmulRows)(w, x, n_tokens, x_stride, y, y_stride, row_begin,
+                                   std::min(row_end, w.rows));
+}
+
+Matrix row_slice(const Matrix& w, size_t begin, size_t count) {
+  if (begin > w.rows || count > w.rows - begin) {
+    throw Error("row_slice: rows " + std::to_string(begin) + "+" + std::to_string(count) +
+                " outside a matrix of " + std::to_string(w.rows));
+  }
+  Matrix m = w;
+  m.rows = count;
+  m.data = w.row(begin);
+  if (w.type == WeightType::kW4) {
+    const size_t n_groups = w.cols / w.group_size;
+    m.scales = w.scales + begin * n_groups;
+    if (w.mins) m.mins = w.mins + begin * n_groups;
+  }
+  return m;
+}
+
 void matrix_row(const Matrix& w, size_t r, float* out) {
   switch (w.type) {
     case WeightType::kF32:

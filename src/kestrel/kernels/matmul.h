@@ -45,6 +45,15 @@ struct Matrix {
 void matmul(const Matrix& w, const float* x, size_t n_tokens, size_t x_stride, float* y,
             size_t y_stride, ThreadPool& pool);
 
+/// matmul on the calling thread for rows [row_begin, row_end) of W only; y is indexed by the
+/// absolute row. Each row's arithmetic is the same as in matmul (bit-identical results).
+void matmul_rows(const Matrix& w, const float* x, size_t n_tokens, size_t x_stride, float* y,
+                 size_t y_stride, size_t row_begin, size_t row_end);
+
+/// Rows [begin, begin + count) of W as a matrix of their own (same storage, non-owning).
+/// Throws kestrel::Error when the range is outside W.
+Matrix row_slice(const Matrix& w, size_t begin, size_t count);
+
 /// Row r of W as float32 [cols] (dequantized for quantized types).
 void matrix_row(const Matrix& w, size_t r, float* out);
 

@@ -51,6 +51,21 @@ Engine::Engine(const std::filesystem::path& model_path, const EngineOptions& opt
                                              : *options.n_ctx;
   cache_ = model_->new_cache(n_ctx);
   logits_.resize(model_->info().n_vocab);
+  hidden_.resize(model_->info().d_model);
+  const bool has_flash = head::FlashHead::present(file_);
+  if (options.head == HeadMode::kFlash && !has_flash) {
+    throw Error("this model has no FlashHead; build an image with `kestrel build --flashhead`");
+  }
+  if (options.head != HeadMode::kDense && has_flash) {
+    flash_ = std::make_unique<head::FlashHead>(file_, model_->output_head());
+    probes_ = options.probes ? options.probes : flash_->default_probes();
+    if (probes_ > flash_->n_clusters()) {
+      throw Error("--probes " + std::to_string(probes_) + " exceeds the image's " +
+                  std::to_string(flash_->n_clusters()) + " FlashHead clusters");
+    }
+  } else if (options.probes != 0 && options.head != HeadMode::kDense) {
+    throw Error("--probes applies to images built with --flashhead only");
+  }
   stop_tokens_.push_back(tokenizer_.eos());
   if (auto eot = tokenizer_.find("<end_of_turn>")) stop_tokens_.push_back(*eot);
 }
@@ -62,6 +77,16 @@ std::vector<TokenId> Engine::encode(std::string_view text, bool special) const {
 std::span<float> Engine::eval(std::span<const TokenId> tokens) {
   model_->forward(tokens, cache_, model::Logits::kLast, logits_.data(), pool_);
   return logits_;
+}
+
+TokenScores Engine::step(std::span<const TokenId> tokens) {
+  if (!flash_) {
+    eval(tokens);
+    return {logits_, {}};
+  }
+  model_->forward_hidden(tokens, cache_, model::Logits::kLast, hidden_.data(), pool_);
+  flash_->search(hidden_.data(), probes_, candidates_, pool_);
+  return {candidates_.logits, candidates_.ids};
 }
 
 GenerateResult Engine::generate(std::span<const TokenId> prompt, const GenerateOptions& options,
@@ -90,10 +115,10 @@ GenerateResult Engine::generate(std::span<const TokenId> prompt, const GenerateO
 
   reset();
   const auto t0 = Clock::now();
-  std::span<float> logits = eval(prompt);
+  TokenScores scores = step(prompt);
   Clock::time_point t_first;
   for (size_t i = 0; i < options.max_tokens; ++i) {
-    const TokenId token = sampler.sample(logits, history);
+    const TokenId token = sampler.sample(scores, history);
     if (i == 0) {
       t_first = Clock::now();
       result.ttft_ms = ms_since(t0);
@@ -125,7 +150,7 @@ GenerateResult Engine::generate(std::span<const TokenId> prompt, const GenerateO
     if (stopped_by_client) break;
     if (i + 1 == options.max_tokens || cache_.n_past >= n_ctx()) break;
     const TokenId next[1] = {token};
-    logits = eval(next);
+    scores = step(next);
   }
   if (result.finish_reason == "length") result.text += decoder.flush();
   emit(result.text.size());

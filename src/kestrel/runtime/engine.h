@@ -13,11 +13,19 @@
 
 #include "kestrel/base/thread_pool.h"
 #include "kestrel/formats/gguf.h"
+#include "kestrel/head/flashhead.h"
 #include "kestrel/model/model.h"
 #include "kestrel/runtime/sampler.h"
 #include "kestrel/text/tokenizer.h"
 
 namespace kestrel::runtime {
+
+/// Which output head produces next-token scores in generate() / step().
+enum class HeadMode {
+  kAuto,   // FlashHead when the image has it, else the dense head
+  kDense,  // always the dense head
+  kFlash,  // FlashHead (kestrel::Error if the image has none)
+};
 
 struct EngineOptions {
   int n_threads = 0;     // 0: every hardware thread
@@ -25,6 +33,8 @@ struct EngineOptions {
   /// 0: the model's maximum; else exactly this (kestrel::Error above the maximum).
   std::optional<size_t> n_ctx;
   model::LoadOptions load;  // precision of the layer matrices
+  HeadMode head = HeadMode::kAuto;
+  size_t probes = 0;        // FlashHead clusters probed per step; 0: the image's default
 };
 
 struct GenerateOptions {
@@ -71,6 +81,15 @@ class Engine {
   /// Throws kestrel::Error if they do not fit in the context.
   std::span<float> eval(std::span<const TokenId> tokens);
 
+  /// Appends `tokens` to the sequence and scores the next token with the engine's head: the
+  /// dense logits, or FlashHead's candidates (TokenScores::ids set). Valid until the next call.
+  /// Throws kestrel::Error if they do not fit in the context.
+  TokenScores step(std::span<const TokenId> tokens);
+
+  /// The FlashHead in use, or null when the dense head scores tokens.
+  const head::FlashHead* flashhead() const { return flash_.get(); }
+  size_t probes() const { return probes_; }
+
   /// Runs the prompt in a fresh sequence, then samples up to max_tokens tokens.
   /// Throws kestrel::Error if the prompt is empty or longer than the context.
   GenerateResult generate(std::span<const TokenId> prompt, const GenerateOptions& options,
@@ -83,6 +102,10 @@ class Engine {
   text::Tokenizer tokenizer_;
   model::KvCache cache_;
   std::vector<float> logits_;
+  std::vector<float> hidden_;
+  std::unique_ptr<head::FlashHead> flash_;
+  size_t probes_ = 0;
+  head::Candidates candidates_;
   std::vector<TokenId> stop_tokens_;
 };
 

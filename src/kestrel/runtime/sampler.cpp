@@ -14,28 +14,48 @@ TokenId argmax(std::span<const float> logits) {
   return static_cast<TokenId>(best);
 }
 
+TokenId argmax(const TokenScores& scores) {
+  if (scores.ids.empty()) return argmax(std::span<const float>(scores.logits));
+  size_t best = 0;
+  for (size_t i = 1; i < scores.size(); ++i) {
+    if (scores.logits[i] > scores.logits[best] ||
+        (scores.logits[i] == scores.logits[best] && scores.ids[i] < scores.ids[best])) {
+      best = i;
+    }
+  }
+  return scores.ids[best];
+}
+
 Sampler::Sampler(const SamplerConfig& config) : config_(config), rng_(config.seed) {}
 
-TokenId Sampler::sample(std::span<float> logits, std::span<const TokenId> history) {
+void Sampler::filter(TokenScores scores, std::span<const TokenId> history, std::vector<double>& weights) {
   if (config_.repeat_penalty != 1.0f && config_.repeat_last_n != 0) {
     const size_t n = config_.repeat_last_n < 0
                          ? history.size()
                          : std::min(history.size(), static_cast<size_t>(config_.repeat_last_n));
     std::unordered_set<TokenId> seen(history.end() - static_cast<std::ptrdiff_t>(n), history.end());
-    for (TokenId t : seen) {
-      if (t < 0 || static_cast<size_t>(t) >= logits.size()) continue;
-      float& l = logits[static_cast<size_t>(t)];
-      l = l > 0.0f ? l / config_.repeat_penalty : l * config_.repeat_penalty;
+    auto penalize = [&](float& l) { l = l > 0.0f ? l / config_.repeat_penalty : l * config_.repeat_penalty; };
+    if (scores.ids.empty()) {
+      for (TokenId t : seen) {
+        if (t >= 0 && static_cast<size_t>(t) < scores.size()) penalize(scores.logits[static_cast<size_t>(t)]);
+      }
+    } else {
+      for (size_t i = 0; i < scores.size(); ++i) {
+        if (seen.count(scores.ids[i])) penalize(scores.logits[i]);
+      }
     }
   }
-  if (config_.temperature <= 0.0f) return argmax(logits);
+  candidates_.clear();
+  weights.clear();
+  if (config_.temperature <= 0.0f) {
+    candidates_.emplace_back(0.0f, argmax(scores));
+    weights.push_back(1.0);
+    return;
+  }
 
   // Candidates sorted by logit (descending; ties to the lower id), cut by top-k.
-  candidates_.clear();
-  candidates_.reserve(logits.size());
-  for (size_t i = 0; i < logits.size(); ++i) {
-    candidates_.emplace_back(logits[i], static_cast<TokenId>(i));
-  }
+  candidates_.reserve(scores.size());
+  for (size_t i = 0; i < scores.size(); ++i) candidates_.emplace_back(scores.logits[i], scores.id(i));
   auto by_logit = [](const auto& a, const auto& b) {
     return a.first > b.first || (a.first == b.first && a.second < b.second);
   };
@@ -68,14 +88,30 @@ TokenId Sampler::sample(std::span<float> logits, std::span<const TokenId> histor
     keep = i;
   }
   candidates_.resize(keep);
-
-  std::vector<double> weights(keep);
+  weights.resize(keep);
   for (size_t i = 0; i < keep; ++i) {
     weights[i] = std::exp(static_cast<double>(candidates_[i].first - candidates_[0].first) /
                           static_cast<double>(config_.temperature));
   }
+}
+
+TokenId Sampler::sample(TokenScores scores, std::span<const TokenId> history) {
+  std::vector<double> weights;
+  filter(scores, history, weights);
+  if (config_.temperature <= 0.0f) return candidates_[0].second;
   std::discrete_distribution<size_t> dist(weights.begin(), weights.end());
   return candidates_[dist(rng_)].second;
+}
+
+std::vector<std::pair<TokenId, double>> Sampler::distribution(TokenScores scores,
+                                                              std::span<const TokenId> history) {
+  std::vector<double> weights;
+  filter(scores, history, weights);
+  double sum = 0.0;
+  for (double w : weights) sum += w;
+  std::vector<std::pair<TokenId, double>> out;
+  for (size_t i = 0; i < weights.size(); ++i) out.emplace_back(candidates_[i].second, weights[i] / sum);
+  return out;
 }
 
 }  // namespace kestrel::runtime

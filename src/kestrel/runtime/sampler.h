@@ -22,16 +22,35 @@ struct SamplerConfig {
   uint64_t seed = 0xC0FFEE;
 };
 
+/// Logits to sample from: dense (`ids` empty: logits[i] belongs to token i) or sparse
+/// (FlashHead candidates: logits[i] belongs to token ids[i]; every other token is -inf).
+struct TokenScores {
+  std::span<float> logits;
+  std::span<const TokenId> ids;
+  size_t size() const { return logits.size(); }
+  TokenId id(size_t i) const { return ids.empty() ? static_cast<TokenId>(i) : ids[i]; }
+};
+
 /// Applies, in llama.cpp's default order: repetition penalty, top-k, top-p, min-p,
-/// temperature, then draws from the softmax with a seeded mt19937_64.
+/// temperature, then draws from the softmax with a seeded mt19937_64. On sparse scores the
+/// same chain runs over the candidates only (docs/flashhead.md).
 class Sampler {
  public:
   explicit Sampler(const SamplerConfig& config);
-  /// `logits` [n_vocab] float32 (modified in place by the penalty); `history` the tokens so far.
-  TokenId sample(std::span<float> logits, std::span<const TokenId> history);
+  /// `scores.logits` is modified in place by the penalty; `history` the tokens so far.
+  TokenId sample(TokenScores scores, std::span<const TokenId> history);
+  TokenId sample(std::span<float> logits, std::span<const TokenId> history) {
+    return sample(TokenScores{logits, {}}, history);
+  }
+  /// The distribution sample() draws from: (token, probability) pairs, probabilities summing
+  /// to 1, most likely first; one pair with probability 1 when greedy. Same side effects.
+  std::vector<std::pair<TokenId, double>> distribution(TokenScores scores, std::span<const TokenId> history);
   const SamplerConfig& config() const { return config_; }
 
  private:
+  /// Penalty, then the cuts; leaves the kept candidates in candidates_ and their weights.
+  void filter(TokenScores scores, std::span<const TokenId> history, std::vector<double>& weights);
+
   SamplerConfig config_;
   std::mt19937_64 rng_;
   std::vector<std::pair<float, TokenId>> candidates_;
@@ -39,5 +58,7 @@ class Sampler {
 
 /// Index of the largest logit, the lowest index on ties.
 TokenId argmax(std::span<const float> logits);
+/// The token with the largest score, the lowest token id on ties.
+TokenId argmax(const TokenScores& scores);
 
 }  // namespace kestrel::runtime

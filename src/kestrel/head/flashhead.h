@@ -1,0 +1,63 @@
+// FlashHead at run time: the two-stage retrieval head (Embedl, arXiv 2603.14591; docs/flashhead.md).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "kestrel/base/thread_pool.h"
+#include "kestrel/formats/gguf.h"
+#include "kestrel/head/output_head.h"
+#include "kestrel/kernels/matmul.h"
+
+namespace kestrel::head {
+
+/// A sparse set of logits: the tokens FlashHead scored, every other token's logit being -inf.
+struct Candidates {
+  std::vector<TokenId> ids;   // token ids, distinct
+  std::vector<float> logits;  // float32, soft-capped like the dense head's, same order as ids
+  size_t size() const { return ids.size(); }
+  void clear() {
+    ids.clear();
+    logits.clear();
+  }
+};
+
+/// The token with the largest logit among the candidates, the lowest id on ties (what argmax
+/// over the dense logits returns when the dense argmax is a candidate). Candidates not empty.
+TokenId greedy(const Candidates& candidates);
+
+class FlashHead {
+ public:
+  /// Reads the FlashHead tensors and keys of an image built with --flashhead. `head` is the
+  /// model's output head (rows in cluster order) and must outlive this. Throws kestrel::Error
+  /// when they are missing or inconsistent with the head.
+  FlashHead(const gguf::File& file, const OutputHead& head);
+
+  /// True when `file` carries FlashHead data.
+  static bool present(const gguf::File& file);
+
+  size_t cluster_size() const { return cluster_size_; }
+  size_t n_clusters() const { return n_clusters_; }
+  size_t default_probes() const { return default_probes_; }
+  const std::vector<TokenId>& special_tokens() const { return special_; }
+
+  /// Scores one hidden state (float32 [d_model], after the output norm).
+  /// Stage 1: s_k = centroid_k . h for every cluster, keeping the `probes` best (partial
+  /// selection; ties to the lower cluster). Stage 2: exact logits, with the dense head's
+  /// arithmetic and soft-cap, of every token in those clusters and of the special tokens.
+  /// probes is clamped to [1, n_clusters]; probes == n_clusters gives the dense head's logits
+  /// bit for bit. Writes `out` (cleared first).
+  void search(const float* hidden, size_t probes, Candidates& out, ThreadPool& pool) const;
+
+  /// Stage 1 only: the cluster scores float32 [n_clusters] (for sampling and evaluation).
+  void cluster_scores(const float* hidden, float* scores, ThreadPool& pool) const;
+
+ private:
+  const OutputHead* head_;
+  kernels::Matrix centroids_;  // Q8_0 [n_clusters, d_model]
+  size_t cluster_size_ = 0, n_clusters_ = 0, default_probes_ = 0;
+  std::vector<TokenId> special_;
+};
+
+}  // namespace kestrel::head
