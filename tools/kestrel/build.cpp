@@ -33,6 +33,7 @@ struct BuildCommandOptions {
   size_t cluster_size = 16;
   size_t probes = 0;
   size_t flashhead_iterations = 8;
+  float radius_weight = 0.1f;
 };
 
 // FlashHead clustering progress: a redrawn line on a terminal, a line per fifth otherwise.
@@ -78,8 +79,8 @@ int build(const BuildCommandOptions& o) {
   options.zero_points = !o.symmetric;
   for (const auto& l : o.licenses) options.license_files.emplace_back(l);
   options.progress = progress_bar;
-  if (!o.flashhead && (o.cluster_size != 16 || o.probes != 0)) {
-    throw Error("--cluster-size and --probes apply to --flashhead builds only");
+  if (!o.flashhead && (o.cluster_size != 16 || o.probes != 0 || o.radius_weight != 0.1f)) {
+    throw Error("--cluster-size, --probes and --radius-weight apply to --flashhead builds only");
   }
   options.flashhead = o.flashhead;
   options.flashhead_clustering.cluster_size = o.cluster_size;
@@ -87,6 +88,7 @@ int build(const BuildCommandOptions& o) {
   options.flashhead_clustering.seed = o.seed;
   options.flashhead_clustering.progress = clustering_progress;
   options.flashhead_probes = o.probes;
+  options.flashhead_radius_weight = o.radius_weight;
   const std::filesystem::path source = o.source == "default" ? runtime::default_model_path()
                                                              : std::filesystem::path(o.source);
   // A directory with config.json: a Hugging Face checkpoint (image/hf_gemma3.h).
@@ -166,8 +168,12 @@ Command add_build_command(CLI::App& app) {
   cmd->add_option("--cluster-size", o->cluster_size, "FlashHead: tokens per cluster (must divide the vocabulary)")
       ->check(CLI::Range(size_t{1}, size_t{4096}))
       ->capture_default_str();
-  cmd->add_option("--probes", o->probes, "FlashHead: default clusters probed per step (default: clusters / 16)")
+  cmd->add_option("--probes", o->probes, "FlashHead: default clusters probed per step (default: 5/64 of the clusters, 1,280 for a 262,144-token vocabulary)")
       ->check(CLI::Range(size_t{1}, size_t{1} << 24));
+  cmd->add_option("--radius-weight", o->radius_weight,
+                  "FlashHead: alpha of the stage-1 score centroid.h + alpha |h| radius (0: the mean logit)")
+      ->check(CLI::Range(0.0f, 10.0f))
+      ->capture_default_str();
   cmd->add_option("--flashhead-iterations", o->flashhead_iterations, "FlashHead: k-means iterations per level")
       ->check(CLI::Range(size_t{1}, size_t{100}))
       ->capture_default_str();

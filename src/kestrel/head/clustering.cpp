@@ -207,6 +207,7 @@ Clustering cluster_rows(const float* rows, size_t n_rows, size_t d, const Cluste
 
   // Stage-1 centroids: the mean of the raw rows; quality: cosine of rows to their direction.
   result.centroids.assign(k * d, 0.0f);
+  result.radii.assign(k, 0.0f);
   std::vector<double> cosine_sum(k, 0.0);
   pool.parallel_for(k, 16, [&](size_t b, size_t e) {
     std::vector<double> mean(d), dir(d);
@@ -230,6 +231,17 @@ Clustering cluster_rows(const float* rows, size_t n_rows, size_t d, const Cluste
         cosine_sum[c] += dot / norm;
       }
       for (size_t j = 0; j < d; ++j) result.centroids[c * d + j] = static_cast<float>(mean[j] / static_cast<double>(cap));
+      double radius2 = 0.0;
+      for (size_t i = 0; i < cap; ++i) {
+        const size_t r = static_cast<size_t>(result.order[c * cap + i]);
+        double dist2 = 0.0;
+        for (size_t j = 0; j < d; ++j) {
+          const double diff = rows[r * d + j] - result.centroids[c * d + j];
+          dist2 += diff * diff;
+        }
+        radius2 = std::max(radius2, dist2);
+      }
+      result.radii[c] = static_cast<float>(std::sqrt(radius2));
     }
   });
   result.mean_cosine = std::accumulate(cosine_sum.begin(), cosine_sum.end(), 0.0) / static_cast<double>(n_rows);

@@ -28,6 +28,8 @@ struct Clustering {
   /// [n_clusters, d]: the mean of each cluster's (unnormalized) rows, the stage-1 centroid:
   /// h . centroid_k is the mean logit of cluster k.
   std::vector<float> centroids;
+  /// [n_clusters]: the largest Euclidean distance of a member row from its centroid.
+  std::vector<float> radii;
   double mean_cosine = 0;  // mean cosine of a row to its cluster's direction (quality)
 };
 

@@ -1,6 +1,7 @@
 #include "kestrel/head/flashhead.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
 #include "kestrel/base/error.h"
@@ -44,6 +45,15 @@ FlashHead::FlashHead(const gguf::File& file, const OutputHead& head) : head_(&he
   centroids_.data = file.tensor_data(*c).data();
   centroids_.rows = n_clusters_;
   centroids_.cols = d;
+  if (const gguf::TensorInfo* r = file.find_tensor(kRadiiTensor)) {
+    if (r->type != gguf::TensorType::kF32 || r->shape != std::vector<uint64_t>{n_clusters_}) {
+      throw Error(std::string("FlashHead: image tensor ") + kRadiiTensor + " must be F32 {" +
+                  std::to_string(n_clusters_) + "}");
+    }
+    radii_ = reinterpret_cast<const float*>(file.tensor_data(*r).data());
+    radius_weight_ = static_cast<float>(file.find_float(keys::kRadiusWeight).value_or(0.0));
+    if (!std::isfinite(radius_weight_)) throw Error("FlashHead: radius weight is not finite");
+  }
   if (const gguf::TensorInfo* s = file.find_tensor(kSpecialTokensTensor)) {
     if (s->type != gguf::TensorType::kI32 || s->shape.size() != 1) {
       throw Error(std::string("FlashHead: image tensor ") + kSpecialTokensTensor + " must be 1-D I32");
@@ -58,6 +68,12 @@ FlashHead::FlashHead(const gguf::File& file, const OutputHead& head) : head_(&he
 
 void FlashHead::cluster_scores(const float* hidden, float* scores, ThreadPool& pool) const {
   kernels::matmul(centroids_, hidden, 1, centroids_.cols, scores, n_clusters_, pool);
+  if (radii_ != nullptr && radius_weight_ != 0.0f) {
+    double norm2 = 0;
+    for (size_t j = 0; j < centroids_.cols; ++j) norm2 += static_cast<double>(hidden[j]) * hidden[j];
+    const float a = radius_weight_ * static_cast<float>(std::sqrt(norm2));
+    for (size_t k = 0; k < n_clusters_; ++k) scores[k] += a * radii_[k];
+  }
 }
 
 void FlashHead::search(const float* hidden, size_t probes, Candidates& out, ThreadPool& pool) const {
@@ -73,27 +89,39 @@ void FlashHead::search(const float* hidden, size_t probes, Candidates& out, Thre
     probed.resize(probes);
     std::sort(probed.begin(), probed.end());  // memory order for stage 2
   }
-  // Special tokens whose cluster was not probed get a row of their own.
-  std::vector<size_t> extra_rows;
+  // Runs of consecutive head rows to score: probed clusters (adjacent ones merged), then the
+  // special tokens whose cluster was not probed. Output position = position in this order.
+  struct Run {
+    size_t row, count, at;
+  };
+  std::vector<Run> runs;
+  size_t n = 0;
+  auto add_rows = [&](size_t row, size_t count) {
+    if (!runs.empty() && runs.back().row + runs.back().count == row) {
+      runs.back().count += count;
+    } else {
+      runs.push_back({row, count, n});
+    }
+    n += count;
+  };
+  for (uint32_t k : probed) add_rows(k * cap, cap);
   for (TokenId t : special_) {
     const size_t row = head_->row_of(t);
-    if (!std::binary_search(probed.begin(), probed.end(), static_cast<uint32_t>(row / cap))) {
-      extra_rows.push_back(row);
-    }
+    if (!std::binary_search(probed.begin(), probed.end(), static_cast<uint32_t>(row / cap))) add_rows(row, 1);
   }
-  const size_t n = probes * cap + extra_rows.size();
   out.ids.resize(n);
   out.logits.resize(n);
-  pool.parallel_for(probes + extra_rows.size(), 8, [&](size_t b, size_t e) {
-    for (size_t p = b; p < e; ++p) {
-      const size_t row0 = p < probes ? probed[p] * cap : extra_rows[p - probes];
-      const size_t rows = p < probes ? cap : 1;
-      const size_t at = p < probes ? p * cap : probes * cap + (p - probes);
+  pool.parallel_for(n, 64, [&](size_t b, size_t e) {
+    // The first run that ends after b.
+    auto it = std::upper_bound(runs.begin(), runs.end(), b, [](size_t pos, const Run& r) { return pos < r.at + r.count; });
+    for (; it != runs.end() && it->at < e; ++it) {
+      const size_t from = std::max(b, it->at), to = std::min(e, it->at + it->count);
+      const size_t row0 = it->row + (from - it->at), rows = to - from;
       const kernels::Matrix slice = kernels::row_slice(head_->weight, row0, rows);
-      kernels::matmul_rows(slice, hidden, 1, d, &out.logits[at], rows, 0, rows);
-      for (size_t i = 0; i < rows; ++i) out.ids[at + i] = head_->row_tokens[row0 + i];
-      apply_softcap(&out.logits[at], rows, head_->final_softcap);
+      kernels::matmul_rows(slice, hidden, 1, d, &out.logits[from], rows, 0, rows);
+      for (size_t i = 0; i < rows; ++i) out.ids[from + i] = head_->row_tokens[row0 + i];
     }
+    apply_softcap(&out.logits[b], e - b, head_->final_softcap);
   });
 }
 

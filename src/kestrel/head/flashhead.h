@@ -43,8 +43,10 @@ class FlashHead {
   const std::vector<TokenId>& special_tokens() const { return special_; }
 
   /// Scores one hidden state (float32 [d_model], after the output norm).
-  /// Stage 1: s_k = centroid_k . h for every cluster, keeping the `probes` best (partial
-  /// selection; ties to the lower cluster). Stage 2: exact logits, with the dense head's
+  /// Stage 1: s_k = centroid_k . h + alpha |h| radius_k for every cluster (centroid = mean
+  /// row, radius = the largest distance of a member row from it, alpha = the image's radius
+  /// weight: an optimistic estimate of the cluster's best logit rather than its mean), keeping
+  /// the `probes` best (partial selection; ties to the lower cluster). Stage 2: exact logits, with the dense head's
   /// arithmetic and soft-cap, of every token in those clusters and of the special tokens.
   /// probes is clamped to [1, n_clusters]; probes == n_clusters gives the dense head's logits
   /// bit for bit. Writes `out` (cleared first).
@@ -58,6 +60,8 @@ class FlashHead {
   kernels::Matrix centroids_;  // Q8_0 [n_clusters, d_model]
   size_t cluster_size_ = 0, n_clusters_ = 0, default_probes_ = 0;
   std::vector<TokenId> special_;
+  const float* radii_ = nullptr;  // [n_clusters] or null
+  float radius_weight_ = 0.0f;
 };
 
 }  // namespace kestrel::head

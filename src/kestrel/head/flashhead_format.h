@@ -17,6 +17,8 @@ inline constexpr const char* kClusterSize = "kestrel.flashhead.cluster_size";
 inline constexpr const char* kClusters = "kestrel.flashhead.n_clusters";
 /// Probes used when the user does not choose.
 inline constexpr const char* kProbes = "kestrel.flashhead.probes";
+/// alpha of the stage-1 score c_k . h + alpha |h| radius_k (float32).
+inline constexpr const char* kRadiusWeight = "kestrel.flashhead.radius_weight";
 /// Seed of the clustering and its wall time (provenance).
 inline constexpr const char* kSeed = "kestrel.flashhead.seed";
 inline constexpr const char* kIterations = "kestrel.flashhead.iterations";
@@ -27,6 +29,8 @@ inline constexpr const char* kIterations = "kestrel.flashhead.iterations";
 inline constexpr const char* kRowTokensTensor = "flashhead.row_tokens";
 /// Q8_0 {d_model, K}: the stage-1 centroids (int8 with an fp16 scale per 32 values).
 inline constexpr const char* kCentroidsTensor = "flashhead.centroids";
+/// F32 {K}: each cluster's radius, the largest distance of a member row from its centroid.
+inline constexpr const char* kRadiiTensor = "flashhead.radii";
 /// I32 {n}: tokens always scored in stage 2 (EOS, <end_of_turn>, other stop tokens).
 inline constexpr const char* kSpecialTokensTensor = "flashhead.special_tokens";
 

@@ -142,6 +142,10 @@ std::vector<std::byte> quantize_q8_0(const float* x, size_t n) {
   return out;
 }
 
+// Default probes: 5/64 of the clusters (1,280 of 16,384 for Gemma's vocabulary in clusters of
+// 16), chosen on development text: 99.82 % same top-1 as the dense head (docs/flashhead.md).
+size_t default_probes(size_t n_clusters) { return std::max<size_t>(1, n_clusters * 5 / 64); }
+
 // What a FlashHead build adds: the clustering, the head's rows in cluster order (source
 // bytes), the quantized centroids and the always-scored tokens.
 struct FlashHeadData {
@@ -177,7 +181,7 @@ FlashHeadData prepare_flashhead(const gguf::File& src, const gguf::TensorInfo& h
     }
   }
   const size_t k = f.clustering.n_clusters;
-  f.probes = options.flashhead_probes ? options.flashhead_probes : std::max<size_t>(1, k / 16);
+  f.probes = options.flashhead_probes ? options.flashhead_probes : default_probes(k);
   if (f.probes > k) throw Error("--probes " + std::to_string(f.probes) + " exceeds the " + std::to_string(k) + " clusters");
   return f;
 }
@@ -276,6 +280,7 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
     w.add_uint32(head::keys::kClusterSize, static_cast<uint32_t>(flash->clustering.cluster_size));
     w.add_uint32(head::keys::kClusters, static_cast<uint32_t>(flash->clustering.n_clusters));
     w.add_uint32(head::keys::kProbes, static_cast<uint32_t>(flash->probes));
+    w.add(head::keys::kRadiusWeight, gguf::Value{gguf::ValueType::kFloat32, static_cast<double>(options.flashhead_radius_weight)});
     w.add_uint32(head::keys::kIterations, static_cast<uint32_t>(options.flashhead_clustering.iterations));
     w.add(head::keys::kSeed, gguf::Value{gguf::ValueType::kUint64, options.flashhead_clustering.seed});
   }
@@ -324,6 +329,7 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
     const uint64_t d = head_tensor->shape[0], v = head_tensor->shape[1];
     w.add_tensor(head::kRowTokensTensor, TensorType::kI32, {v});
     w.add_tensor(head::kCentroidsTensor, TensorType::kQ8_0, {d, flash->clustering.n_clusters});
+    w.add_tensor(head::kRadiiTensor, TensorType::kF32, {flash->clustering.n_clusters});
     w.add_tensor(head::kSpecialTokensTensor, TensorType::kI32, {flash->special.size()});
   }
   w.begin_data();
@@ -359,6 +365,7 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
   if (flash) {
     w.write(as_bytes(flash->clustering.order.data(), flash->clustering.order.size() * sizeof(int32_t)));
     w.write(flash->centroids);
+    w.write(as_bytes(flash->clustering.radii.data(), flash->clustering.radii.size() * sizeof(float)));
     w.write(as_bytes(flash->special.data(), flash->special.size() * sizeof(int32_t)));
     flash.reset();
   }

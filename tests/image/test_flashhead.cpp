@@ -1,0 +1,156 @@
+// FlashHead on the default model: a W4A16 image built with --flashhead against the dense head
+// of the same image (the dense head is the reference FlashHead approximates).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "kestrel/head/flashhead_format.h"
+#include "kestrel/image/builder.h"
+#include "kestrel/runtime/calibration.h"
+#include "kestrel/runtime/engine.h"
+#include "kestrel/runtime/flashhead_eval.h"
+#include "kestrel/runtime/model_path.h"
+
+namespace kestrel {
+namespace {
+
+namespace fs = std::filesystem;
+
+class FlashHeadImage : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    try {
+      source_ = runtime::default_model_path();
+    } catch (const std::exception& e) {
+      return;
+    }
+    dir_ = fs::temp_directory_path() / ("kestrel_flashhead_test_" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+    ThreadPool pool(0);
+    image::BuildOptions o;
+    o.flashhead = true;
+    image::build_image(source_, dir_ / "fh.kimg", o, pool);
+    image::BuildOptions plain;
+    image::build_image(source_, dir_ / "w4.kimg", plain, pool);
+  }
+  static void TearDownTestSuite() {
+    if (!dir_.empty()) fs::remove_all(dir_);
+  }
+  void SetUp() override {
+    if (source_.empty()) GTEST_SKIP() << "default model not installed";
+  }
+  static runtime::Engine engine(const fs::path& path, runtime::HeadMode mode, size_t probes = 0) {
+    runtime::EngineOptions o;
+    o.n_threads = 2;
+    o.n_ctx = 512;
+    o.head = mode;
+    o.probes = probes;
+    return runtime::Engine(path, o);
+  }
+  static fs::path source_, dir_;
+};
+
+fs::path FlashHeadImage::source_, FlashHeadImage::dir_;
+
+// "The capital of France is" with BOS, as llama.cpp tokenizes it.
+const std::vector<runtime::TokenId> kPrompt = {2, 818, 5279, 529, 7001, 563};
+
+TEST_F(FlashHeadImage, ClustersAreExactlyBalanced) {
+  const gguf::File f = gguf::File::open(dir_ / "fh.kimg");
+  const size_t cap = f.get_uint(head::keys::kClusterSize), k = f.get_uint(head::keys::kClusters);
+  const auto order = head::find_row_order(f);
+  ASSERT_TRUE(order.has_value());
+  EXPECT_EQ(cap, 16u);
+  EXPECT_EQ(k * cap, order->size());
+  EXPECT_EQ(order->size(), 262144u);
+  // Every token in exactly one row, hence in exactly one cluster of exactly `cap` rows.
+  std::vector<int> seen(order->size(), 0);
+  for (int32_t t : *order) {
+    ASSERT_GE(t, 0);
+    ASSERT_LT(static_cast<size_t>(t), seen.size());
+    ++seen[static_cast<size_t>(t)];
+  }
+  EXPECT_TRUE(std::all_of(seen.begin(), seen.end(), [](int c) { return c == 1; }));
+}
+
+TEST_F(FlashHeadImage, DenseHeadOfTheClusteredImageEqualsThePlainImage) {
+  // Rows stored in cluster order: the embedding lookup and the dense head must undo it exactly.
+  auto fh = engine(dir_ / "fh.kimg", runtime::HeadMode::kDense);
+  auto plain = engine(dir_ / "w4.kimg", runtime::HeadMode::kDense);
+  const auto a = fh.eval(kPrompt);
+  const std::vector<float> la(a.begin(), a.end());
+  const auto b = plain.eval(kPrompt);
+  ASSERT_EQ(la.size(), b.size());
+  EXPECT_TRUE(std::equal(la.begin(), la.end(), b.begin()));
+}
+
+TEST_F(FlashHeadImage, AllProbesEqualTheDenseHeadBitForBit) {
+  auto dense = engine(dir_ / "fh.kimg", runtime::HeadMode::kDense);
+  const auto d = dense.step(kPrompt);
+  const std::vector<float> dense_logits(d.logits.begin(), d.logits.end());
+  auto flash = engine(dir_ / "fh.kimg", runtime::HeadMode::kFlash, 16384);
+  const auto s = flash.step(kPrompt);
+  ASSERT_EQ(s.size(), dense_logits.size());
+  for (size_t i = 0; i < s.size(); ++i) {
+    ASSERT_EQ(s.logits[i], dense_logits[static_cast<size_t>(s.ids[i])]) << "token " << s.ids[i];
+  }
+}
+
+TEST_F(FlashHeadImage, SpecialTokensAreAlwaysScored) {
+  auto flash = engine(dir_ / "fh.kimg", runtime::HeadMode::kFlash, 1);
+  const auto s = flash.step(kPrompt);
+  const std::set<runtime::TokenId> ids(s.ids.begin(), s.ids.end());
+  EXPECT_EQ(ids.size(), s.size());  // distinct
+  EXPECT_EQ(flash.flashhead()->special_tokens().size(), 2u);  // <eos> and <end_of_turn>
+  for (runtime::TokenId t : flash.flashhead()->special_tokens()) EXPECT_TRUE(ids.count(t)) << t;
+  EXPECT_TRUE(ids.count(1));    // <eos>
+  EXPECT_TRUE(ids.count(106));  // <end_of_turn>
+}
+
+TEST_F(FlashHeadImage, GreedyContinuationsMatchTheDenseHead) {
+  // The bar: 20 prompts x 64 tokens, at least 18 identical at the default probes.
+  std::ifstream in(fs::path(KESTREL_SOURCE_DIR) / "tests/goldens/model_llamacpp.json");
+  const auto golden = nlohmann::json::parse(in);
+  auto dense = engine(dir_ / "fh.kimg", runtime::HeadMode::kDense);
+  auto flash = engine(dir_ / "fh.kimg", runtime::HeadMode::kFlash);
+  runtime::GenerateOptions g;
+  g.max_tokens = 64;
+  g.ignore_eos = true;
+  g.sampler.temperature = 0;
+  int identical = 0, n = 0;
+  for (const auto& item : golden.at("references").at("f32")) {
+    const auto tokens = item.at("tokens").get<std::vector<runtime::TokenId>>();
+    identical += dense.generate(tokens, g).tokens == flash.generate(tokens, g).tokens;
+    ++n;
+  }
+  EXPECT_EQ(n, 20);
+  EXPECT_GE(identical, 18) << identical << " of " << n << " continuations identical";
+  std::printf("greedy continuations identical: %d of %d\n", identical, n);
+}
+
+TEST_F(FlashHeadImage, SameTop1OnHeldOutTextAtTheDefaultProbes) {
+  // Held-out OpenAssistant text: characters [600000, 700000) of en-validation.jsonl (builds
+  // calibrate on its first 262,144 characters; probes were chosen on [270000, 600000)).
+  const fs::path data = fs::path(KESTREL_SOURCE_DIR) / "../shared/data/oasst/en-validation.jsonl";
+  if (!fs::exists(data)) GTEST_SKIP() << data << " not present";
+  auto flash = engine(dir_ / "fh.kimg", runtime::HeadMode::kFlash);
+  const std::string text = runtime::calibration_text(data, 700000).substr(600000);
+  const auto tokens = flash.encode(text, false);
+  runtime::FlashHeadEvalOptions o;
+  o.max_positions = 2000;
+  o.sampler.temperature = 0;
+  const auto r = runtime::evaluate_flashhead(flash, tokens, o);
+  ASSERT_EQ(r.rows.size(), 1u);
+  EXPECT_EQ(r.positions, 2000u);
+  EXPECT_GE(r.rows[0].same_top1_pct, 99.5);
+  EXPECT_GE(r.rows[0].recall_pct, r.rows[0].same_top1_pct);
+  std::printf("same top-1 %.2f %% at %zu probes\n", r.rows[0].same_top1_pct, r.rows[0].probes);
+}
+
+}  // namespace
+}  // namespace kestrel

@@ -1,0 +1,186 @@
+// FlashHead's offline clustering and the sampler over sparse (candidate) scores.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <set>
+
+#include "kestrel/base/error.h"
+#include "kestrel/head/clustering.h"
+#include "kestrel/head/flashhead.h"
+#include "kestrel/runtime/flashhead_eval.h"
+#include "kestrel/runtime/sampler.h"
+
+namespace kestrel::head {
+namespace {
+
+std::vector<float> random_rows(size_t n, size_t d, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> g;
+  std::vector<float> x(n * d);
+  for (auto& v : x) v = g(rng);
+  return x;
+}
+
+void expect_balanced(const Clustering& c, size_t n_rows) {
+  ASSERT_EQ(c.order.size(), n_rows);
+  ASSERT_EQ(c.n_clusters * c.cluster_size, n_rows);
+  std::vector<int> seen(n_rows, 0);
+  for (int32_t r : c.order) ++seen[static_cast<size_t>(r)];
+  for (size_t r = 0; r < n_rows; ++r) ASSERT_EQ(seen[r], 1) << "row " << r;
+  for (size_t k = 0; k < c.n_clusters; ++k) {  // each cluster's rows ascending
+    for (size_t i = 1; i < c.cluster_size; ++i) {
+      ASSERT_LT(c.order[k * c.cluster_size + i - 1], c.order[k * c.cluster_size + i]);
+    }
+  }
+}
+
+TEST(Clustering, EveryClusterHoldsExactlyClusterSizeRows) {
+  // 4096 rows into 256 clusters of 16: two levels (16 groups of 16 clusters).
+  const size_t n = 4096, d = 64;
+  const auto x = random_rows(n, d, 1);
+  ThreadPool pool(2);
+  ClusteringOptions o;
+  o.cluster_size = 16;
+  const Clustering c = cluster_rows(x.data(), n, d, o, pool);
+  EXPECT_EQ(c.n_clusters, 256u);
+  expect_balanced(c, n);
+  ASSERT_EQ(c.centroids.size(), 256u * d);
+  // The stage-1 centroid is the mean of the cluster's rows.
+  for (size_t j = 0; j < d; ++j) {
+    double mean = 0;
+    for (size_t i = 0; i < 16; ++i) mean += x[static_cast<size_t>(c.order[i]) * d + j];
+    EXPECT_NEAR(c.centroids[j], mean / 16, 1e-5);
+  }
+}
+
+TEST(Clustering, DeterministicForASeedAndAnyThreadCount) {
+  const size_t n = 2048, d = 32;
+  const auto x = random_rows(n, d, 2);
+  ClusteringOptions o;
+  o.cluster_size = 8;
+  o.seed = 7;
+  ThreadPool one(1), two(2), three(3);
+  const Clustering a = cluster_rows(x.data(), n, d, o, one);
+  const Clustering b = cluster_rows(x.data(), n, d, o, two);
+  const Clustering c = cluster_rows(x.data(), n, d, o, three);
+  EXPECT_EQ(a.order, b.order);
+  EXPECT_EQ(a.order, c.order);
+  o.seed = 8;
+  EXPECT_NE(cluster_rows(x.data(), n, d, o, two).order, a.order);
+}
+
+TEST(Clustering, RecoversPlantedDirections) {
+  // 128 random directions, 16 rows each scattered tightly around it at different lengths:
+  // the balanced spherical clustering must put each group in one cluster.
+  const size_t k = 128, cap = 16, d = 48, n = k * cap;
+  const auto centers = random_rows(k, d, 3);
+  std::mt19937_64 rng(4);
+  std::normal_distribution<float> noise(0.0f, 0.02f);
+  std::uniform_real_distribution<float> length(0.5f, 3.0f);
+  std::vector<float> x(n * d);
+  std::vector<size_t> truth(n);
+  std::vector<size_t> shuffled(n);
+  for (size_t i = 0; i < n; ++i) shuffled[i] = i;
+  std::shuffle(shuffled.begin(), shuffled.end(), rng);
+  for (size_t i = 0; i < n; ++i) {
+    const size_t row = shuffled[i], g = i / cap;
+    truth[row] = g;
+    const float len = length(rng);
+    for (size_t j = 0; j < d; ++j) x[row * d + j] = len * (centers[g * d + j] + noise(rng));
+  }
+  ThreadPool pool(2);
+  ClusteringOptions o;
+  o.cluster_size = cap;
+  o.iterations = 10;
+  const Clustering c = cluster_rows(x.data(), n, d, o, pool);
+  expect_balanced(c, n);
+  size_t pure = 0;
+  for (size_t cl = 0; cl < k; ++cl) {
+    std::set<size_t> groups;
+    for (size_t i = 0; i < cap; ++i) groups.insert(truth[static_cast<size_t>(c.order[cl * cap + i])]);
+    pure += groups.size() == 1;
+  }
+  EXPECT_GE(pure, k * 95 / 100) << pure << " of " << k << " clusters pure";
+  EXPECT_GT(c.mean_cosine, 0.9);
+}
+
+TEST(Clustering, RefusesAClusterSizeThatDoesNotDivideTheRows) {
+  const auto x = random_rows(100, 8, 5);
+  ThreadPool pool(1);
+  ClusteringOptions o;
+  o.cluster_size = 16;
+  EXPECT_THROW(cluster_rows(x.data(), 100, 8, o, pool), Error);
+  o.cluster_size = 0;
+  EXPECT_THROW(cluster_rows(x.data(), 100, 8, o, pool), Error);
+}
+
+TEST(Candidates, GreedyTakesTheLowestIdOnTies) {
+  Candidates c;
+  c.ids = {9, 4, 7};
+  c.logits = {1.0f, 2.0f, 2.0f};
+  EXPECT_EQ(greedy(c), 4);
+  c.clear();
+  EXPECT_THROW(greedy(c), Error);
+}
+
+}  // namespace
+}  // namespace kestrel::head
+
+namespace kestrel::runtime {
+namespace {
+
+TEST(SparseSampler, SameDistributionAsDenseLogitsWithTheRestAtMinusInfinity) {
+  // Candidates {3, 7, 1}; the dense equivalent has every other token at -inf.
+  std::vector<float> dense(10, -INFINITY);
+  dense[3] = 2.0f;
+  dense[7] = 1.5f;
+  dense[1] = 0.5f;
+  std::vector<float> sparse_logits = {2.0f, 1.5f, 0.5f};
+  const std::vector<TokenId> ids = {3, 7, 1};
+  SamplerConfig c;
+  c.temperature = 0.7f;
+  c.top_k = 0;
+  c.top_p = 1.0f;
+  c.min_p = 0.0f;
+  c.repeat_penalty = 1.3f;
+  const std::vector<TokenId> history = {7};
+  Sampler a(c), b(c);
+  const auto pd = a.distribution(TokenScores{dense, {}}, history);
+  const auto ps = b.distribution(TokenScores{sparse_logits, ids}, history);
+  // -inf tokens get weight exp(-inf) = 0 in the dense distribution.
+  double mass = 0;
+  for (const auto& [t, p] : ps) mass += p;
+  EXPECT_NEAR(mass, 1.0, 1e-12);
+  EXPECT_NEAR(total_variation(pd, ps), 0.0, 1e-12);
+  // The penalty hit token 7: 1.5 / 1.3 < 1.5, so token 7's share is below its unpenalized share.
+  EXPECT_EQ(ps[0].first, 3);
+  EXPECT_EQ(ps[1].first, 7);
+  EXPECT_NEAR(ps[1].second / ps[0].second, std::exp((1.5 / 1.3 - 2.0) / 0.7), 1e-6);
+}
+
+TEST(SparseSampler, GreedyAndSeededSamplingReturnCandidateIds) {
+  std::vector<float> logits = {0.1f, 3.0f, 3.0f};
+  const std::vector<TokenId> ids = {50, 20, 40};
+  SamplerConfig greedy;
+  greedy.temperature = 0;
+  EXPECT_EQ(Sampler(greedy).sample(TokenScores{logits, ids}, {}), 20);  // tie: lower id
+  SamplerConfig hot;
+  hot.temperature = 1.0f;
+  hot.top_k = 0;
+  hot.min_p = 0;
+  Sampler s(hot);
+  for (int i = 0; i < 50; ++i) {
+    const TokenId t = s.sample(TokenScores{logits, ids}, {});
+    EXPECT_TRUE(t == 50 || t == 20 || t == 40);
+  }
+}
+
+TEST(SparseSampler, TotalVariation) {
+  EXPECT_DOUBLE_EQ(total_variation({{1, 0.5}, {2, 0.5}}, {{1, 0.5}, {3, 0.5}}), 0.5);
+  EXPECT_DOUBLE_EQ(total_variation({{1, 1.0}}, {{1, 1.0}}), 0.0);
+  EXPECT_DOUBLE_EQ(total_variation({{1, 1.0}}, {{2, 1.0}}), 1.0);
+}
+
+}  // namespace
+}  // namespace kestrel::runtime
