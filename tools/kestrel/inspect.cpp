@@ -7,6 +7,7 @@
 #include "commands.h"
 #include "kestrel/formats/dequant.h"
 #include "kestrel/formats/gguf.h"
+#include "kestrel/head/flashhead_format.h"
 #include "kestrel/image/image.h"
 
 namespace kestrel::tools {
@@ -60,6 +61,13 @@ int inspect(const std::string& path) {
     const std::string license = text_or(f, k::kLicenseText, "");
     std::printf("licence       %s; %zu bytes of licence/NOTICE text\n",
                 text_or(f, "general.license").c_str(), license.size());
+    if (const auto k_fh = f.find_uint(head::keys::kClusters)) {
+      std::printf("flashhead     %llu clusters of %s tokens, default probes %s, radius weight %.3g\n",
+                  static_cast<unsigned long long>(*k_fh), text_or(f, head::keys::kClusterSize).c_str(),
+                  text_or(f, head::keys::kProbes).c_str(), f.find_float(head::keys::kRadiusWeight).value_or(0.0));
+    } else {
+      std::printf("flashhead     none (dense head only)\n");
+    }
     image::verify_content(f);
     std::printf("checksum      ok (xxh3 %016llx)\n",
                 static_cast<unsigned long long>(f.get_uint(k::kContentHash)));
