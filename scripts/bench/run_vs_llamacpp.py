@@ -10,7 +10,14 @@ reports medians.
   * llama.cpp: llama-cpp-python, timed by llama.cpp's own perf counters (llama_perf_context:
     t_p_eval_ms over n_p_eval, t_eval_ms over n_eval).
 
+  * Peers built by hand (e.g. ik_llama.cpp, the fastest CPU engine): their own llama-bench, with
+    `-p N_PROMPT -n 0` for prefill and `-gp N_PROMPT,N_OUT` for decode (N_OUT tokens generated
+    after an N_PROMPT-token prompt, timed after the prompt), `-r RUNS`; medians of its samples.
+    llama-bench feeds random token ids rather than the OpenAssistant text (speed does not depend
+    on the ids).
+
 Usage: python3 scripts/bench/run_vs_llamacpp.py [--threads T] [--runs R] [--markdown OUT]
+           [--image [LABEL=]IMAGE[ KESTREL-ARGS]] [--peer-bench LABEL=LLAMA-BENCH[ ARGS]]
 """
 import argparse
 import json
@@ -50,9 +57,10 @@ def prompt_tokens(llm, oasst, n):
     return tokens[:n]
 
 
-def run_kestrel(binary, model, ids_file, n_out, threads, ctx):
+def run_kestrel(binary, model, ids_file, n_out, threads, ctx, extra=()):
     out = subprocess.run([binary, "run", "-m", model, "--token-ids", ids_file, "-n", str(n_out),
-                          "--temp", "0", "--ignore-eos", "-t", str(threads), "-c", str(ctx), "--json"],
+                          "--temp", "0", "--ignore-eos", "-t", str(threads), "-c", str(ctx), "--json",
+                          *extra],
                          check=True, capture_output=True, text=True).stdout
     j = json.loads(out)
     assert len(j["tokens"]) == n_out, j
@@ -78,6 +86,28 @@ def run_llamacpp(llm, tokens, n_out):
     return prefill, decode, out
 
 
+def parse_spec(spec):
+    """'LABEL=PATH ARGS...' or 'PATH' -> (label, path, [args])."""
+    label, sep, rest = spec.partition("=")
+    if not sep or "/" in label:
+        label, rest = "", spec
+    words = rest.split()
+    return (label or f"kestrel {os.path.basename(words[0])}"), words[0], words[1:]
+
+
+def run_peer_bench(binary, args, model, n_prompt, n_out, threads, runs):
+    """Median prefill and decode tok/s from a llama-bench (llama.cpp / ik_llama.cpp) JSON run."""
+    cmd = [binary, "-m", model, "-t", str(threads), "-p", str(n_prompt), "-n", "0",
+           "-gp", f"{n_prompt},{n_out}", "-r", str(runs), "-o", "json", *args]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    tests = json.loads(out)
+    prefill = [t for t in tests if t["n_prompt"] == n_prompt and t["n_gen"] == 0]
+    decode = [t for t in tests if t["n_gen"] == n_out]
+    if not prefill or not decode:
+        sys.exit(f"{binary}: unexpected llama-bench output: {out[:500]}")
+    return statistics.median(prefill[0]["samples_ts"]), statistics.median(decode[0]["samples_ts"])
+
+
 def cpu_name():
     try:
         with open("/proc/cpuinfo") as f:
@@ -100,7 +130,9 @@ def main():
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--markdown", default=None, help="append the table to this file")
     ap.add_argument("--image", action="append", default=[],
-                    help="also run this Kestrel image (kestrel build output) on the same prompt; repeatable")
+                    help="also run a Kestrel image on the same prompt: [LABEL=]PATH[ extra kestrel run args]; repeatable")
+    ap.add_argument("--peer-bench", action="append", default=[],
+                    help="a peer's llama-bench binary: LABEL=PATH[ extra llama-bench args]; repeatable")
     args = ap.parse_args()
 
     import llama_cpp
@@ -110,8 +142,8 @@ def main():
                           n_threads=args.threads, n_threads_batch=args.threads,
                           logits_all=False, verbose=False)
     tokens = prompt_tokens(llm, args.oasst, args.prompt)
-    runs = [("kestrel (GGUF as is)", model)] + [(f"kestrel {os.path.basename(i)}", i) for i in args.image]
-    results = {name: [] for name, _ in runs}
+    runs = [("kestrel (GGUF as is)", model, [])] + [parse_spec(i) for i in args.image]
+    results = {name: [] for name, _, _ in runs}
     results["llama.cpp"] = []
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
         f.write(" ".join(map(str, tokens)))
@@ -120,8 +152,8 @@ def main():
     try:
         for r in range(args.runs):
             line = []
-            for name, path in runs:
-                k = run_kestrel(args.kestrel, path, ids_file, args.out_tokens, args.threads, ctx)
+            for name, path, extra in runs:
+                k = run_kestrel(args.kestrel, path, ids_file, args.out_tokens, args.threads, ctx, extra)
                 results[name].append(k[:2])
                 line.append(f"{name} {k[0]:.1f}/{k[1]:.1f}")
                 if path == model:
@@ -136,6 +168,10 @@ def main():
 
     med = {name: (statistics.median(p for p, _ in v), statistics.median(d for _, d in v))
            for name, v in results.items()}
+    for spec in args.peer_bench:
+        label, binary, extra = parse_spec(spec)
+        med[label] = run_peer_bench(binary, extra, model, args.prompt, args.out_tokens, args.threads, args.runs)
+        print(f"{label} (llama-bench, median of {args.runs}): {med[label][0]:.1f}/{med[label][1]:.1f}", file=sys.stderr)
     lines = [
         f"Model `{os.path.basename(model)}`, prompt {args.prompt} tokens, {args.out_tokens} out "
         f"(greedy, EOS ignored), {args.threads} threads, median of {args.runs} runs. "
