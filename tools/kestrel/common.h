@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <random>
 #include <string>
@@ -22,6 +23,8 @@ struct ModelOptions {
 
   void add_to(CLI::App& cmd);
   runtime::Engine load() const;
+  /// As load(), on the heap (an Engine cannot be moved), for the server's background load.
+  std::unique_ptr<runtime::Engine> load_unique() const;
 };
 
 struct SamplingOptions {

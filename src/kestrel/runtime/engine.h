@@ -14,6 +14,7 @@
 #include "kestrel/base/thread_pool.h"
 #include "kestrel/formats/gguf.h"
 #include "kestrel/model/model.h"
+#include "kestrel/runtime/logprobs.h"
 #include "kestrel/runtime/sampler.h"
 #include "kestrel/text/tokenizer.h"
 
@@ -27,11 +28,23 @@ struct EngineOptions {
   model::LoadOptions load;  // precision of the layer matrices
 };
 
+/// Called after each sampled token, before its text is emitted, with the token and (when
+/// GenerateOptions::top_logprobs >= 0) its log-probabilities, else nullptr. Return false to
+/// stop generating (a client that went away): generation ends within this decode step.
+using TokenCallback = std::function<bool(TokenId, const StepLogprobs*)>;
+
 struct GenerateOptions {
   size_t max_tokens = 256;
   SamplerConfig sampler;
   bool ignore_eos = false;         // keep going past EOS / <end_of_turn>
   std::vector<std::string> stop;   // stop strings; the text ends before the first match
+
+  // Serving extensions (kestrel serve, the OpenAI API); the defaults change nothing.
+  size_t min_tokens = 0;           // stop tokens cannot be sampled before this many tokens
+  int top_logprobs = -1;           // -1: no logprobs; 0: the chosen token's; n > 0: also the n best
+  bool render_special = false;     // control tokens appear in the text (Gemma 4 tool-call markers)
+  std::vector<TokenId> stop_token_ids;  // more tokens that end generation, besides stop_tokens()
+  TokenCallback on_token;          // see TokenCallback
 };
 
 struct GenerateResult {
@@ -42,6 +55,8 @@ struct GenerateResult {
   double ttft_ms = 0;              // prompt start to first token sampled
   double prefill_tok_s = 0;        // prompt_tokens / ttft
   double decode_tok_s = 0;         // (generated - 1) / time after the first token
+  std::vector<StepLogprobs> logprobs;  // one per token when top_logprobs >= 0
+  bool cancelled = false;          // on_token or on_text returned false
 };
 
 /// Called with each piece of text as soon as it is final; return false to stop generating.
@@ -84,6 +99,8 @@ class Engine {
   model::KvCache cache_;
   std::vector<float> logits_;
   std::vector<TokenId> stop_tokens_;
+
+  void suppress_stop_tokens(std::span<float> logits, const GenerateOptions& options) const;
 };
 
 }  // namespace kestrel::runtime

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <unordered_map>
 #include <unordered_set>
 
 namespace kestrel::runtime {
@@ -16,6 +17,18 @@ TokenId argmax(std::span<const float> logits) {
 
 Sampler::Sampler(const SamplerConfig& config) : config_(config), rng_(config.seed) {}
 
+void Sampler::apply_presence_frequency(std::span<float> logits, std::span<const TokenId> history) const {
+  const size_t n = config_.repeat_last_n < 0
+                       ? history.size()
+                       : std::min(history.size(), static_cast<size_t>(config_.repeat_last_n));
+  std::unordered_map<TokenId, int> counts;
+  for (size_t i = history.size() - n; i < history.size(); ++i) ++counts[history[i]];
+  for (const auto& [t, count] : counts) {
+    if (t < 0 || static_cast<size_t>(t) >= logits.size()) continue;
+    logits[static_cast<size_t>(t)] -= static_cast<float>(count) * config_.frequency_penalty + config_.presence_penalty;
+  }
+}
+
 TokenId Sampler::sample(std::span<float> logits, std::span<const TokenId> history) {
   if (config_.repeat_penalty != 1.0f && config_.repeat_last_n != 0) {
     const size_t n = config_.repeat_last_n < 0
@@ -27,6 +40,9 @@ TokenId Sampler::sample(std::span<float> logits, std::span<const TokenId> histor
       float& l = logits[static_cast<size_t>(t)];
       l = l > 0.0f ? l / config_.repeat_penalty : l * config_.repeat_penalty;
     }
+  }
+  if ((config_.presence_penalty != 0.0f || config_.frequency_penalty != 0.0f) && config_.repeat_last_n != 0) {
+    apply_presence_frequency(logits, history);
   }
   if (config_.temperature <= 0.0f) return argmax(logits);
 

@@ -19,10 +19,14 @@ struct SamplerConfig {
   float repeat_penalty = 1.0f;  // 1: off; CTRL (Keskar et al. 2019): divide positive logits,
                                 // multiply negative ones, for tokens in the last repeat_last_n
   int repeat_last_n = 64;
+  // OpenAI's penalties (0: off), over the same last repeat_last_n tokens: the logit of a token
+  // seen c times drops by c * frequency_penalty + (c > 0) * presence_penalty.
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
   uint64_t seed = 0xC0FFEE;
 };
 
-/// Applies, in llama.cpp's default order: repetition penalty, top-k, top-p, min-p,
+/// Applies, in llama.cpp's default order: repetition (and presence/frequency) penalty, top-k, top-p, min-p,
 /// temperature, then draws from the softmax with a seeded mt19937_64.
 class Sampler {
  public:
@@ -32,6 +36,8 @@ class Sampler {
   const SamplerConfig& config() const { return config_; }
 
  private:
+  void apply_presence_frequency(std::span<float> logits, std::span<const TokenId> history) const;
+
   SamplerConfig config_;
   std::mt19937_64 rng_;
   std::vector<std::pair<float, TokenId>> candidates_;
