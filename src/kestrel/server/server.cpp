@@ -68,6 +68,8 @@ class App {
 
   void install_routes();
   httplib::Server& http() { return http_; }
+  /// Shutting down: running generations stop at their next token.
+  void stop_generating() { stopping_ = true; }
   void set_engine(std::unique_ptr<runtime::Engine> engine) {
     engine_ = std::move(engine);
     chat_template_ = detect_chat_template(engine_->tokenizer());
@@ -97,6 +99,7 @@ class App {
   std::unique_ptr<runtime::Engine> engine_;
   ChatTemplate chat_template_ = ChatTemplate::kGemma3;
   std::atomic<bool> ready_{false};
+  std::atomic<bool> stopping_{false};
   FifoLock engine_lock_;
   Metrics metrics_;
 };
@@ -195,12 +198,13 @@ void App::install_routes() {
         if (text == body.end() || !text->is_string()) {
           throw bad_request("'content' (or 'prompt') must be a string, or give 'messages'", "content");
         }
-        bool add_special = true;
-        if (auto a = body.find("add_special"); a != body.end()) {
-          if (!a->is_boolean()) throw bad_request("'add_special' must be a boolean", "add_special");
-          add_special = a->get<bool>();
-        }
-        tokens = engine_->tokenizer().encode(text->get<std::string>(), add_special, true);
+        auto flag = [&](const char* key) {
+          auto a = body.find(key);
+          if (a == body.end()) return true;
+          if (!a->is_boolean()) throw bad_request(std::string("'") + key + "' must be a boolean", key);
+          return a->get<bool>();
+        };
+        tokens = engine_->tokenizer().encode(text->get<std::string>(), flag("add_special"), flag("parse_special"));
       }
       json out = {{"tokens", tokens}, {"count", tokens.size()}, {"max_model_len", engine_->n_ctx()}};
       if (body.value("with_pieces", false) == true) {
@@ -326,8 +330,8 @@ runtime::TokenCallback App::token_callback(Job& job, const std::function<bool(co
     if (lp && job.stream) pending.push_back(*lp);
     // A token whose text is held back (a possible stop string, a tool call being collected)
     // writes nothing; the heartbeat makes a closed connection fail this step instead.
-    bool alive = true;
-    if (!wrote && *count > 1) alive = write(job.stream ? std::string(":\n\n") : std::string(" "));
+    bool alive = !stopping_;
+    if (alive && !wrote && *count > 1) alive = write(job.stream ? std::string(":\n\n") : std::string(" "));
     wrote = false;
     return alive;
   };
@@ -512,6 +516,7 @@ int serve(const ServerOptions& options, const EngineLoader& load) {
   std::thread signal_waiter([&] {
     int sig = 0;
     sigwait(&signals, &sig);
+    app.stop_generating();
     http.stop();
   });
   std::fprintf(stderr, "kestrel serve: listening on http://%s:%d\n", options.host.c_str(), port);
