@@ -297,6 +297,9 @@ def test_errors_are_openai_shaped(server, model_id):
     # roles out of order: the Gemma template refuses, with 400 and not 500
     bad_order = [{"role": "assistant", "content": "a"}, {"role": "user", "content": "b"}]
     assert "alternate" in error_of(server.request("POST", chat, {**ok, "messages": bad_order}), 400)["message"]
+    # absurdly nested JSON is refused before anything recurses over it
+    deep = '{"messages": [{"role": "user", "content": "x"}], "tools": ' + "[" * 100000 + "]" * 100000 + "}"
+    assert "deeper" in error_of(server.request("POST", chat, raw=deep), 400)["message"]
     # unknown fields are ignored
     assert server.request("POST", chat, {**ok, "user": "x", "frobnicate": {"a": 1}})[0] == 200
     # unknown model

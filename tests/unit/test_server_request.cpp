@@ -182,3 +182,9 @@ TEST(Metrics, PrometheusText) {
   EXPECT_NE(t.find("kestrel_time_to_first_token_seconds_bucket{le=\"0.05\"} 1\n"), std::string::npos);
   EXPECT_NE(t.find("kestrel_time_to_first_token_seconds_count 1\n"), std::string::npos);
 }
+
+TEST(ChatRequest, NestingDepth) {
+  EXPECT_EQ(json_nesting_depth(R"({"a":[1,{"b":"[[[{"}]]})"), 3u);
+  EXPECT_EQ(json_nesting_depth(R"("\"[")"), 0u);
+  EXPECT_EQ(json_nesting_depth(std::string(100000, '[')), 100000u);
+}

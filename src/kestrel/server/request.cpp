@@ -1,5 +1,6 @@
 #include "kestrel/server/request.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -263,6 +264,29 @@ void parse_tools(const json& body, GenerationRequest& r) {
 }
 
 }  // namespace
+
+size_t json_nesting_depth(std::string_view text) {
+  size_t depth = 0, deepest = 0;
+  bool in_string = false, escaped = false;
+  for (char ch : text) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (ch == '\\') {
+        escaped = true;
+      } else if (ch == '"') {
+        in_string = false;
+      }
+    } else if (ch == '"') {
+      in_string = true;
+    } else if (ch == '[' || ch == '{') {
+      deepest = std::max(deepest, ++depth);
+    } else if ((ch == ']' || ch == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return deepest;
+}
 
 GenerationRequest parse_chat_request(const json& body) {
   GenerationRequest r;

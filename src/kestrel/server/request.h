@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -47,6 +48,11 @@ struct GenerationRequest {
 inline constexpr size_t kMaxStopStrings = 16;
 inline constexpr int kMaxTopLogprobs = 20;
 inline constexpr size_t kMaxPrompts = 64;
+
+/// Deepest nesting of arrays and objects in JSON text (strings skipped), without parsing it:
+/// bodies nested deeper than kMaxJsonDepth are refused before anything recurses over them.
+size_t json_nesting_depth(std::string_view text);
+inline constexpr size_t kMaxJsonDepth = 64;
 
 /// Validates a /v1/chat/completions body. Throws ApiError (400) naming the field: a body that
 /// is not an object, missing or empty messages, a wrong type, a value out of range, n != 1,

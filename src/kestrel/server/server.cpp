@@ -132,6 +132,9 @@ void App::check_auth(const httplib::Request& req) const {
 }
 
 json App::parse_body(const httplib::Request& req) const {
+  if (json_nesting_depth(req.body) > kMaxJsonDepth) {
+    throw bad_request("the request body nests arrays/objects deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+  }
   json body = json::parse(req.body, nullptr, false);
   if (body.is_discarded()) throw bad_request("the request body is not valid JSON");
   if (!body.is_object()) throw bad_request("the request body must be a JSON object");
