@@ -360,7 +360,8 @@ def open_stream(server, max_tokens, path="/v1/completions", stream=True):
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
     body = {"prompt": "Tell me a long story.", "max_tokens": max_tokens, "ignore_eos": True, "stream": stream,
             "temperature": 0}
-    conn.request("POST", path, body=json.dumps(body), headers=server.headers())
+    # like the openai client (httpx), accept compressed bodies
+    conn.request("POST", path, body=json.dumps(body), headers=server.headers({"Accept-Encoding": "gzip, br"}))
     return conn, conn.getresponse()
 
 

@@ -309,7 +309,9 @@ void App::handle_generate(const httplib::Request& req, httplib::Response& res, E
     o.top_logprobs = r.top_logprobs;
     res.status = 200;
     res.set_header("Cache-Control", "no-cache");
-    res.set_chunked_content_provider(r.stream ? "text/event-stream" : "application/json",
+    // The charset parameter also keeps httplib from gzip-compressing the body: its compressor
+    // holds small writes back, which would hide the heartbeats that detect a closed connection.
+    res.set_chunked_content_provider(r.stream ? "text/event-stream" : "application/json; charset=utf-8",
                                      [this, job](size_t, httplib::DataSink& sink) {
                                        run_job(*job, sink);
                                        sink.done();
