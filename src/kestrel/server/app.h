@@ -62,6 +62,12 @@ class App {
     chat_template_ = detect_chat_template(engine_->tokenizer());
     ready_ = true;
   }
+  /// A line for the log: the chat format chosen and whether the model is instruction-tuned.
+  std::string chat_format_note() const {
+    const char* name = chat_template_ == ChatTemplate::kGemma4 ? "Gemma 4" : "Gemma 3";
+    return std::string("chat format ") + name +
+           (engine_->has_chat_template() ? "" : " (the model has no chat template: a base model)");
+  }
 
  private:
   // Runs `body`, turning ApiError and any other exception into OpenAI error responses.

@@ -44,7 +44,8 @@ int serve(const ServerOptions& options, const EngineLoader& load) {
   std::exception_ptr failure;
   try {
     app.set_engine(load());
-    std::fprintf(stderr, "kestrel serve: ready; model '%s'\n", options.model_id.c_str());
+    std::fprintf(stderr, "kestrel serve: ready; model '%s', %s\n", options.model_id.c_str(),
+                 app.chat_format_note().c_str());
   } catch (...) {
     failure = std::current_exception();
     kill(getpid(), SIGTERM);  // wakes the signal thread, which stops the server
