@@ -16,5 +16,7 @@ Command add_perplexity_command(CLI::App& app);
 Command add_build_command(CLI::App& app);
 Command add_inspect_command(CLI::App& app);
 Command add_flashhead_eval_command(CLI::App& app);
+Command add_serve_command(CLI::App& app);
+Command add_export_tokenizer_command(CLI::App& app);
 
 }  // namespace kestrel::tools

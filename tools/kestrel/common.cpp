@@ -52,13 +52,25 @@ runtime::EngineOptions ModelOptions::engine_options() const {
   return o;
 }
 
-runtime::Engine ModelOptions::load() const {
+namespace {
+
+std::filesystem::path checked_model_path(const std::string& model) {
   const std::filesystem::path path = model.empty() ? runtime::default_model_path() : std::filesystem::path(model);
   if (std::filesystem::is_directory(path)) {
     throw Error(path.string() + " is a directory (a Hugging Face checkpoint?); build an image from "
                 "it first: kestrel build " + path.string() + " -o model.kimg");
   }
-  return runtime::Engine(path, engine_options());
+  return path;
+}
+
+}  // namespace
+
+runtime::Engine ModelOptions::load() const {
+  return runtime::Engine(checked_model_path(model), engine_options());
+}
+
+std::unique_ptr<runtime::Engine> ModelOptions::load_unique() const {
+  return std::make_unique<runtime::Engine>(checked_model_path(model), engine_options());
 }
 
 void SamplingOptions::add_to(CLI::App& cmd) {

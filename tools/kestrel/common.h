@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <random>
 #include <string>
@@ -25,6 +26,8 @@ struct ModelOptions {
   void add_to(CLI::App& cmd);
   runtime::EngineOptions engine_options() const;
   runtime::Engine load() const;
+  /// As load(), on the heap (an Engine cannot be moved), for the server's background load.
+  std::unique_ptr<runtime::Engine> load_unique() const;
 };
 
 struct SamplingOptions {

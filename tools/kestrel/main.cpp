@@ -20,6 +20,8 @@ int main(int argc, char** argv) {
       {"build", t::add_build_command(app)},
       {"inspect", t::add_inspect_command(app)},
       {"flashhead-eval", t::add_flashhead_eval_command(app)},
+      {"serve", t::add_serve_command(app)},
+      {"export-tokenizer", t::add_export_tokenizer_command(app)},
   };
   try {
     app.parse(argc, argv);

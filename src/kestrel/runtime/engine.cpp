@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 
 #include "kestrel/base/error.h"
 #include "kestrel/image/image.h"
@@ -39,6 +40,21 @@ gguf::File open_model_file(const std::filesystem::path& path) {
 }
 
 }  // namespace
+
+// Serving: stop tokens get -inf so that min_tokens tokens come before the end of the turn.
+void Engine::suppress_stop_tokens(TokenScores scores, const GenerateOptions& options) const {
+  for (const auto* ids : {&stop_tokens_, &options.stop_token_ids}) {
+    for (TokenId t : *ids) {
+      if (scores.ids.empty()) {
+        if (t >= 0 && static_cast<size_t>(t) < scores.size()) scores.logits[static_cast<size_t>(t)] = -INFINITY;
+      } else {
+        for (size_t i = 0; i < scores.size(); ++i) {
+          if (scores.ids[i] == t) scores.logits[i] = -INFINITY;
+        }
+      }
+    }
+  }
+}
 
 Engine::Engine(const std::filesystem::path& model_path, const EngineOptions& options)
     : file_(open_model_file(model_path)),
@@ -102,7 +118,7 @@ GenerateResult Engine::generate(std::span<const TokenId> prompt, const GenerateO
   result.finish_reason = "length";
   Sampler sampler(options.sampler);
   std::vector<TokenId> history(prompt.begin(), prompt.end());
-  text::StreamDecoder decoder(tokenizer_);
+  text::StreamDecoder decoder(tokenizer_, options.render_special);
   size_t emitted = 0;
   bool stopped_by_client = false;
 
@@ -117,7 +133,14 @@ GenerateResult Engine::generate(std::span<const TokenId> prompt, const GenerateO
   const auto t0 = Clock::now();
   TokenScores scores = step(prompt);
   Clock::time_point t_first;
+  std::vector<float> raw_logits;  // serving: the model's logits before penalties, for logprobs
+  std::vector<TokenId> raw_ids;   // their token ids when FlashHead scored a candidate set
   for (size_t i = 0; i < options.max_tokens; ++i) {
+    if (options.top_logprobs >= 0) {
+      raw_logits.assign(scores.logits.begin(), scores.logits.end());
+      raw_ids.assign(scores.ids.begin(), scores.ids.end());
+    }
+    if (i < options.min_tokens && !options.ignore_eos) suppress_stop_tokens(scores, options);
     const TokenId token = sampler.sample(scores, history);
     if (i == 0) {
       t_first = Clock::now();
@@ -125,8 +148,16 @@ GenerateResult Engine::generate(std::span<const TokenId> prompt, const GenerateO
     }
     result.tokens.push_back(token);
     history.push_back(token);
+    if (options.top_logprobs >= 0) {
+      result.logprobs.push_back(compute_logprobs(raw_logits, raw_ids, token, static_cast<size_t>(options.top_logprobs)));
+    }
+    if (options.on_token && !options.on_token(token, options.top_logprobs >= 0 ? &result.logprobs.back() : nullptr)) {
+      stopped_by_client = true;
+      break;
+    }
     const bool is_stop_token =
-        std::find(stop_tokens_.begin(), stop_tokens_.end(), token) != stop_tokens_.end();
+        std::find(stop_tokens_.begin(), stop_tokens_.end(), token) != stop_tokens_.end() ||
+        std::find(options.stop_token_ids.begin(), options.stop_token_ids.end(), token) != options.stop_token_ids.end();
     if (is_stop_token && !options.ignore_eos) {
       result.finish_reason = "stop";
       break;
@@ -153,7 +184,8 @@ GenerateResult Engine::generate(std::span<const TokenId> prompt, const GenerateO
     scores = step(next);
   }
   if (result.finish_reason == "length") result.text += decoder.flush();
-  emit(result.text.size());
+  if (!stopped_by_client) emit(result.text.size());
+  result.cancelled = stopped_by_client;
   const size_t n = result.tokens.size();
   result.prefill_tok_s = result.ttft_ms > 0 ? 1000.0 * static_cast<double>(prompt.size()) / result.ttft_ms : 0;
   const double decode_ms = n > 0 ? std::chrono::duration<double, std::milli>(Clock::now() - t_first).count() : 0;

@@ -15,6 +15,7 @@
 #include "kestrel/formats/gguf.h"
 #include "kestrel/head/flashhead.h"
 #include "kestrel/model/model.h"
+#include "kestrel/runtime/logprobs.h"
 #include "kestrel/runtime/sampler.h"
 #include "kestrel/text/tokenizer.h"
 
@@ -37,11 +38,23 @@ struct EngineOptions {
   size_t probes = 0;        // FlashHead clusters probed per step; 0: the image's default
 };
 
+/// Called after each sampled token, before its text is emitted, with the token and (when
+/// GenerateOptions::top_logprobs >= 0) its log-probabilities, else nullptr. Return false to
+/// stop generating (a client that went away): generation ends within this decode step.
+using TokenCallback = std::function<bool(TokenId, const StepLogprobs*)>;
+
 struct GenerateOptions {
   size_t max_tokens = 256;
   SamplerConfig sampler;
   bool ignore_eos = false;         // keep going past EOS / <end_of_turn>
   std::vector<std::string> stop;   // stop strings; the text ends before the first match
+
+  // Serving extensions (kestrel serve, the OpenAI API); the defaults change nothing.
+  size_t min_tokens = 0;           // stop tokens cannot be sampled before this many tokens
+  int top_logprobs = -1;           // -1: no logprobs; 0: the chosen token's; n > 0: also the n best
+  bool render_special = false;     // control tokens appear in the text (Gemma 4 tool-call markers)
+  std::vector<TokenId> stop_token_ids;  // more tokens that end generation, besides stop_tokens()
+  TokenCallback on_token;          // see TokenCallback
 };
 
 struct GenerateResult {
@@ -52,6 +65,8 @@ struct GenerateResult {
   double ttft_ms = 0;              // prompt start to first token sampled
   double prefill_tok_s = 0;        // prompt_tokens / ttft
   double decode_tok_s = 0;         // (generated - 1) / time after the first token
+  std::vector<StepLogprobs> logprobs;  // one per token when top_logprobs >= 0
+  bool cancelled = false;          // on_token or on_text returned false
 };
 
 /// Called with each piece of text as soon as it is final; return false to stop generating.
@@ -107,6 +122,8 @@ class Engine {
   size_t probes_ = 0;
   head::Candidates candidates_;
   std::vector<TokenId> stop_tokens_;
+
+  void suppress_stop_tokens(TokenScores scores, const GenerateOptions& options) const;
 };
 
 }  // namespace kestrel::runtime

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <unordered_set>
+#include <unordered_map>
 
 namespace kestrel::runtime {
 
@@ -29,19 +29,25 @@ TokenId argmax(const TokenScores& scores) {
 Sampler::Sampler(const SamplerConfig& config) : config_(config), rng_(config.seed) {}
 
 void Sampler::filter(TokenScores scores, std::span<const TokenId> history, std::vector<double>& weights) {
-  if (config_.repeat_penalty != 1.0f && config_.repeat_last_n != 0) {
+  const bool repeat = config_.repeat_penalty != 1.0f;
+  const bool openai = config_.presence_penalty != 0.0f || config_.frequency_penalty != 0.0f;
+  if ((repeat || openai) && config_.repeat_last_n != 0) {
     const size_t n = config_.repeat_last_n < 0
                          ? history.size()
                          : std::min(history.size(), static_cast<size_t>(config_.repeat_last_n));
-    std::unordered_set<TokenId> seen(history.end() - static_cast<std::ptrdiff_t>(n), history.end());
-    auto penalize = [&](float& l) { l = l > 0.0f ? l / config_.repeat_penalty : l * config_.repeat_penalty; };
+    std::unordered_map<TokenId, int> counts;
+    for (size_t i = history.size() - n; i < history.size(); ++i) ++counts[history[i]];
+    auto penalize = [&](float& l, int count) {
+      if (repeat) l = l > 0.0f ? l / config_.repeat_penalty : l * config_.repeat_penalty;
+      if (openai) l -= static_cast<float>(count) * config_.frequency_penalty + config_.presence_penalty;
+    };
     if (scores.ids.empty()) {
-      for (TokenId t : seen) {
-        if (t >= 0 && static_cast<size_t>(t) < scores.size()) penalize(scores.logits[static_cast<size_t>(t)]);
+      for (const auto& [t, count] : counts) {
+        if (t >= 0 && static_cast<size_t>(t) < scores.size()) penalize(scores.logits[static_cast<size_t>(t)], count);
       }
     } else {
       for (size_t i = 0; i < scores.size(); ++i) {
-        if (seen.count(scores.ids[i])) penalize(scores.logits[i]);
+        if (const auto it = counts.find(scores.ids[i]); it != counts.end()) penalize(scores.logits[i], it->second);
       }
     }
   }

@@ -20,6 +20,10 @@ struct SamplerConfig {
                                 // multiply negative ones, for tokens in the last repeat_last_n
   int repeat_last_n = 64;
   uint64_t seed = 0xC0FFEE;
+  // OpenAI's penalties over the same window as the repetition penalty: the logit of a token
+  // seen c times drops by c * frequency_penalty + (c > 0) * presence_penalty.
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
 };
 
 /// Logits to sample from: dense (`ids` empty: logits[i] belongs to token i) or sparse
@@ -31,8 +35,8 @@ struct TokenScores {
   TokenId id(size_t i) const { return ids.empty() ? static_cast<TokenId>(i) : ids[i]; }
 };
 
-/// Applies, in llama.cpp's default order: repetition penalty, top-k, top-p, min-p,
-/// temperature, then draws from the softmax with a seeded mt19937_64. On sparse scores the
+/// Applies, in llama.cpp's default order: repetition (and presence/frequency) penalty, top-k,
+/// top-p, min-p, temperature, then draws from the softmax with a seeded mt19937_64. On sparse scores the
 /// same chain runs over the candidates only (docs/flashhead.md).
 class Sampler {
  public:

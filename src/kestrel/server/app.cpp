@@ -1,0 +1,251 @@
+// Routes and admission: authentication, validation, prompts, the context check.
+#include <random>
+
+#include "kestrel/server/api_error.h"
+#include "kestrel/server/app.h"
+#include "kestrel/text/reply_parser.h"
+
+namespace kestrel::server {
+
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::string random_id(const char* prefix) {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  static const char* kHex = "0123456789abcdef";
+  std::string id = prefix;
+  for (int i = 0; i < 24; ++i) id += kHex[rng() & 15];
+  return id;
+}
+
+void send_json(httplib::Response& res, int status, const json& body) {
+  res.status = status;
+  res.set_content(dump(body), "application/json");
+}
+
+
+
+void App::guarded(const char* endpoint, httplib::Response& res, const std::function<void()>& body) {
+  try {
+    body();
+  } catch (const ApiError& e) {
+    send_json(res, e.status(), e.body());
+  } catch (const std::exception& e) {
+    send_json(res, 500, ApiError::error_body(std::string("internal error: ") + e.what(), "server_error", "", ""));
+  }
+  metrics_.request(endpoint, res.status);
+}
+
+void App::check_auth(const httplib::Request& req) const {
+  if (options_.api_key.empty()) return;
+  const std::string header = req.get_header_value("Authorization");
+  const std::string expected = "Bearer " + options_.api_key;
+  // Constant-time comparison over the expected length.
+  unsigned diff = header.size() != expected.size() ? 1u : 0u;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    diff |= static_cast<unsigned>(static_cast<unsigned char>(expected[i]) ^
+                                  static_cast<unsigned char>(i < header.size() ? header[i] : 0));
+  }
+  if (diff != 0) {
+    throw ApiError(401, header.empty() ? "missing API key: send 'Authorization: Bearer KEY'" : "incorrect API key",
+                   "", "invalid_api_key", "authentication_error");
+  }
+}
+
+json App::parse_body(const httplib::Request& req) const {
+  if (json_nesting_depth(req.body) > kMaxJsonDepth) {
+    throw bad_request("the request body nests arrays/objects deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+  }
+  json body = json::parse(req.body, nullptr, false);
+  if (body.is_discarded()) throw bad_request("the request body is not valid JSON");
+  if (!body.is_object()) throw bad_request("the request body must be a JSON object");
+  return body;
+}
+
+void App::install_routes() {
+  http_.set_payload_max_length(options_.max_body_bytes);
+  http_.new_task_queue = [n = options_.http_threads] { return new httplib::ThreadPool(static_cast<size_t>(n)); };
+  // Errors raised by httplib itself (unknown path, body too large) get OpenAI's shape too.
+  http_.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    std::string message = "HTTP " + std::to_string(res.status);
+    if (res.status == 404) message = "no such endpoint: " + req.method + " " + req.path;
+    if (res.status == 413) {
+      message = "the request body is larger than the limit of " + std::to_string(options_.max_body_bytes) + " bytes";
+    }
+    send_json(res, res.status, ApiError::error_body(message, ApiError::default_type(res.status), "", ""));
+  });
+  http_.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
+    send_json(res, 500, ApiError::error_body("internal error", "server_error", "", ""));
+  });
+
+  http_.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    if (ready_) {
+      send_json(res, 200, {{"status", "ok"}});
+    } else {
+      send_json(res, 503, ApiError::error_body("the model is still loading", "server_error", "", "model_loading"));
+    }
+  });
+  http_.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(metrics_.render(), "text/plain; version=0.0.4");
+  });
+  http_.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
+    guarded("models", res, [&] {
+      check_auth(req);
+      check_ready();
+      json model = {{"id", options_.model_id},
+                    {"object", "model"},
+                    {"created", 0},
+                    {"owned_by", "kestrel"},
+                    {"max_model_len", engine_->n_ctx()}};
+      send_json(res, 200, {{"object", "list"}, {"data", json::array({model})}});
+    });
+  });
+  http_.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    handle_generate(req, res, Endpoint::kChat);
+  });
+  http_.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    handle_generate(req, res, Endpoint::kCompletion);
+  });
+  http_.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
+    guarded("tokenize", res, [&] {
+      check_auth(req);
+      check_ready();
+      const json body = parse_body(req);
+      std::vector<TokenId> tokens;
+      if (body.contains("messages")) {
+        GenerationRequest r = parse_chat_request(body);
+        tokens = engine_->tokenizer().encode(build_chat_prompt(chat_template_, r).text, false, true);
+      } else {
+        auto text = body.find("content");
+        if (text == body.end()) text = body.find("prompt");
+        if (text == body.end() || !text->is_string()) {
+          throw bad_request("'content' (or 'prompt') must be a string, or give 'messages'", "content");
+        }
+        auto flag = [&](const char* key) {
+          auto a = body.find(key);
+          if (a == body.end()) return true;
+          if (!a->is_boolean()) throw bad_request(std::string("'") + key + "' must be a boolean", key);
+          return a->get<bool>();
+        };
+        tokens = engine_->tokenizer().encode(text->get<std::string>(), flag("add_special"), flag("parse_special"));
+      }
+      json out = {{"tokens", tokens}, {"count", tokens.size()}, {"max_model_len", engine_->n_ctx()}};
+      if (body.value("with_pieces", false) == true) {
+        json pieces = json::array();
+        for (TokenId t : tokens) pieces.push_back(engine_->tokenizer().token_to_piece(t, true));
+        out["pieces"] = pieces;
+      }
+      send_json(res, 200, out);
+    });
+  });
+  http_.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
+    guarded("detokenize", res, [&] {
+      check_auth(req);
+      check_ready();
+      const json body = parse_body(req);
+      auto tokens = body.find("tokens");
+      if (tokens == body.end() || !tokens->is_array()) throw bad_request("'tokens' must be an array of token ids", "tokens");
+      std::vector<TokenId> ids;
+      for (const auto& t : *tokens) {
+        if (!t.is_number_integer() || t.get<int64_t>() < 0 ||
+            t.get<int64_t>() >= static_cast<int64_t>(engine_->tokenizer().n_vocab())) {
+          throw bad_request("'tokens' holds an id outside the vocabulary of " +
+                                std::to_string(engine_->tokenizer().n_vocab()), "tokens");
+        }
+        ids.push_back(static_cast<TokenId>(t.get<int64_t>()));
+      }
+      const std::string text = engine_->tokenizer().decode(ids);
+      send_json(res, 200, {{"content", text}, {"prompt", text}});
+    });
+  });
+}
+
+void App::handle_generate(const httplib::Request& req, httplib::Response& res, Endpoint endpoint) {
+  const auto arrival = Clock::now();
+  guarded(endpoint == Endpoint::kChat ? "chat" : "completions", res, [&] {
+    check_auth(req);
+    check_ready();
+    const json body = parse_body(req);
+    GenerationRequest r = endpoint == Endpoint::kChat ? parse_chat_request(body) : parse_completion_request(body);
+    if (!r.model.empty() && r.model != options_.model_id) {
+      throw ApiError(404, "the model '" + r.model + "' does not exist; this server serves '" + options_.model_id + "'",
+                     "model", "model_not_found");
+    }
+    auto job = std::make_shared<Job>();
+    job->endpoint = endpoint;
+    job->stream = r.stream;
+    job->include_usage = r.stream && r.include_usage;
+    job->top_logprobs = r.top_logprobs;
+    job->arrival = arrival;
+    job->meta = {random_id(endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-"), unix_now(), options_.model_id};
+    const text::Tokenizer& tok = engine_->tokenizer();
+    if (endpoint == Endpoint::kChat) {
+      job->chat = build_chat_prompt(chat_template_, r);
+      job->prompts.push_back(tok.encode(job->chat.text, false, true));
+      for (const auto& piece : job->chat.stop_pieces) {
+        if (auto id = tok.find(piece)) job->options.stop_token_ids.push_back(*id);
+      }
+      job->options.render_special = job->chat.render_special;
+    } else {
+      for (const auto& text : r.prompt_texts) job->prompts.push_back(tok.encode(text, true, true));
+      for (const auto& ids : r.prompt_ids) {
+        for (TokenId t : ids) {
+          if (static_cast<size_t>(t) >= tok.n_vocab()) {
+            throw bad_request("token id " + std::to_string(t) + " is outside the vocabulary of " +
+                                  std::to_string(tok.n_vocab()), "prompt");
+          }
+        }
+        job->prompts.push_back(ids);
+      }
+    }
+    // The context must hold the prompt and the completion: OpenAI's 400 with both numbers.
+    const size_t n_ctx = engine_->n_ctx();
+    size_t max_tokens = n_ctx;
+    for (const auto& p : job->prompts) {
+      if (p.empty()) throw bad_request("the prompt is empty", "prompt");
+      if (p.size() >= n_ctx) {
+        throw ApiError(400, "this model's maximum context length is " + std::to_string(n_ctx) +
+                                " tokens, but the prompt has " + std::to_string(p.size()) + " tokens",
+                       endpoint == Endpoint::kChat ? "messages" : "prompt", "context_length_exceeded");
+      }
+      const size_t room = n_ctx - p.size();
+      const size_t want = r.max_tokens.value_or(room);
+      if (p.size() + want > n_ctx) {
+        throw ApiError(400, "this model's maximum context length is " + std::to_string(n_ctx) +
+                                " tokens; you requested " + std::to_string(p.size() + want) + " tokens (" +
+                                std::to_string(p.size()) + " in the prompt, " + std::to_string(want) +
+                                " for the completion)",
+                       "max_tokens", "context_length_exceeded");
+      }
+      max_tokens = std::min(max_tokens, want);
+    }
+    auto& o = job->options;
+    o.max_tokens = max_tokens;  // without max_tokens: as many as the context holds
+    o.sampler = r.sampler;
+    o.sampler.seed = r.seed ? *r.seed : std::random_device{}();
+    o.ignore_eos = r.ignore_eos;
+    o.stop = r.stop;
+    o.min_tokens = r.min_tokens;
+    o.top_logprobs = r.top_logprobs;
+    res.status = 200;
+    res.set_header("Cache-Control", "no-cache");
+    // The charset parameter also keeps httplib from gzip-compressing the body: its compressor
+    // holds small writes back, which would hide the heartbeats that detect a closed connection.
+    res.set_chunked_content_provider(r.stream ? "text/event-stream" : "application/json; charset=utf-8",
+                                     [this, job](size_t, httplib::DataSink& sink) {
+                                       run_job(*job, sink);
+                                       sink.done();
+                                       return true;
+                                     });
+  });
+}
+
+
+}  // namespace kestrel::server

@@ -1,0 +1,100 @@
+// The HTTP application behind `kestrel serve` (internal to src/kestrel/server): routes,
+// admission of generation requests, and running them on the engine.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include "kestrel/runtime/engine.h"
+#include "kestrel/server/api_error.h"
+#include "kestrel/server/chat_prompt.h"
+#include "kestrel/server/fifo_lock.h"
+#include "kestrel/server/metrics.h"
+#include "kestrel/server/openai_format.h"
+#include "kestrel/server/request.h"
+#include "kestrel/server/server.h"
+
+namespace kestrel::server {
+
+using Clock = std::chrono::steady_clock;
+using json = nlohmann::json;
+using runtime::TokenId;
+
+/// Seconds since t0.
+double seconds_since(Clock::time_point t0);
+/// Unix time in seconds (the `created` field).
+int64_t unix_now();
+/// prefix + 24 random hex digits ("chatcmpl-…", "call_…").
+std::string random_id(const char* prefix);
+/// Sets status and a JSON body (invalid UTF-8 replaced).
+void send_json(httplib::Response& res, int status, const nlohmann::json& body);
+
+/// One admitted generation: everything the content provider needs once it owns the engine.
+struct Job {
+  Endpoint endpoint = Endpoint::kChat;
+  bool stream = false;
+  bool include_usage = false;
+  int top_logprobs = -1;
+  std::vector<std::vector<TokenId>> prompts;
+  runtime::GenerateOptions options;
+  ChatPrompt chat;  // chat only
+  ResponseMeta meta;
+  Clock::time_point arrival;
+};
+
+class App {
+ public:
+  explicit App(const ServerOptions& options) : options_(options) {}
+
+  void install_routes();
+  httplib::Server& http() { return http_; }
+  /// Shutting down: running generations stop at their next token.
+  void stop_generating() { stopping_ = true; }
+  void set_engine(std::unique_ptr<runtime::Engine> engine) {
+    engine_ = std::move(engine);
+    chat_template_ = detect_chat_template(engine_->tokenizer());
+    ready_ = true;
+  }
+  /// A line for the log: the chat format chosen and whether the model is instruction-tuned.
+  std::string chat_format_note() const {
+    const char* name = chat_template_ == ChatTemplate::kGemma4 ? "Gemma 4" : "Gemma 3";
+    return std::string("chat format ") + name +
+           (engine_->has_chat_template() ? "" : " (the model has no chat template: a base model)");
+  }
+
+ private:
+  // Runs `body`, turning ApiError and any other exception into OpenAI error responses.
+  void guarded(const char* endpoint, httplib::Response& res, const std::function<void()>& body);
+  void check_ready() const {
+    if (!ready_) throw ApiError(503, "the model is still loading", "", "model_loading", "server_error");
+  }
+  void check_auth(const httplib::Request& req) const;
+  json parse_body(const httplib::Request& req) const;
+
+  void handle_generate(const httplib::Request& req, httplib::Response& res, Endpoint endpoint);
+  void run_job(Job& job, httplib::DataSink& sink);
+  void run_chat(Job& job, const std::function<bool(const std::string&)>& write);
+  void run_completion(Job& job, const std::function<bool(const std::string&)>& write);
+  // Token callback: TTFT/ITL metrics, a heartbeat write when a token produced no output
+  // (so that a closed connection is noticed), and logprobs collection for streaming.
+  runtime::TokenCallback token_callback(Job& job, const std::function<bool(const std::string&)>& write,
+                                        bool& wrote, std::vector<runtime::StepLogprobs>& pending);
+
+  ServerOptions options_;
+  httplib::Server http_;
+  std::unique_ptr<runtime::Engine> engine_;
+  ChatTemplate chat_template_ = ChatTemplate::kGemma3;
+  std::atomic<bool> ready_{false};
+  std::atomic<bool> stopping_{false};
+  FifoLock engine_lock_;
+  Metrics metrics_;
+};
+
+}  // namespace kestrel::server

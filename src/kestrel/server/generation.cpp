@@ -1,0 +1,185 @@
+// Running an admitted request on the engine: FIFO admission, streaming (SSE) or whole
+// responses, tool-call parsing, metrics, and cancellation when the client goes away.
+#include "kestrel/server/api_error.h"
+#include "kestrel/server/app.h"
+#include "kestrel/text/reply_parser.h"
+
+namespace kestrel::server {
+
+runtime::TokenCallback App::token_callback(Job& job, const std::function<bool(const std::string&)>& write,
+                                           bool& wrote, std::vector<runtime::StepLogprobs>& pending) {
+  auto last = std::make_shared<Clock::time_point>();
+  auto count = std::make_shared<size_t>(0);
+  return [this, &job, &write, &wrote, &pending, last, count](TokenId, const runtime::StepLogprobs* lp) {
+    const auto now = Clock::now();
+    if ((*count)++ == 0) {
+      metrics_.ttft(std::chrono::duration<double>(now - job.arrival).count());
+    } else {
+      metrics_.inter_token(std::chrono::duration<double>(now - *last).count());
+    }
+    *last = now;
+    if (lp && job.stream) pending.push_back(*lp);
+    // A token whose text is held back (a possible stop string, a tool call being collected)
+    // writes nothing; the heartbeat makes a closed connection fail this step instead.
+    bool alive = !stopping_;
+    if (alive && !wrote && *count > 1) alive = write(job.stream ? std::string(":\n\n") : std::string(" "));
+    wrote = false;
+    return alive;
+  };
+}
+
+void App::run_job(Job& job, httplib::DataSink& sink) {
+  bool alive = true;
+  std::function<bool(const std::string&)> write = [&](const std::string& s) {
+    // (an empty chunk would end the chunked body: only probe the state then)
+    if (alive && !s.empty() && !sink.write(s.data(), s.size())) alive = false;
+    return alive;
+  };
+  metrics_.queue_enter();
+  engine_lock_.lock();
+  metrics_.queue_leave();
+  metrics_.running(true);
+  try {
+    if (job.endpoint == Endpoint::kChat) {
+      run_chat(job, write);
+    } else {
+      run_completion(job, write);
+    }
+  } catch (const std::exception& e) {
+    const json err = ApiError::error_body(std::string("generation failed: ") + e.what(), "server_error", "", "");
+    write(job.stream ? sse_event(err) : dump(err));
+  }
+  if (!alive) metrics_.cancelled();
+  metrics_.request_latency(seconds_since(job.arrival));
+  metrics_.running(false);
+  engine_lock_.unlock();
+}
+
+void App::run_chat(Job& job, const std::function<bool(const std::string&)>& write) {
+  runtime::Engine& engine = *engine_;
+  const text::Tokenizer& tok = engine.tokenizer();
+  text::ReplyParser parser(job.chat.reply_format, job.chat.parse_tools);
+  std::vector<runtime::StepLogprobs> pending;
+  size_t n_tool_calls = 0;
+  bool wrote = true;
+  auto logprobs_json = [&]() -> json {
+    if (job.top_logprobs < 0 || pending.empty()) return nullptr;
+    json lp = chat_logprobs(tok, pending);
+    pending.clear();
+    return lp;
+  };
+  auto send_events = [&](std::vector<text::ReplyEvent> events) {
+    for (auto& e : events) {
+      json delta;
+      if (e.kind == text::ReplyEvent::Kind::kContent) {
+        delta = {{"content", e.text}};
+      } else if (e.kind == text::ReplyEvent::Kind::kReasoning) {
+        delta = {{"reasoning_content", e.text}};
+      } else {
+        delta = {{"tool_calls", json::array({{{"index", n_tool_calls++},
+                                               {"id", random_id("call_")},
+                                               {"type", "function"},
+                                               {"function", {{"name", e.call.name}, {"arguments", dump(e.call.arguments)}}}}})}};
+      }
+      write(sse_event(chat_chunk(job.meta, delta, "", logprobs_json(), job.include_usage)));
+      wrote = true;
+    }
+  };
+  auto& o = job.options;
+  o.on_token = token_callback(job, write, wrote, pending);
+  if (job.stream) {
+    write(sse_event(chat_chunk(job.meta, {{"role", "assistant"}, {"content", ""}}, "", nullptr, job.include_usage)));
+  }
+  runtime::TextCallback on_text = [&](std::string_view piece) {
+    if (job.stream) send_events(parser.feed(piece));
+    return write("");
+  };
+  runtime::GenerateResult result = engine.generate(job.prompts[0], o, on_text);
+  metrics_.tokens(result.prompt_tokens, result.tokens.size());
+  if (result.cancelled) return;
+  const json usage = usage_json(result.prompt_tokens, result.tokens.size());
+  if (job.stream) {
+    send_events(parser.finish());
+    const std::string finish = n_tool_calls > 0 ? "tool_calls" : result.finish_reason;
+    write(sse_event(chat_chunk(job.meta, json::object(), finish, logprobs_json(), job.include_usage)));
+    if (job.include_usage) write(sse_event(usage_chunk(job.meta, "chat.completion.chunk", usage)));
+    write(sse_done());
+    return;
+  }
+  std::string content, reasoning;
+  json tool_calls = json::array();
+  for (auto& e : text::parse_reply(job.chat.reply_format, job.chat.parse_tools, result.text)) {
+    if (e.kind == text::ReplyEvent::Kind::kContent) content += e.text;
+    if (e.kind == text::ReplyEvent::Kind::kReasoning) reasoning += e.text;
+    if (e.kind == text::ReplyEvent::Kind::kToolCall) {
+      tool_calls.push_back({{"id", random_id("call_")},
+                            {"type", "function"},
+                            {"function", {{"name", e.call.name}, {"arguments", dump(e.call.arguments)}}}});
+    }
+  }
+  json message = {{"role", "assistant"}, {"content", content.empty() && !tool_calls.empty() ? json(nullptr) : json(content)}};
+  if (!reasoning.empty()) message["reasoning_content"] = reasoning;
+  if (!tool_calls.empty()) message["tool_calls"] = tool_calls;
+  json choice = {{"index", 0},
+                 {"message", message},
+                 {"logprobs", job.top_logprobs >= 0 ? chat_logprobs(tok, result.logprobs) : json(nullptr)},
+                 {"finish_reason", tool_calls.empty() ? result.finish_reason : "tool_calls"}};
+  write(dump({{"id", job.meta.id},
+              {"object", "chat.completion"},
+              {"created", job.meta.created},
+              {"model", job.meta.model},
+              {"system_fingerprint", "kestrel-" KESTREL_VERSION},
+              {"choices", json::array({choice})},
+              {"usage", usage}}));
+}
+
+void App::run_completion(Job& job, const std::function<bool(const std::string&)>& write) {
+  runtime::Engine& engine = *engine_;
+  const text::Tokenizer& tok = engine.tokenizer();
+  size_t prompt_tokens = 0, completion_tokens = 0;
+  json choices = json::array();
+  for (size_t i = 0; i < job.prompts.size(); ++i) {
+    std::vector<runtime::StepLogprobs> pending;
+    bool wrote = true;
+    size_t offset = 0;
+    auto o = job.options;
+    o.on_token = token_callback(job, write, wrote, pending);
+    runtime::TextCallback on_text = [&](std::string_view piece) {
+      if (!job.stream) return write("");
+      json lp = nullptr;
+      if (job.top_logprobs >= 0 && !pending.empty()) {
+        lp = completion_logprobs(tok, pending, offset);
+        pending.clear();
+      }
+      offset += piece.size();
+      json chunk = completion_object(job.meta, json::array({completion_choice(i, std::string(piece), "", lp)}), nullptr);
+      if (job.include_usage) chunk["usage"] = nullptr;
+      wrote = true;
+      return write(sse_event(chunk));
+    };
+    runtime::GenerateResult result = engine.generate(job.prompts[i], o, on_text);
+    metrics_.tokens(result.prompt_tokens, result.tokens.size());
+    if (result.cancelled) return;
+    prompt_tokens += result.prompt_tokens;
+    completion_tokens += result.tokens.size();
+    if (job.stream) {
+      json lp = job.top_logprobs >= 0 && !pending.empty() ? completion_logprobs(tok, pending, offset) : json(nullptr);
+      json chunk = completion_object(job.meta, json::array({completion_choice(i, "", result.finish_reason, lp)}), nullptr);
+      if (job.include_usage) chunk["usage"] = nullptr;
+      write(sse_event(chunk));
+    } else {
+      json lp = job.top_logprobs >= 0 ? completion_logprobs(tok, result.logprobs, 0) : json(nullptr);
+      choices.push_back(completion_choice(i, result.text, result.finish_reason, lp));
+    }
+  }
+  const json usage = usage_json(prompt_tokens, completion_tokens);
+  if (job.stream) {
+    if (job.include_usage) write(sse_event(usage_chunk(job.meta, "text_completion", usage)));
+    write(sse_done());
+  } else {
+    write(dump(completion_object(job.meta, choices, usage)));
+  }
+}
+
+
+}  // namespace kestrel::server

@@ -1,0 +1,115 @@
+#include "kestrel/server/metrics.h"
+
+#include <cstdio>
+
+namespace kestrel::server {
+namespace {
+
+std::string number(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.9g", v);
+  return buf;
+}
+
+}  // namespace
+
+void Histogram::observe(double value) {
+  size_t i = 0;
+  while (i < bounds_.size() && value > bounds_[i]) ++i;
+  ++counts_[i];
+  sum_ += value;
+  ++count_;
+}
+
+std::string Histogram::render(const std::string& name, const std::string& help) const {
+  std::string out = "# HELP " + name + " " + help + "\n# TYPE " + name + " histogram\n";
+  uint64_t cumulative = 0;
+  for (size_t i = 0; i < bounds_.size(); ++i) {
+    cumulative += counts_[i];
+    out += name + "_bucket{le=\"" + number(bounds_[i]) + "\"} " + std::to_string(cumulative) + "\n";
+  }
+  cumulative += counts_.back();
+  out += name + "_bucket{le=\"+Inf\"} " + std::to_string(cumulative) + "\n";
+  out += name + "_sum " + number(sum_) + "\n";
+  out += name + "_count " + std::to_string(count_) + "\n";
+  return out;
+}
+
+Metrics::Metrics()
+    : ttft_({0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}),
+      itl_({0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28}),
+      latency_({0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120}) {}
+
+void Metrics::request(const std::string& endpoint, int status) {
+  std::lock_guard lock(mu_);
+  ++requests_[{endpoint, status}];
+}
+
+void Metrics::tokens(size_t prompt_tokens, size_t generated_tokens) {
+  std::lock_guard lock(mu_);
+  prompt_tokens_ += prompt_tokens;
+  generated_tokens_ += generated_tokens;
+}
+
+void Metrics::ttft(double seconds) {
+  std::lock_guard lock(mu_);
+  ttft_.observe(seconds);
+}
+
+void Metrics::inter_token(double seconds) {
+  std::lock_guard lock(mu_);
+  itl_.observe(seconds);
+}
+
+void Metrics::request_latency(double seconds) {
+  std::lock_guard lock(mu_);
+  latency_.observe(seconds);
+}
+
+void Metrics::queue_enter() {
+  std::lock_guard lock(mu_);
+  ++queue_depth_;
+}
+
+void Metrics::queue_leave() {
+  std::lock_guard lock(mu_);
+  --queue_depth_;
+}
+
+void Metrics::running(bool on) {
+  std::lock_guard lock(mu_);
+  running_ += on ? 1 : -1;
+}
+
+void Metrics::cancelled() {
+  std::lock_guard lock(mu_);
+  ++cancelled_;
+}
+
+std::string Metrics::render() const {
+  std::lock_guard lock(mu_);
+  std::string out;
+  out += "# HELP kestrel_requests_total HTTP requests to the API endpoints, by endpoint and status.\n"
+         "# TYPE kestrel_requests_total counter\n";
+  for (const auto& [key, n] : requests_) {
+    out += "kestrel_requests_total{endpoint=\"" + key.first + "\",status=\"" + std::to_string(key.second) + "\"} " +
+           std::to_string(n) + "\n";
+  }
+  out += "# HELP kestrel_prompt_tokens_total Prompt tokens prefilled.\n# TYPE kestrel_prompt_tokens_total counter\n";
+  out += "kestrel_prompt_tokens_total " + std::to_string(prompt_tokens_) + "\n";
+  out += "# HELP kestrel_generation_tokens_total Tokens generated.\n# TYPE kestrel_generation_tokens_total counter\n";
+  out += "kestrel_generation_tokens_total " + std::to_string(generated_tokens_) + "\n";
+  out += "# HELP kestrel_requests_cancelled_total Generations stopped because the client went away.\n"
+         "# TYPE kestrel_requests_cancelled_total counter\n";
+  out += "kestrel_requests_cancelled_total " + std::to_string(cancelled_) + "\n";
+  out += "# HELP kestrel_queue_depth Requests waiting for the engine (FIFO).\n# TYPE kestrel_queue_depth gauge\n";
+  out += "kestrel_queue_depth " + std::to_string(queue_depth_) + "\n";
+  out += "# HELP kestrel_requests_running Requests generating now (0 or 1).\n# TYPE kestrel_requests_running gauge\n";
+  out += "kestrel_requests_running " + std::to_string(running_) + "\n";
+  out += ttft_.render("kestrel_time_to_first_token_seconds", "Request arrival to the first generated token (TTFT).");
+  out += itl_.render("kestrel_inter_token_latency_seconds", "Time between consecutive generated tokens (ITL).");
+  out += latency_.render("kestrel_request_duration_seconds", "Request arrival to the last token.");
+  return out;
+}
+
+}  // namespace kestrel::server

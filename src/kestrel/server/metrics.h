@@ -1,0 +1,52 @@
+// Server metrics in the Prometheus text exposition format (GET /metrics).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace kestrel::server {
+
+/// A cumulative histogram with fixed upper bounds (seconds), Prometheus style.
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
+  void observe(double value);
+  /// Lines `name_bucket{le=...}`, `name_sum`, `name_count`, with HELP and TYPE.
+  std::string render(const std::string& name, const std::string& help) const;
+
+ private:
+  std::vector<double> bounds_;
+  std::vector<uint64_t> counts_;  // per bucket, the last one +Inf
+  double sum_ = 0;
+  uint64_t count_ = 0;
+};
+
+/// Every metric of the server; all methods are thread-safe.
+class Metrics {
+ public:
+  Metrics();
+  /// One finished HTTP request of an API endpoint ("chat", "completions", ...) with its status.
+  void request(const std::string& endpoint, int status);
+  void tokens(size_t prompt_tokens, size_t generated_tokens);
+  void ttft(double seconds);           // request arrival to the first generated token
+  void inter_token(double seconds);    // between consecutive generated tokens of one request
+  void request_latency(double seconds);
+  void queue_enter();                  // a request starts waiting for the engine
+  void queue_leave();                  // it got the engine (or gave up)
+  void running(bool on);               // the engine starts or stops generating
+  void cancelled();                    // a client went away during generation
+  std::string render() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::pair<std::string, int>, uint64_t> requests_;
+  uint64_t prompt_tokens_ = 0, generated_tokens_ = 0, cancelled_ = 0;
+  int64_t queue_depth_ = 0, running_ = 0;
+  Histogram ttft_, itl_, latency_;
+};
+
+}  // namespace kestrel::server

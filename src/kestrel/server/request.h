@@ -1,0 +1,66 @@
+// Parsing and validating OpenAI requests (/v1/chat/completions, /v1/completions) into a
+// GenerationRequest. Unknown fields are ignored; a known field of the wrong type or out of
+// range is a 400 that names it; null counts as absent.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "kestrel/runtime/sampler.h"
+#include "kestrel/text/chat_tools.h"
+
+namespace kestrel::server {
+
+enum class Endpoint { kChat, kCompletion };
+
+struct GenerationRequest {
+  Endpoint endpoint = Endpoint::kChat;
+  std::string model;                        // empty when the client sent none
+
+  // /v1/chat/completions
+  std::vector<text::Message> messages;
+  std::vector<text::ToolDefinition> tools;  // empty when tool_choice is "none"
+  std::string tool_choice = "auto";         // none, auto, required, or the forced function's name
+  bool enable_thinking = false;             // chat_template_kwargs.enable_thinking (Gemma 4)
+  bool json_object = false;                 // response_format {"type": "json_object"}
+
+  // /v1/completions: one entry per prompt; text or token ids
+  std::vector<std::string> prompt_texts;
+  std::vector<std::vector<int32_t>> prompt_ids;
+
+  std::optional<size_t> max_tokens;         // max_completion_tokens, else max_tokens
+  runtime::SamplerConfig sampler;           // OpenAI defaults: temperature 1, no top-k/p/min-p cut
+  std::optional<uint64_t> seed;
+  std::vector<std::string> stop;
+  bool stream = false;
+  bool include_usage = false;               // stream_options.include_usage
+  bool ignore_eos = false;
+  size_t min_tokens = 0;
+  int top_logprobs = -1;                    // -1: no logprobs; 0: chosen token only; n: n best
+};
+
+/// Limits checked by the parser.
+inline constexpr size_t kMaxStopStrings = 16;
+inline constexpr int kMaxTopLogprobs = 20;
+inline constexpr size_t kMaxPrompts = 64;
+
+/// Deepest nesting of arrays and objects in JSON text (strings skipped), without parsing it:
+/// bodies nested deeper than kMaxJsonDepth are refused before anything recurses over them.
+size_t json_nesting_depth(std::string_view text);
+inline constexpr size_t kMaxJsonDepth = 64;
+
+/// Validates a /v1/chat/completions body. Throws ApiError (400) naming the field: a body that
+/// is not an object, missing or empty messages, a wrong type, a value out of range, n != 1,
+/// response_format json_schema (not enforced, so refused rather than ignored), image parts.
+GenerationRequest parse_chat_request(const nlohmann::json& body);
+
+/// Validates a /v1/completions body; prompt is a string, an array of strings, an array of
+/// token ids or an array of arrays of token ids. Throws ApiError (400) as parse_chat_request.
+GenerationRequest parse_completion_request(const nlohmann::json& body);
+
+}  // namespace kestrel::server

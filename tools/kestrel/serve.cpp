@@ -1,0 +1,52 @@
+// kestrel serve: the OpenAI-compatible HTTP server.
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+
+#include "commands.h"
+#include "common.h"
+#include "kestrel/runtime/model_path.h"
+#include "kestrel/server/server.h"
+
+namespace kestrel::tools {
+namespace {
+
+struct ServeOptions {
+  ModelOptions model;
+  server::ServerOptions server;
+  size_t max_body_mib = 16;
+};
+
+int serve(ServeOptions& o) {
+  const std::filesystem::path path =
+      o.model.model.empty() ? runtime::default_model_path() : std::filesystem::path(o.model.model);
+  if (o.server.model_id.empty()) o.server.model_id = path.stem().string();
+  if (o.server.api_key.empty()) {
+    if (const char* key = std::getenv("KESTREL_API_KEY")) o.server.api_key = key;
+  }
+  o.server.max_body_bytes = o.max_body_mib << 20;
+  const ModelOptions model = o.model;
+  return server::serve(o.server, [model] { return model.load_unique(); });
+}
+
+}  // namespace
+
+Command add_serve_command(CLI::App& app) {
+  auto opts = std::make_shared<ServeOptions>();
+  auto* cmd = app.add_subcommand("serve", "Serve the model over an OpenAI-compatible HTTP API");
+  opts->model.add_to(*cmd);
+  auto& s = opts->server;
+  cmd->add_option("--host", s.host, "Address to listen on")->capture_default_str();
+  cmd->add_option("--port", s.port, "Port (0: any free port)")->check(CLI::Range(0, 65535))->capture_default_str();
+  cmd->add_option("--api-key", s.api_key, "Require 'Authorization: Bearer KEY' (default: $KESTREL_API_KEY, else none)");
+  cmd->add_option("--model-name", s.model_id, "Model id for /v1/models and requests (default: the file's stem)");
+  cmd->add_option("--max-body-mib", opts->max_body_mib, "Larger request bodies get 413")
+      ->check(CLI::Range(size_t{1}, size_t{1024}))
+      ->capture_default_str();
+  cmd->add_option("--http-threads", s.http_threads, "Connections handled at once (requests queue for the engine)")
+      ->check(CLI::Range(2, 256))
+      ->capture_default_str();
+  return [opts] { return serve(*opts); };
+}
+
+}  // namespace kestrel::tools
