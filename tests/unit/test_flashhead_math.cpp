@@ -9,6 +9,7 @@
 #include "kestrel/head/clustering.h"
 #include "kestrel/head/flashhead.h"
 #include "kestrel/runtime/flashhead_eval.h"
+#include "kestrel/runtime/logprobs.h"
 #include "kestrel/runtime/sampler.h"
 
 namespace kestrel::head {
@@ -180,6 +181,26 @@ TEST(SparseSampler, TotalVariation) {
   EXPECT_DOUBLE_EQ(total_variation({{1, 0.5}, {2, 0.5}}, {{1, 0.5}, {3, 0.5}}), 0.5);
   EXPECT_DOUBLE_EQ(total_variation({{1, 1.0}}, {{1, 1.0}}), 0.0);
   EXPECT_DOUBLE_EQ(total_variation({{1, 1.0}}, {{2, 1.0}}), 1.0);
+}
+
+}  // namespace
+}  // namespace kestrel::runtime
+
+namespace kestrel::runtime {
+namespace {
+
+TEST(SparseLogprobs, LogSoftmaxOverTheCandidates) {
+  const std::vector<float> logits = {1.0f, 3.0f, 2.0f};
+  const std::vector<TokenId> ids = {500, 7, 42};
+  const auto lp = compute_logprobs(logits, ids, 42, 2);
+  const double log_z = std::log(std::exp(1.0) + std::exp(3.0) + std::exp(2.0));
+  EXPECT_EQ(lp.chosen.token, 42);
+  EXPECT_NEAR(lp.chosen.logprob, 2.0 - log_z, 1e-6);
+  ASSERT_EQ(lp.top.size(), 2u);
+  EXPECT_EQ(lp.top[0].token, 7);
+  EXPECT_NEAR(lp.top[0].logprob, 3.0 - log_z, 1e-6);
+  EXPECT_EQ(lp.top[1].token, 42);
+  EXPECT_THROW(compute_logprobs(logits, ids, 8, 1), Error);  // not a candidate
 }
 
 }  // namespace
