@@ -15,6 +15,7 @@
 #include "kestrel/runtime/engine.h"
 #include "kestrel/runtime/flashhead_eval.h"
 #include "kestrel/runtime/model_path.h"
+#include "image_dir.h"
 
 namespace kestrel {
 namespace {
@@ -24,13 +25,7 @@ namespace fs = std::filesystem;
 class FlashHeadImage : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    try {
-      source_ = runtime::default_model_path();
-    } catch (const std::exception& e) {
-      return;
-    }
-    dir_ = fs::temp_directory_path() / ("kestrel_flashhead_test_" + std::to_string(::getpid()));
-    fs::create_directories(dir_);
+    if (!testing::prepare_image_dir("flashhead_test", source_, dir_)) return;
     ThreadPool pool(0);
     image::BuildOptions o;
     o.flashhead = true;

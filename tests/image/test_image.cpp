@@ -14,6 +14,7 @@
 #include "kestrel/image/image.h"
 #include "kestrel/runtime/engine.h"
 #include "kestrel/runtime/model_path.h"
+#include "image_dir.h"
 
 namespace kestrel {
 namespace {
@@ -26,13 +27,7 @@ const std::vector<runtime::TokenId> kPrompt = {2, 818, 5279, 529, 7001, 563};
 class Images : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    try {
-      source_ = runtime::default_model_path();
-    } catch (const std::exception& e) {
-      return;
-    }
-    dir_ = fs::temp_directory_path() / ("kestrel_image_test_" + std::to_string(::getpid()));
-    fs::create_directories(dir_);
+    if (!testing::prepare_image_dir("image_test", source_, dir_)) return;
     ThreadPool pool(0);
     image::BuildOptions w4;
     image::build_image(source_, dir_ / "w4.kimg", w4, pool);
