@@ -177,6 +177,26 @@ TOKENIZER_STRINGS = [
 ]
 
 
+def random_strings(n: int, seed: int = 7):
+    """Random mixes of corpus words, spaces, newlines, specials, and code points from several
+    scripts (some in the tiny vocabulary, most only reachable by byte fallback)."""
+    rng = np.random.default_rng(seed)
+    words = CORPUS.split() + ["\n", "\n\n", " ", "  ", "\t", "<|turn>", "<turn|>", '<|"|>', "<bos>"]
+    ranges = [(0x20, 0x7E), (0xC0, 0x17F), (0x400, 0x4FF), (0x3040, 0x30FF), (0x4E00, 0x4E80), (0x1F300, 0x1F64F)]
+    out = []
+    for _ in range(n):
+        parts = []
+        for _ in range(int(rng.integers(1, 12))):
+            if rng.random() < 0.6:
+                parts.append(words[int(rng.integers(len(words)))])
+            else:
+                lo, hi = ranges[int(rng.integers(len(ranges)))]
+                parts.append("".join(chr(int(rng.integers(lo, hi + 1))) for _ in range(int(rng.integers(1, 5)))))
+            parts.append(" " if rng.random() < 0.7 else "")
+        out.append("".join(parts))
+    return out
+
+
 def rng_weights(model, seed: int):
     """Random values for every parameter and buffer of the HF model, rounded to fp16."""
     import torch
@@ -415,7 +435,7 @@ def main():
     if args.goldens:
         from tokenizers import Tokenizer
         tok = Tokenizer.from_file(str(out / "e2b_tiny" / "hf" / "tokenizer.json"))
-        cases = [{"text": s, "ids": tok.encode(s).ids} for s in TOKENIZER_STRINGS]
+        cases = [{"text": s, "ids": tok.encode(s).ids} for s in TOKENIZER_STRINGS + random_strings(300)]
         (Path(args.goldens) / "gemma4_tokenizer.json").write_text(
             json.dumps({"source": "HF tokenizers " + __import__("tokenizers").__version__ +
                         " on tests/data/gemma4/e2b_tiny/hf/tokenizer.json (BOS via the post-processor)",
