@@ -13,7 +13,6 @@
 
 #include "kestrel/base/error.h"
 #include "kestrel/formats/gguf.h"
-#include "kestrel/text/bpe.h"
 #include "kestrel/text/tokenizer.h"
 
 namespace kestrel::text {
@@ -69,29 +68,6 @@ TEST_F(Gemma4Tokenizer, SpecialTokensAndBos) {
   EXPECT_EQ(tok_->encode("<|channel>", false, false), std::vector<TokenId>{*channel});
   EXPECT_EQ(tok_->decode(std::vector<TokenId>{*channel}), "<|channel>");
   EXPECT_EQ(tok_->decode(std::vector<TokenId>{*turn}), "");
-}
-
-TEST(BpeMerges, LowestRankFirstThenLeftmost) {
-  const BpeMerges merges({"b c", "a b", "c d", "ab c"});
-  const std::vector<std::string> vocab = {"a", "b", "c", "d", "bc", "ab", "cd", "abc"};
-  auto find = [&](std::string_view p) -> std::optional<int32_t> {
-    for (size_t i = 0; i < vocab.size(); ++i) {
-      if (vocab[i] == p) return static_cast<int32_t>(i);
-    }
-    return std::nullopt;
-  };
-  auto byte = [](uint8_t b) { return 1000 + static_cast<int32_t>(b); };
-  std::vector<int32_t> out;
-  merges.encode("abcd", find, byte, out);  // "b c" (rank 0) first: a bc d; no further merge
-  EXPECT_EQ(out, (std::vector<int32_t>{0, 4, 3}));
-  out.clear();
-  merges.encode("cdab", find, byte, out);  // c d -> cd, a b -> ab
-  EXPECT_EQ(out, (std::vector<int32_t>{6, 5}));
-  out.clear();
-  merges.encode("ax", find, byte, out);  // x is not in the vocabulary: its byte
-  EXPECT_EQ(out, (std::vector<int32_t>{0, 1000 + 'x'}));
-  EXPECT_THROW(BpeMerges({"nospace"}), Error);
-  EXPECT_EQ(split_newline_runs("a b\n\ncd\n"), (std::vector<std::string_view>{"a b", "\n\n", "cd", "\n"}));
 }
 
 }  // namespace
