@@ -14,6 +14,7 @@
 #include "kestrel/formats/dequant.h"
 #include "kestrel/formats/gguf_writer.h"
 #include "kestrel/formats/safetensors.h"
+#include "kestrel/image/hf_gemma4.h"
 
 namespace kestrel::image {
 namespace {
@@ -452,7 +453,11 @@ BuildReport build_image_from_hf(const std::filesystem::path& dir, const std::fil
     }
   }
   try {
-    write_hf_gemma3_gguf(dir, gguf_path, log);
+    if (is_hf_gemma4(dir)) {
+      write_hf_gemma4_gguf(dir, gguf_path, log);  // image/hf_gemma4.h
+    } else {
+      write_hf_gemma3_gguf(dir, gguf_path, log);
+    }
     BuildReport report = build_image(gguf_path, out, opts, pool);
     report.source_bytes = st::Checkpoint::open(dir).bytes();
     std::filesystem::remove_all(tmp_dir, ec);

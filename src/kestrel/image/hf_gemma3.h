@@ -28,7 +28,8 @@ bool is_hf_checkpoint(const std::filesystem::path& path);
 void write_hf_gemma3_gguf(const std::filesystem::path& dir, const std::filesystem::path& out,
                           const std::function<void(const std::string&)>& log = {});
 
-/// build_image() for a checkpoint directory: converts it to a temporary GGUF next to `out`
+/// build_image() for a checkpoint directory (Gemma 3, or Gemma 4 through image/hf_gemma4.h):
+/// converts it to a temporary GGUF next to `out`
 /// (removed afterwards) and builds from that. Licence files of the directory are carried.
 /// The report's source_bytes is the checkpoint's safetensors size; source_sha256 is that of the
 /// intermediate GGUF (recorded in the image as kestrel.build.source_sha256).

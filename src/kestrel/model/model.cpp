@@ -7,6 +7,7 @@
 
 #include "kestrel/base/error.h"
 #include "kestrel/model/gemma3.h"
+#include "kestrel/model/gemma4.h"
 
 namespace kestrel::model {
 
@@ -39,7 +40,8 @@ std::unique_ptr<Model> load_model(const gguf::File& file, const LoadOptions& opt
                                   ThreadPool& pool) {
   const std::string arch = file.get_string("general.architecture");
   if (arch == "gemma3") return std::make_unique<Gemma3Model>(file, options, pool);
-  throw Error("unsupported model architecture '" + arch + "' (supported: gemma3)");
+  if (arch == "gemma4") return std::make_unique<Gemma4Model>(file, options, pool);
+  throw Error("unsupported model architecture '" + arch + "' (supported: gemma3, gemma4)");
 }
 
 }  // namespace kestrel::model

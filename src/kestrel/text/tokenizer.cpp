@@ -111,10 +111,14 @@ struct BigramLess {
 
 Tokenizer Tokenizer::from_gguf(const gguf::File& file) {
   const std::string& model = file.get_string("tokenizer.ggml.model");
-  if (model != "llama") {
-    throw Error("tokenizer: unsupported tokenizer.ggml.model '" + model + "' (only 'llama')");
+  if (model != "llama" && model != "gemma4") {
+    throw Error("tokenizer: unsupported tokenizer.ggml.model '" + model + "' (supported: llama, gemma4)");
   }
   Tokenizer tok;
+  if (model == "gemma4") {
+    if (!file.has("tokenizer.ggml.merges")) throw Error("tokenizer: a gemma4 tokenizer needs tokenizer.ggml.merges");
+    tok.bpe_ = std::make_shared<const BpeMerges>(file.get_string_array("tokenizer.ggml.merges"));
+  }
   tok.pieces_ = file.get_string_array("tokenizer.ggml.tokens");
   const size_t n = tok.pieces_.size();
   if (n == 0 || n > static_cast<size_t>(INT32_MAX)) {
@@ -153,7 +157,7 @@ Tokenizer Tokenizer::from_gguf(const gguf::File& file) {
   tok.unk_ = special_id(file, "tokenizer.ggml.unknown_token_id", 0, n);
   tok.add_bos_ = file.find_bool("tokenizer.ggml.add_bos_token").value_or(true);
   tok.add_eos_ = file.find_bool("tokenizer.ggml.add_eos_token").value_or(false);
-  tok.add_space_prefix_ = file.find_bool("tokenizer.ggml.add_space_prefix").value_or(true);
+  tok.add_space_prefix_ = file.find_bool("tokenizer.ggml.add_space_prefix").value_or(!tok.bpe_);
 
   // Byte fallback: "<0xXX>", else the byte itself as a piece (llama_vocab::byte_to_token).
   static constexpr char kHex[] = "0123456789ABCDEF";
@@ -323,6 +327,13 @@ void Tokenizer::tokenize_raw(std::string_view text, std::vector<TokenId>& out) c
   }
 }
 
+/// Gemma 4: each run of newlines or of other characters through the merge-rank BPE.
+void Tokenizer::tokenize_bpe(std::string_view text, std::vector<TokenId>& out) const {
+  const auto find_piece = [this](std::string_view piece) { return find(piece); };
+  const auto byte_fallback = [this](uint8_t b) { return byte_token(b); };
+  for (const std::string_view run : split_newline_runs(text)) bpe_->encode(run, find_piece, byte_fallback, out);
+}
+
 /// llama_vocab::impl::tokenize, SPM branch: BOS, then each fragment (split tokens as they are,
 /// raw text with a space prefix after a special token when add_space_prefix, spaces escaped,
 /// through the SPM session), then EOS when add_eos.
@@ -343,7 +354,12 @@ std::vector<TokenId> Tokenizer::encode(std::string_view text, bool add_special,
     }
     std::string raw = add_space_prefix_ && prev_special ? " " : "";
     raw.append(text.substr(f.offset, f.length));
-    tokenize_raw(replace_all(raw, " ", kSpaceMark), out);
+    const std::string escaped = replace_all(raw, " ", kSpaceMark);
+    if (bpe_) {
+      tokenize_bpe(escaped, out);
+    } else {
+      tokenize_raw(escaped, out);
+    }
     prev_special = false;
   }
   if (add_special && add_eos_) {

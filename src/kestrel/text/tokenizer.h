@@ -1,7 +1,10 @@
 // Tokenizer built from GGUF metadata.
 //
-// Supported now: `tokenizer.ggml.model = "llama"` (SentencePiece-style BPE over scores, byte
-// fallback), which Gemma 3 uses. The algorithm is llama.cpp's SPM tokenizer
+// Supported: `tokenizer.ggml.model = "llama"` (SentencePiece-style BPE over scores, byte
+// fallback), which Gemma 3 uses, and `"gemma4"` (BPE over merge ranks, text/bpe.h), which Gemma 4
+// uses: spaces written as U+2581, raw text split into runs of newlines and of other characters,
+// each run merged by rank, byte fallback. The choice follows the file's tokenizer metadata,
+// never its architecture. The algorithm is llama.cpp's SPM tokenizer
 // (src/llama-vocab.cpp, llm_tokenizer_spm): text split into UTF-8 characters, the adjacent pair
 // whose merge is a vocabulary piece with the highest score merged first (leftmost on ties),
 // pieces not in the vocabulary emitted as <0xXX> byte tokens. Spaces are written as U+2581.
@@ -11,6 +14,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -19,6 +23,7 @@
 #include <vector>
 
 #include "kestrel/formats/gguf.h"
+#include "kestrel/text/bpe.h"
 
 namespace kestrel::text {
 
@@ -33,7 +38,7 @@ class Tokenizer {
  public:
   /// Reads tokenizer.ggml.* from the file. Throws kestrel::Error for an unsupported
   /// tokenizer.ggml.model or inconsistent arrays (tokens, scores and types of different lengths,
-  /// special ids out of range).
+  /// special ids out of range, "gemma4" without tokenizer.ggml.merges).
   static Tokenizer from_gguf(const gguf::File& file);
 
   /// Encodes UTF-8 `text`. add_special: prepend BOS (and append EOS) as the metadata says.
@@ -80,6 +85,7 @@ class Tokenizer {
   std::vector<int32_t> present_split_ranks(std::string_view text, bool parse_special) const;
   std::vector<Fragment> partition(std::string_view text, bool parse_special) const;
   void tokenize_raw(std::string_view text, std::vector<TokenId>& out) const;  // SPM on one fragment
+  void tokenize_bpe(std::string_view text, std::vector<TokenId>& out) const;  // gemma4 BPE
   TokenId byte_token(uint8_t byte) const;
   void check_id(TokenId id) const;
 
@@ -93,6 +99,7 @@ class Tokenizer {
   TokenId byte_tokens_[256] = {};
   TokenId bos_ = -1, eos_ = -1, unk_ = -1;
   bool add_bos_ = true, add_eos_ = false, add_space_prefix_ = false;
+  std::shared_ptr<const BpeMerges> bpe_;  // set for tokenizer.ggml.model "gemma4"
 };
 
 /// Turns a stream of tokens into text that never ends inside a UTF-8 character: bytes of an

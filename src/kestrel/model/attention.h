@@ -1,0 +1,31 @@
+// Causal (optionally sliding-window) grouped-query attention of a chunk of queries over a
+// layer's fp16 KV cache, split over the thread pool. Used by Gemma 4, whose layers differ in
+// head size and may read another layer's cache (KV sharing).
+#pragma once
+
+#include <cstddef>
+
+#include "kestrel/base/thread_pool.h"
+#include "kestrel/model/model.h"
+
+namespace kestrel::model {
+
+struct AttentionShape {
+  size_t n_heads = 0;
+  size_t n_kv_heads = 0;  // divides n_heads; query head h reads KV head h / (n_heads / n_kv_heads)
+  size_t head_dim = 0;
+  size_t window = 0;      // sliding window W (a query at p sees p-W+1 .. p); 0 = global
+};
+
+/// out[t] = softmax(q[t] . K) V for t < n, the query at position pos0 + t seeing the cached
+/// positions its mask allows (causal, and within the window when one is set).
+///   q:   float32 [n, n_heads * head_dim], already multiplied by the attention scale;
+///   lc:  a cache that holds positions up to pos0 + n - 1 (and, for a sliding layer, at least
+///        the window before pos0); slots per KvCache's rule p % capacity;
+///   out: float32 [n, n_heads * head_dim].
+/// Prefill takes tiles of tokens per KV head; decode (fewer items than threads) splits the
+/// cache range over the threads and merges the partial softmaxes.
+void cached_attention(const AttentionShape& shape, const float* q, size_t n, size_t pos0,
+                      const LayerCache& lc, float* out, ThreadPool& pool);
+
+}  // namespace kestrel::model

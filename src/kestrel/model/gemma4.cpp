@@ -1,0 +1,409 @@
+#include "kestrel/model/gemma4.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "kestrel/base/error.h"
+#include "kestrel/head/flashhead_format.h"
+#include "kestrel/image/image.h"
+#include "kestrel/kernels/ops.h"
+#include "kestrel/model/attention.h"
+
+namespace kestrel::model {
+namespace {
+
+constexpr const char* kArch = "gemma4";
+
+std::string key(const char* suffix) { return std::string(kArch) + "." + suffix; }
+
+constexpr uint64_t kMaxDim = 1u << 24;
+
+size_t positive(const gguf::File& file, const std::string& name) {
+  const uint64_t v = file.get_uint(name);
+  if (v == 0 || v > kMaxDim) throw Error("metadata " + name + " = " + std::to_string(v) + " is out of range");
+  return static_cast<size_t>(v);
+}
+
+/// A hyperparameter written either as one number or as one number per layer.
+std::vector<size_t> per_layer(const gguf::File& file, const std::string& name, size_t n_layers) {
+  const gguf::Value* v = file.find(name);
+  if (v == nullptr) throw Error("model file has no metadata " + name);
+  if (v->type != gguf::ValueType::kArray) return std::vector<size_t>(n_layers, positive(file, name));
+  const std::vector<int64_t> raw = file.get_int_array(name);
+  if (raw.size() != n_layers) {
+    throw Error("metadata " + name + " has " + std::to_string(raw.size()) + " entries for " +
+                std::to_string(n_layers) + " layers");
+  }
+  std::vector<size_t> out;
+  for (const int64_t x : raw) {
+    if (x <= 0 || static_cast<uint64_t>(x) > kMaxDim) throw Error("metadata " + name + " has an entry out of range");
+    out.push_back(static_cast<size_t>(x));
+  }
+  return out;
+}
+
+std::string blk(size_t il, const char* name) {
+  return "blk." + std::to_string(il) + "." + name + ".weight";
+}
+
+// inv_freq[i] = base^(-2i / n_rot) / factor[i], i < n_rot / 2 (RoFormer, Su et al. 2021, eq. 15;
+// llama.cpp divides by rope_freqs, which for Gemma 4's full layers is 1 on the rotated pairs
+// and 1e30 on the others, the same as HF's proportional RoPE, whose inverse frequencies are 0
+// past the rotated part).
+std::vector<float> inverse_frequencies(double base, size_t n_rot, const float* factors) {
+  std::vector<float> f(n_rot / 2);
+  for (size_t i = 0; i < f.size(); ++i) {
+    double v = std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(n_rot));
+    if (factors != nullptr) v /= static_cast<double>(factors[i]);
+    f[i] = static_cast<float>(v);
+  }
+  return f;
+}
+
+void fill_cos_sin(const std::vector<float>& inv_freq, double position, float* out) {
+  for (size_t i = 0; i < inv_freq.size(); ++i) {
+    const double angle = position * static_cast<double>(inv_freq[i]);
+    out[2 * i] = static_cast<float>(std::cos(angle));
+    out[2 * i + 1] = static_cast<float>(std::sin(angle));
+  }
+}
+
+}  // namespace
+
+size_t Gemma4Config::kv_source(size_t layer) const {
+  if (layer < first_shared()) return layer;
+  for (size_t j = first_shared(); j-- > 0;) {
+    if (sliding[j] == sliding[layer]) return j;
+  }
+  throw Error("gemma4: KV-shared layer " + std::to_string(layer) + " has no earlier layer of its type");
+}
+
+Gemma4Config Gemma4Config::from_gguf(const gguf::File& file) {
+  Gemma4Config c;
+  c.n_layers = positive(file, key("block_count"));
+  c.d_model = positive(file, key("embedding_length"));
+  c.n_heads = positive(file, key("attention.head_count"));
+  c.d_ff = per_layer(file, key("feed_forward_length"), c.n_layers);
+  c.n_kv_heads = per_layer(file, key("attention.head_count_kv"), c.n_layers);
+  c.head_dim_full = positive(file, key("attention.key_length"));
+  c.head_dim_sliding = positive(file, key("attention.key_length_swa"));
+  if (positive(file, key("attention.value_length")) != c.head_dim_full ||
+      positive(file, key("attention.value_length_swa")) != c.head_dim_sliding) {
+    throw Error("gemma4: key and value lengths differ, which Gemma 4 never does");
+  }
+  c.n_rot_full = file.find_uint(key("rope.dimension_count")).value_or(c.head_dim_full);
+  c.n_rot_sliding = file.find_uint(key("rope.dimension_count_swa")).value_or(c.head_dim_sliding);
+  if (c.n_rot_full > c.head_dim_full || c.n_rot_sliding > c.head_dim_sliding ||
+      c.n_rot_full % 2 != 0 || c.n_rot_sliding % 2 != 0 || c.n_rot_full == 0 || c.n_rot_sliding == 0) {
+    throw Error("gemma4: rope.dimension_count must be even, positive and at most the head size");
+  }
+  for (size_t il = 0; il < c.n_layers; ++il) {
+    if (c.n_heads % c.n_kv_heads[il] != 0) {
+      throw Error("gemma4: head_count is not a multiple of head_count_kv at layer " + std::to_string(il));
+    }
+  }
+  c.context_length = positive(file, key("context_length"));
+  c.sliding_window = positive(file, key("attention.sliding_window"));
+  {
+    const gguf::Array& pattern = file.get_array(key("attention.sliding_window_pattern"));
+    const auto* flags = std::get_if<std::vector<uint8_t>>(&pattern.items);
+    if (flags == nullptr || flags->size() != c.n_layers) {
+      throw Error("gemma4: attention.sliding_window_pattern must be one bool per layer");
+    }
+    for (const uint8_t f : *flags) c.sliding.push_back(f != 0);
+  }
+  const uint64_t shared = file.find_uint(key("attention.shared_kv_layers")).value_or(0);
+  if (shared >= c.n_layers) throw Error("gemma4: attention.shared_kv_layers must be below block_count");
+  c.n_kv_shared = static_cast<size_t>(shared);
+  for (size_t il = c.first_shared(); il < c.n_layers; ++il) c.kv_source(il);  // throws if none
+  const uint64_t ple = file.find_uint(key("embedding_length_per_layer_input")).value_or(0);
+  if (ple > kMaxDim) throw Error("gemma4: embedding_length_per_layer_input is out of range");
+  c.ple_dim = static_cast<size_t>(ple);
+  c.rms_eps = static_cast<float>(file.get_float(key("attention.layer_norm_rms_epsilon")));
+  if (!(c.rms_eps > 0.0f && c.rms_eps < 1.0f)) {
+    throw Error("gemma4: attention.layer_norm_rms_epsilon must be in (0, 1), got " + std::to_string(c.rms_eps));
+  }
+  c.rope_base_full = static_cast<float>(file.get_float(key("rope.freq_base")));
+  c.rope_base_sliding = static_cast<float>(file.find_float(key("rope.freq_base_swa")).value_or(1e4));
+  if (!(c.rope_base_full > 1.0f) || !(c.rope_base_sliding > 1.0f)) throw Error("gemma4: RoPE bases must exceed 1");
+  c.final_softcap = static_cast<float>(file.find_float(key("final_logit_softcapping")).value_or(0.0));
+  if (c.final_softcap < 0.0f) throw Error("gemma4: final_logit_softcapping must not be negative");
+  c.embed_scale = std::sqrt(static_cast<float>(c.d_model));
+  return c;
+}
+
+Gemma4Model::Gemma4Model(const gguf::File& file, const LoadOptions& options, ThreadPool& pool)
+    : config_(Gemma4Config::from_gguf(file)), store_(file, options, pool) {
+  const auto& c = config_;
+  const auto* embd = file.find_tensor("token_embd.weight");
+  if (embd == nullptr) embd = file.find_tensor(std::string("token_embd.weight") + image::kQ4Suffix);
+  if (embd == nullptr || embd->shape.size() != 2) throw Error("model file has no 2-D token_embd.weight");
+  config_.n_vocab = static_cast<size_t>(embd->shape[1]);
+  embedding_ = store_.source_matrix("token_embd.weight", config_.n_vocab, c.d_model);
+  tied_ = !store_.has("output.weight");
+  head_.weight = tied_ ? embedding_ : store_.source_matrix("output.weight", config_.n_vocab, c.d_model);
+  head_.final_softcap = c.final_softcap;
+  if (const auto order = head::find_row_order(file)) head_.set_row_order(*order);
+  output_norm_ = store_.vector("output_norm.weight", c.d_model);
+
+  if (c.ple_dim > 0) {
+    const size_t width = c.n_layers * c.ple_dim;
+    ple_.table = PerLayerTable(file, store_, config_.n_vocab, width);
+    ple_.model_proj = store_.source_matrix("per_layer_model_proj.weight", width, c.d_model);
+    ple_.proj_norm = store_.vector("per_layer_proj_norm.weight", c.ple_dim);
+    ple_.n_layers = c.n_layers;
+    ple_.dim = c.ple_dim;
+    ple_.d_model = c.d_model;
+    ple_.eps = c.rms_eps;
+  }
+
+  const float* rope_factors = nullptr;
+  if (store_.has("rope_freqs.weight")) rope_factors = store_.vector("rope_freqs.weight", c.n_rot_full / 2);
+  for (size_t il = 0; il < c.n_layers; ++il) {
+    const size_t hd = c.head_dim(il);
+    const size_t q_dim = c.n_heads * hd, kv_dim = c.n_kv_heads[il] * hd;
+    const bool owns_kv = il < c.first_shared();
+    Layer l{};
+    l.attn_norm = store_.vector(blk(il, "attn_norm"), c.d_model);
+    l.wq = store_.matrix(blk(il, "attn_q"), q_dim, c.d_model);
+    l.q_norm = store_.vector(blk(il, "attn_q_norm"), hd);
+    if (owns_kv) {
+      l.wk = store_.matrix(blk(il, "attn_k"), kv_dim, c.d_model);
+      // A layer without attn_v uses K as V (HF attention_k_eq_v).
+      if (store_.has(blk(il, "attn_v")) || store_.has(blk(il, "attn_v") + image::kQ4Suffix)) {
+        l.wv = store_.matrix(blk(il, "attn_v"), kv_dim, c.d_model);
+      }
+      l.k_norm = store_.vector(blk(il, "attn_k_norm"), hd);
+    }
+    l.wo = store_.matrix(blk(il, "attn_output"), c.d_model, q_dim);
+    l.post_attn_norm = store_.vector(blk(il, "post_attention_norm"), c.d_model);
+    l.ffn_norm = store_.vector(blk(il, "ffn_norm"), c.d_model);
+    l.w_gate = store_.matrix(blk(il, "ffn_gate"), c.d_ff[il], c.d_model);
+    l.w_up = store_.matrix(blk(il, "ffn_up"), c.d_ff[il], c.d_model);
+    l.w_down = store_.matrix(blk(il, "ffn_down"), c.d_model, c.d_ff[il]);
+    l.post_ffn_norm = store_.vector(blk(il, "post_ffw_norm"), c.d_model);
+    if (c.ple_dim > 0) {
+      l.ple_gate = store_.matrix(blk(il, "inp_gate"), c.ple_dim, c.d_model);
+      l.ple_proj = store_.matrix(blk(il, "proj"), c.d_model, c.ple_dim);
+      l.ple_post_norm = store_.vector(blk(il, "post_norm"), c.d_model);
+    }
+    l.out_scale = store_.has(blk(il, "layer_output_scale")) ? *store_.vector(blk(il, "layer_output_scale"), 1) : 1.0f;
+    if (!std::isfinite(l.out_scale)) throw Error("gemma4: layer_output_scale of layer " + std::to_string(il) + " is not finite");
+    layers_.push_back(l);
+  }
+  inv_freq_full_ = inverse_frequencies(c.rope_base_full, c.n_rot_full, rope_factors);
+  inv_freq_sliding_ = inverse_frequencies(c.rope_base_sliding, c.n_rot_sliding, nullptr);
+  info_.architecture = kArch;
+  info_.name = file.find_string("general.name").value_or("");
+  info_.n_vocab = config_.n_vocab;
+  info_.d_model = c.d_model;
+  info_.n_layers = c.n_layers;
+  info_.context_length = c.context_length;
+  info_.n_params = store_.n_params();
+}
+
+KvCache Gemma4Model::new_cache(size_t n_ctx) const {
+  const auto& c = config_;
+  if (n_ctx == 0 || n_ctx > c.context_length) {
+    throw Error("context size " + std::to_string(n_ctx) + " is outside 1.." +
+                std::to_string(c.context_length) + " for this model");
+  }
+  auto capacity = [&](size_t il) {
+    if (il >= c.first_shared()) return size_t{0};
+    return c.is_sliding(il) ? std::min(n_ctx, c.sliding_window + kMaxUbatch - 1) : n_ctx;
+  };
+  size_t bytes = 0;
+  for (size_t il = 0; il < c.n_layers; ++il) {
+    bytes += 2 * capacity(il) * c.n_kv_heads[il] * c.head_dim(il) * sizeof(uint16_t);
+  }
+  check_memory("the KV cache for a context of " + std::to_string(n_ctx) + " tokens", bytes);
+  KvCache cache;
+  cache.n_ctx = n_ctx;
+  for (size_t il = 0; il < c.n_layers; ++il) {
+    LayerCache lc;
+    lc.capacity = capacity(il);
+    lc.stride = c.n_kv_heads[il] * c.head_dim(il);
+    lc.k.assign(lc.capacity * lc.stride, 0);
+    lc.v.assign(lc.capacity * lc.stride, 0);
+    cache.layers.push_back(std::move(lc));
+  }
+  return cache;
+}
+
+void Gemma4Model::forward_hidden(std::span<const TokenId> tokens, KvCache& cache, Logits which,
+                                 float* hidden, ThreadPool& pool,
+                                 ActivationObserver* observer) const {
+  const auto& c = config_;
+  if (tokens.empty()) throw Error("forward: no tokens");
+  if (cache.layers.size() != c.n_layers) throw Error("forward: cache of another model");
+  for (size_t il = 0; il < c.n_layers; ++il) {
+    if (cache.layers[il].stride != c.n_kv_heads[il] * c.head_dim(il)) throw Error("forward: cache of another model");
+  }
+  if (cache.n_past + tokens.size() > cache.n_ctx) {
+    throw Error("the sequence needs " + std::to_string(cache.n_past + tokens.size()) +
+                " positions but the context holds " + std::to_string(cache.n_ctx));
+  }
+  for (TokenId t : tokens) {
+    if (t < 0 || static_cast<size_t>(t) >= c.n_vocab) {
+      throw Error("token id " + std::to_string(t) + " is outside the vocabulary (" +
+                  std::to_string(c.n_vocab) + ")");
+    }
+  }
+  for (size_t start = 0; start < tokens.size(); start += kMaxUbatch) {
+    const size_t n = std::min(kMaxUbatch, tokens.size() - start);
+    const bool last_chunk = start + n == tokens.size();
+    float* out = nullptr;
+    if (which == Logits::kAll) out = hidden + start * c.d_model;
+    if (which == Logits::kLast && last_chunk) out = hidden;
+    forward_chunk(tokens.subspan(start, n), cache, which, out, pool, observer);
+  }
+}
+
+void Gemma4Model::attention_block(const Layer& l, size_t il, size_t n, size_t pos0,
+                                  KvCache& cache, std::vector<float>& x, ThreadPool& pool,
+                                  ActivationObserver* observer) const {
+  const auto& c = config_;
+  const size_t d = c.d_model, hd = c.head_dim(il);
+  const size_t n_kv = c.n_kv_heads[il];
+  const size_t q_dim = c.n_heads * hd, kv_dim = n_kv * hd;
+  const bool sliding = c.is_sliding(il);
+  const bool owns_kv = il < c.first_shared();
+  const size_t n_rot = sliding ? c.n_rot_sliding : c.n_rot_full;
+  const auto& inv_freq = sliding ? inv_freq_sliding_ : inv_freq_full_;
+  std::vector<float> xn(n * d), q(n * q_dim), attn(n * q_dim), k, v;
+  pool.parallel_for(n, 1, [&](size_t b, size_t e) {
+    for (size_t t = b; t < e; ++t) kernels::rms_norm(&x[t * d], l.attn_norm, &xn[t * d], d, c.rms_eps);
+  });
+  if (observer) {
+    observer->observe(blk(il, "attn_q"), xn.data(), n, d);
+    if (owns_kv) observer->observe(blk(il, "attn_k"), xn.data(), n, d);
+    if (owns_kv && l.wv.data != nullptr) observer->observe(blk(il, "attn_v"), xn.data(), n, d);
+  }
+  kernels::matmul(l.wq, xn.data(), n, d, q.data(), q_dim, pool);
+  if (owns_kv) {
+    k.resize(n * kv_dim);
+    v.resize(n * kv_dim);
+    kernels::matmul(l.wk, xn.data(), n, d, k.data(), kv_dim, pool);
+    if (l.wv.data != nullptr) {
+      kernels::matmul(l.wv, xn.data(), n, d, v.data(), kv_dim, pool);
+    } else {
+      v = k;
+    }
+  }
+  LayerCache& lc = cache.layers[owns_kv ? il : c.kv_source(il)];
+  pool.parallel_for(n, 1, [&](size_t b, size_t e) {
+    std::vector<float> cos_sin(n_rot);
+    for (size_t t = b; t < e; ++t) {
+      float* qt = &q[t * q_dim];
+      fill_cos_sin(inv_freq, static_cast<double>(pos0 + t), cos_sin.data());
+      for (size_t h = 0; h < c.n_heads; ++h) kernels::rms_norm(qt + h * hd, l.q_norm, qt + h * hd, hd, c.rms_eps);
+      kernels::rope_neox(qt, c.n_heads, hd, n_rot, cos_sin.data());
+      if (!owns_kv) continue;
+      float* kt = &k[t * kv_dim];
+      float* vt = &v[t * kv_dim];
+      for (size_t h = 0; h < n_kv; ++h) {
+        kernels::rms_norm(kt + h * hd, l.k_norm, kt + h * hd, hd, c.rms_eps);
+        kernels::rms_norm_unweighted(vt + h * hd, vt + h * hd, hd, c.rms_eps);
+      }
+      kernels::rope_neox(kt, n_kv, hd, n_rot, cos_sin.data());
+      const size_t slot = (pos0 + t) % lc.capacity;
+      kernels::to_fp16(kt, &lc.k[slot * lc.stride], kv_dim);
+      kernels::to_fp16(vt, &lc.v[slot * lc.stride], kv_dim);
+    }
+  });
+  // Attention scale 1: the q/k norms take the place of 1/sqrt(head_dim) (HF self.scaling = 1.0).
+  const AttentionShape shape{c.n_heads, n_kv, hd, sliding ? c.sliding_window : 0};
+  cached_attention(shape, q.data(), n, pos0, lc, attn.data(), pool);
+
+  std::vector<float>& o = xn;  // reuse: [n, d]
+  if (observer) observer->observe(blk(il, "attn_output"), attn.data(), n, q_dim);
+  kernels::matmul(l.wo, attn.data(), n, q_dim, o.data(), d, pool);
+  pool.parallel_for(n, 1, [&](size_t b, size_t e) {
+    for (size_t t = b; t < e; ++t) {
+      kernels::rms_norm(&o[t * d], l.post_attn_norm, &o[t * d], d, c.rms_eps);
+      kernels::add_inplace(&x[t * d], &o[t * d], d);
+    }
+  });
+}
+
+void Gemma4Model::ffn_block(const Layer& l, size_t il, size_t n, std::vector<float>& x,
+                            ThreadPool& pool, ActivationObserver* observer) const {
+  const auto& c = config_;
+  const size_t d = c.d_model, f = c.d_ff[il];
+  std::vector<float> xn(n * d), gate(n * f), up(n * f);
+  pool.parallel_for(n, 1, [&](size_t b, size_t e) {
+    for (size_t t = b; t < e; ++t) kernels::rms_norm(&x[t * d], l.ffn_norm, &xn[t * d], d, c.rms_eps);
+  });
+  if (observer) {
+    for (const char* m : {"ffn_gate", "ffn_up"}) observer->observe(blk(il, m), xn.data(), n, d);
+  }
+  kernels::matmul(l.w_gate, xn.data(), n, d, gate.data(), f, pool);
+  kernels::matmul(l.w_up, xn.data(), n, d, up.data(), f, pool);
+  pool.parallel_for(n, 1, [&](size_t b, size_t e) {
+    kernels::gelu_tanh_mul(&gate[b * f], &up[b * f], &gate[b * f], (e - b) * f);
+  });
+  if (observer) observer->observe(blk(il, "ffn_down"), gate.data(), n, f);
+  kernels::matmul(l.w_down, gate.data(), n, f, xn.data(), d, pool);
+  pool.parallel_for(n, 1, [&](size_t b, size_t e) {
+    for (size_t t = b; t < e; ++t) {
+      kernels::rms_norm(&xn[t * d], l.post_ffn_norm, &xn[t * d], d, c.rms_eps);
+      kernels::add_inplace(&x[t * d], &xn[t * d], d);
+    }
+  });
+}
+
+// x += rms(W_proj (gelu(W_gate x) * pl_i)) * w_post_norm, pl_i this layer's per-layer input.
+void Gemma4Model::ple_block(const Layer& l, size_t il, size_t n, const float* pl,
+                            std::vector<float>& x, ThreadPool& pool,
+                            ActivationObserver* observer) const {
+  const auto& c = config_;
+  const size_t d = c.d_model, p = c.ple_dim, width = c.n_layers * p;
+  std::vector<float> g(n * p), u(n * d);
+  if (observer) observer->observe(blk(il, "inp_gate"), x.data(), n, d);
+  kernels::matmul(l.ple_gate, x.data(), n, d, g.data(), p, pool);
+  for (size_t t = 0; t < n; ++t) kernels::gelu_tanh_mul(&g[t * p], pl + t * width + il * p, &g[t * p], p);
+  if (observer) observer->observe(blk(il, "proj"), g.data(), n, p);
+  kernels::matmul(l.ple_proj, g.data(), n, p, u.data(), d, pool);
+  pool.parallel_for(n, 1, [&](size_t b, size_t e) {
+    for (size_t t = b; t < e; ++t) {
+      kernels::rms_norm(&u[t * d], l.ple_post_norm, &u[t * d], d, c.rms_eps);
+      kernels::add_inplace(&x[t * d], &u[t * d], d);
+    }
+  });
+}
+
+void Gemma4Model::forward_chunk(std::span<const TokenId> tokens, KvCache& cache, Logits which,
+                                float* hidden, ThreadPool& pool,
+                                ActivationObserver* observer) const {
+  const auto& c = config_;
+  const size_t n = tokens.size(), d = c.d_model;
+  const size_t pos0 = cache.n_past;
+  std::vector<float> x(n * d);
+  pool.parallel_for(n, 1, [&](size_t b, size_t e) {
+    for (size_t t = b; t < e; ++t) {
+      const size_t row = tied_ ? head_.row_of(tokens[t]) : static_cast<size_t>(tokens[t]);
+      kernels::matrix_row(embedding_, row, &x[t * d]);
+      kernels::scale_inplace(&x[t * d], c.embed_scale, d);
+    }
+  });
+  std::vector<float> pl;
+  if (c.ple_dim > 0) {
+    pl.resize(n * c.n_layers * c.ple_dim);
+    ple_.compute(tokens, x.data(), pl.data(), pool, observer);
+  }
+  for (size_t il = 0; il < c.n_layers; ++il) {
+    const Layer& l = layers_[il];
+    attention_block(l, il, n, pos0, cache, x, pool, observer);
+    ffn_block(l, il, n, x, pool, observer);
+    if (c.ple_dim > 0) ple_block(l, il, n, pl.data(), x, pool, observer);
+    if (l.out_scale != 1.0f) kernels::scale_inplace(x.data(), l.out_scale, n * d);
+  }
+  cache.n_past += n;
+  if (hidden == nullptr) return;
+  const size_t first = which == Logits::kAll ? 0 : n - 1;
+  for (size_t t = first; t < n; ++t) {
+    kernels::rms_norm(&x[t * d], output_norm_, &hidden[(t - first) * d], d, c.rms_eps);
+  }
+}
+
+}  // namespace kestrel::model
