@@ -173,13 +173,7 @@ FlashHeadData prepare_flashhead(const gguf::File& src, const gguf::TensorInfo& h
     std::memcpy(&f.head_bytes[r * row_bytes], bytes.data() + static_cast<size_t>(f.clustering.order[r]) * row_bytes, row_bytes);
   }
   f.centroids = quantize_q8_0(f.clustering.centroids.data(), f.clustering.centroids.size());
-  const text::Tokenizer tok = text::Tokenizer::from_gguf(src);
-  f.special.push_back(tok.eos());
-  for (const char* piece : {"<end_of_turn>", "<eos>"}) {
-    if (auto id = tok.find(piece); id && std::find(f.special.begin(), f.special.end(), *id) == f.special.end()) {
-      f.special.push_back(*id);
-    }
-  }
+  f.special = text::Tokenizer::from_gguf(src).stop_tokens();
   const size_t k = f.clustering.n_clusters;
   f.probes = options.flashhead_probes ? options.flashhead_probes : default_probes(k);
   if (f.probes > k) throw Error("--probes " + std::to_string(f.probes) + " exceeds the " + std::to_string(k) + " clusters");

@@ -82,13 +82,7 @@ Engine::Engine(const std::filesystem::path& model_path, const EngineOptions& opt
   } else if (options.probes != 0 && options.head != HeadMode::kDense) {
     throw Error("--probes applies to images built with --flashhead only");
   }
-  stop_tokens_.push_back(tokenizer_.eos());
-  if (auto eot = tokenizer_.find("<end_of_turn>")) stop_tokens_.push_back(*eot);
-  // Gemma 4 (generation_config eos_token_id [1, 106, 50]): end of turn, and the tool-response
-  // opener after which the host runs the tool call.
-  for (const char* piece : {"<turn|>", "<|tool_response>"}) {
-    if (auto id = tokenizer_.find(piece)) stop_tokens_.push_back(*id);
-  }
+  stop_tokens_ = tokenizer_.stop_tokens();
 }
 
 std::vector<TokenId> Engine::encode(std::string_view text, bool special) const {

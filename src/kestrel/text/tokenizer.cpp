@@ -466,4 +466,12 @@ std::string StreamDecoder::flush() {
   return out;
 }
 
+std::vector<TokenId> Tokenizer::stop_tokens() const {
+  std::vector<TokenId> ids{eos()};
+  for (const char* piece : {"<end_of_turn>", "<turn|>", "<|tool_response>"}) {
+    if (auto id = find(piece); id && std::find(ids.begin(), ids.end(), *id) == ids.end()) ids.push_back(*id);
+  }
+  return ids;
+}
+
 }  // namespace kestrel::text

@@ -60,6 +60,9 @@ class Tokenizer {
   const std::string& piece(TokenId id) const;  // raw vocabulary string (with U+2581)
   /// Exact vocabulary lookup of a raw piece, e.g. "<end_of_turn>".
   std::optional<TokenId> find(std::string_view piece) const;
+  /// Tokens that end a turn: EOS, Gemma 3's <end_of_turn>, Gemma 4's <turn|> and
+  /// <|tool_response> (generation_config eos_token_id [1, 106, 50]), those the vocabulary has.
+  std::vector<TokenId> stop_tokens() const;
 
  private:
   /// Transparent hash so that string_views can be looked up without building a std::string.
