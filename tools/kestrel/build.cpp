@@ -1,7 +1,9 @@
 // kestrel build: a source checkpoint in, a Kestrel image out.
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -79,8 +81,9 @@ int build(const BuildCommandOptions& o) {
   options.zero_points = !o.symmetric;
   for (const auto& l : o.licenses) options.license_files.emplace_back(l);
   options.progress = progress_bar;
-  if (!o.flashhead && (o.cluster_size != 16 || o.probes != 0 || o.radius_weight != 0.1f)) {
-    throw Error("--cluster-size, --probes and --radius-weight apply to --flashhead builds only");
+  if (!o.flashhead && (o.cluster_size != 16 || o.probes != 0 || o.radius_weight != 0.1f ||
+                       o.flashhead_iterations != 8)) {
+    throw Error("--cluster-size, --probes, --radius-weight and --flashhead-iterations apply to --flashhead builds only");
   }
   options.flashhead = o.flashhead;
   options.flashhead_clustering.cluster_size = o.cluster_size;
@@ -172,7 +175,12 @@ Command add_build_command(CLI::App& app) {
       ->check(CLI::Range(size_t{1}, size_t{1} << 24));
   cmd->add_option("--radius-weight", o->radius_weight,
                   "FlashHead: alpha of the stage-1 score centroid.h + alpha |h| radius (0: the mean logit)")
-      ->check(CLI::Range(0.0f, 10.0f))
+      ->check(CLI::Validator(
+          [](const std::string& text) {
+            const double v = std::strtod(text.c_str(), nullptr);
+            return std::isfinite(v) && v >= 0.0 && v <= 10.0 ? std::string() : "must be a number in [0, 10], got " + text;
+          },
+          "[0 - 10]"))
       ->capture_default_str();
   cmd->add_option("--flashhead-iterations", o->flashhead_iterations, "FlashHead: k-means iterations per level")
       ->check(CLI::Range(size_t{1}, size_t{100}))

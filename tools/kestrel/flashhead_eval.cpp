@@ -1,5 +1,7 @@
 // kestrel flashhead-eval: FlashHead against the dense head, teacher-forced on a text, for a
 // sweep of probe counts (the curve for choosing --probes).
+#include <unistd.h>
+
 #include <cstdio>
 #include <iostream>
 #include <sstream>
@@ -32,7 +34,7 @@ std::vector<size_t> parse_list(const std::string& s) {
   std::stringstream ss(s);
   std::string item;
   while (std::getline(ss, item, ',')) {
-    if (item.empty()) continue;
+    if (item.empty()) throw Error("an empty entry in '" + s + "'");
     size_t used = 0;
     unsigned long long v = 0;
     try {
@@ -40,7 +42,7 @@ std::vector<size_t> parse_list(const std::string& s) {
     } catch (const std::exception&) {
       used = 0;
     }
-    if (used != item.size() || v == 0 || item[0] == '-') throw Error("--probes: '" + item + "' is not a positive integer");
+    if (used != item.size() || v == 0 || item[0] == '-') throw Error("'" + item + "' is not a positive integer");
     out.push_back(static_cast<size_t>(v));
   }
   return out;
@@ -59,10 +61,11 @@ int run(const FlashHeadEvalCliOptions& o) {
   options.n_ctx = o.ctx;
   options.max_positions = o.positions;
   options.sampler = o.sampler;
+  const bool tty = isatty(fileno(stderr)) != 0;
   const auto r = runtime::evaluate_flashhead(engine, tokens, options, [&](size_t done, size_t total) {
-    if (!o.json) std::fprintf(stderr, "\r%zu/%zu positions", done, total);
+    if (!o.json && tty) std::fprintf(stderr, "\r%zu/%zu positions", done, total);
   });
-  if (!o.json) std::fprintf(stderr, "\n");
+  if (!o.json && tty) std::fprintf(stderr, "\n");
   const auto* flash = engine.flashhead();
   if (o.json) {
     nlohmann::json rows = nlohmann::json::array();
@@ -101,7 +104,17 @@ Command add_flashhead_eval_command(CLI::App& app) {
   cmd->add_option("-t,--threads", o->model.threads, "Threads (default: every core)")
       ->check(CLI::Range(0, ThreadPool::kMaxThreads));
   cmd->add_option("-f,--file", o->file, "Text file, or OpenAssistant .jsonl (its rows' text)")->required();
-  cmd->add_option("--probes", o->probes, "Comma-separated probe counts (default: the image's)");
+  cmd->add_option("--probes", o->probes, "Comma-separated probe counts (default: the image's)")
+      ->check(CLI::Validator(
+          [](const std::string& text) {
+            try {
+              parse_list(text);
+            } catch (const std::exception& e) {
+              return std::string(e.what());
+            }
+            return std::string();
+          },
+          "LIST"));
   cmd->add_option("--skip-chars", o->skip_chars, "Skip this many characters of the text first (held-out data)")
       ->capture_default_str();
   cmd->add_option("--max-chars", o->max_chars, "Characters of text to read at most")->capture_default_str();

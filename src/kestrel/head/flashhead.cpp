@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 
 #include "kestrel/base/error.h"
@@ -45,6 +46,13 @@ FlashHead::FlashHead(const gguf::File& file, const OutputHead& head) : head_(&he
   centroids_.data = file.tensor_data(*c).data();
   centroids_.rows = n_clusters_;
   centroids_.cols = d;
+  // A non-finite centroid scale would rank clusters by NaN: refuse the image instead.
+  const auto* blocks = static_cast<const uint8_t*>(centroids_.data);
+  for (size_t b = 0; b < n_clusters_ * d / 32; ++b) {
+    uint16_t scale = 0;
+    std::memcpy(&scale, blocks + b * 34, sizeof(scale));
+    if ((scale & 0x7C00) == 0x7C00) throw Error("FlashHead: a centroid scale is not finite (corrupt image)");
+  }
   if (const gguf::TensorInfo* r = file.find_tensor(kRadiiTensor)) {
     if (r->type != gguf::TensorType::kF32 || r->shape != std::vector<uint64_t>{n_clusters_}) {
       throw Error(std::string("FlashHead: image tensor ") + kRadiiTensor + " must be F32 {" +
@@ -52,7 +60,12 @@ FlashHead::FlashHead(const gguf::File& file, const OutputHead& head) : head_(&he
     }
     radii_ = reinterpret_cast<const float*>(file.tensor_data(*r).data());
     radius_weight_ = static_cast<float>(file.find_float(keys::kRadiusWeight).value_or(0.0));
-    if (!std::isfinite(radius_weight_)) throw Error("FlashHead: radius weight is not finite");
+    if (!std::isfinite(radius_weight_) || radius_weight_ < 0.0f) {
+      throw Error("FlashHead: the image's radius weight is not a finite number >= 0");
+    }
+    for (size_t k = 0; k < n_clusters_; ++k) {
+      if (!std::isfinite(radii_[k]) || radii_[k] < 0.0f) throw Error("FlashHead: cluster radius " + std::to_string(k) + " is not a finite number >= 0");
+    }
   }
   if (const gguf::TensorInfo* s = file.find_tensor(kSpecialTokensTensor)) {
     if (s->type != gguf::TensorType::kI32 || s->shape.size() != 1) {

@@ -161,6 +161,18 @@ FlashHeadData prepare_flashhead(const gguf::File& src, const gguf::TensorInfo& h
   FlashHeadData f;
   const size_t d = static_cast<size_t>(head_tensor.shape[0]), v = static_cast<size_t>(head_tensor.shape[1]);
   if (d % 32 != 0) throw Error("FlashHead needs a d_model that is a multiple of 32");
+  // Everything that can be refused is refused before the clustering runs.
+  const size_t cap = options.flashhead_clustering.cluster_size;
+  if (cap == 0 || v % cap != 0) {
+    throw Error("FlashHead: the cluster size " + std::to_string(cap) + " must divide the vocabulary (" +
+                std::to_string(v) + " tokens)");
+  }
+  const size_t k = v / cap;
+  f.probes = options.flashhead_probes ? options.flashhead_probes : default_probes(k);
+  if (f.probes > k) throw Error("--probes " + std::to_string(f.probes) + " exceeds the " + std::to_string(k) + " clusters");
+  if (!std::isfinite(options.flashhead_radius_weight) || options.flashhead_radius_weight < 0.0f) {
+    throw Error("FlashHead: the radius weight must be a finite number >= 0");
+  }
   const auto bytes = src.tensor_data(head_tensor);
   {
     std::vector<float> rows(v * d);
@@ -174,9 +186,6 @@ FlashHeadData prepare_flashhead(const gguf::File& src, const gguf::TensorInfo& h
   }
   f.centroids = quantize_q8_0(f.clustering.centroids.data(), f.clustering.centroids.size());
   f.special = text::Tokenizer::from_gguf(src).stop_tokens();
-  const size_t k = f.clustering.n_clusters;
-  f.probes = options.flashhead_probes ? options.flashhead_probes : default_probes(k);
-  if (f.probes > k) throw Error("--probes " + std::to_string(f.probes) + " exceeds the " + std::to_string(k) + " clusters");
   return f;
 }
 

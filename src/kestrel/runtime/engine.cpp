@@ -79,8 +79,9 @@ Engine::Engine(const std::filesystem::path& model_path, const EngineOptions& opt
       throw Error("--probes " + std::to_string(probes_) + " exceeds the image's " +
                   std::to_string(flash_->n_clusters()) + " FlashHead clusters");
     }
-  } else if (options.probes != 0 && options.head != HeadMode::kDense) {
-    throw Error("--probes applies to images built with --flashhead only");
+  } else if (options.probes != 0) {
+    throw Error(options.head == HeadMode::kDense ? "--probes applies to FlashHead, not to --head dense"
+                                                 : "--probes applies to images built with --flashhead only");
   }
   stop_tokens_ = tokenizer_.stop_tokens();
 }
