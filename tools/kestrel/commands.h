@@ -15,5 +15,6 @@ Command add_chat_command(CLI::App& app);
 Command add_perplexity_command(CLI::App& app);
 Command add_build_command(CLI::App& app);
 Command add_inspect_command(CLI::App& app);
+Command add_bench_command(CLI::App& app);
 
 }  // namespace kestrel::tools

@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
       {"perplexity", t::add_perplexity_command(app)},
       {"build", t::add_build_command(app)},
       {"inspect", t::add_inspect_command(app)},
+      {"bench", t::add_bench_command(app)},
   };
   try {
     app.parse(argc, argv);

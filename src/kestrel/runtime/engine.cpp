@@ -98,6 +98,7 @@ GenerateResult Engine::generate(std::span<const TokenId> prompt, const GenerateO
       t_first = Clock::now();
       result.ttft_ms = ms_since(t0);
     }
+    if (options.on_token) options.on_token(token);
     result.tokens.push_back(token);
     history.push_back(token);
     const bool is_stop_token =

@@ -32,6 +32,8 @@ struct GenerateOptions {
   SamplerConfig sampler;
   bool ignore_eos = false;         // keep going past EOS / <end_of_turn>
   std::vector<std::string> stop;   // stop strings; the text ends before the first match
+  /// Called right after each token is chosen, before it is turned into text (benchmark timing).
+  std::function<void(TokenId)> on_token;
 };
 
 struct GenerateResult {
