@@ -227,7 +227,7 @@ int dump_prompts(const BenchCliOptions& o, const std::vector<bench::SuiteSpec>& 
   json out = {{"schema", "kestrel-bench-prompts/1"}, {"text", text.string()}, {"suites", json::object()}};
   for (const auto& s : specs) {
     out["suites"][s.name] = {{"prompt_tokens", s.prompt_tokens}, {"output_tokens", s.output_tokens},
-                             {"warmup", s.warmup}, {"requests", s.requests}, {"same_prompt", s.same_prompt},
+                             {"warmup_requests", s.warmup}, {"measured_requests", s.requests}, {"same_prompt", s.same_prompt},
                              {"prompts", bench::suite_prompts(s, stream, engine.tokenizer())}};
   }
   write_file(o.dump_prompts, out.dump());

@@ -116,8 +116,8 @@ nlohmann::json suite_json(const SuiteResult& suite) {
   const SuiteSpec& s = suite.spec;
   return {{"prompt_tokens", s.prompt_tokens},
           {"output_tokens", s.output_tokens},
-          {"warmup", s.warmup},
-          {"requests", s.requests},
+          {"warmup_requests", s.warmup},
+          {"measured_requests", s.requests},
           {"same_prompt", s.same_prompt},
           {"summary",
            {{"e2e_s", stat_json(suite.e2e_s)},
