@@ -48,6 +48,7 @@ struct BenchCliOptions {
   std::optional<size_t> warmup, requests, prompt_tokens, output_tokens;
   double idle_seconds = 5;
   bool no_progress = false;
+  bool sensors = false;
 };
 
 struct ModelArg {
@@ -234,7 +235,36 @@ int dump_prompts(const BenchCliOptions& o, const std::vector<bench::SuiteSpec>& 
   return 0;
 }
 
+// --sensors: what the machine offers, and the power over --idle-seconds at rest.
+int list_sensors(const BenchCliOptions& o) {
+  bench::SteadyClock clock;
+  bench::SensorScan scan = bench::scan_sensors();
+  for (const auto& s : scan.sensors) {
+    const auto v = s->read();
+    std::printf("sensor       %s: %s\n", s->describe().c_str(),
+                v ? (std::to_string(*v) + (s->cumulative() ? " J" : " W")).c_str() : "unreadable now");
+  }
+  for (const auto& u : scan.unavailable) std::printf("not used     %s\n", u.c_str());
+  bench::PowerMonitor monitor(std::move(scan.sensors), clock);
+  if (!monitor.available()) {
+    std::printf("energy       %s\n", bench::no_sensor_text(scan.unavailable).c_str());
+    return 0;
+  }
+  const auto e0 = monitor.energy_j();
+  const double t0 = clock.now_s();
+  std::this_thread::sleep_for(std::chrono::duration<double>(o.idle_seconds));
+  const auto e1 = monitor.energy_j();
+  const double dt = clock.now_s() - t0;
+  if (e0 && e1 && dt > 0) {
+    std::printf("idle power   %.3f W (%.3f J over %.2f s)\n", (*e1 - *e0) / dt, *e1 - *e0, dt);
+  } else {
+    std::printf("idle power   n/a (the sensors could not be read)\n");
+  }
+  return 0;
+}
+
 int run_bench(const BenchCliOptions& o) {
+  if (o.sensors) return list_sensors(o);
   const std::vector<bench::SuiteSpec> specs = suites_of(o);
   std::filesystem::path text = o.text;
   if (text.empty()) {
@@ -329,6 +359,9 @@ Command add_bench_command(CLI::App& app) {
   cmd->add_option("--dump-prompts", o->dump_prompts,
                   "Only write the suites' prompt token ids (JSON) to this file and exit (for the peers script)");
   cmd->add_flag("--no-progress", o->no_progress, "No progress bar on stderr");
+  cmd->add_flag("--sensors", o->sensors,
+                "Only list the power/energy sensors found (and why others are not used), measure the idle "
+                "power over --idle-seconds, and exit");
   return [o] { return run_bench(*o); };
 }
 
