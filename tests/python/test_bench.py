@@ -152,3 +152,14 @@ def test_usage_errors(tmp_path):
     bad.write_text("{}")
     if OASST.exists():
         assert "not a kestrel bench report" in error_of(kestrel("bench", "--text", OASST, "--add-rows", bad))
+
+
+def test_chart_is_a_png(report, tmp_path):
+    pytest.importorskip("matplotlib")
+    j, _ = report
+    src, png = tmp_path / "r.json", tmp_path / "r.png"
+    src.write_text(json.dumps(j))
+    r = subprocess.run(["python3", str(ROOT / "scripts" / "bench" / "plot_bench.py"), str(src), "-o", str(png)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
