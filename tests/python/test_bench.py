@@ -163,3 +163,31 @@ def test_chart_is_a_png(report, tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@needs_model
+@needs_text
+def test_peers_script_writes_the_same_schema(report, tmp_path):
+    """scripts/bench/peers_bench.py (llama.cpp): the same keys at every level as kestrel bench."""
+    pytest.importorskip("llama_cpp")
+    j, _ = report
+    out = tmp_path / "peers.json"
+    r = subprocess.run(["python3", str(ROOT / "scripts" / "bench" / "peers_bench.py"), "--kestrel", str(KESTREL),
+                        "-m", str(model_path()), "--text", str(OASST), "-t", "2", "--idle-seconds", "0",
+                        "--warmup", "1", "--requests", "2", "--prompt-tokens", "40", "--output-tokens", "6",
+                        "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    p = json.loads(out.read_text())
+    assert p["schema"] == j["schema"] and set(p) == set(j)
+    [pv], [kv] = p["variants"], j["variants"]
+    assert set(pv) == set(kv) and set(pv["memory"]) == set(kv["memory"]) and set(pv["power"]) == set(kv["power"])
+    assert pv["variant"] == "llama.cpp" and pv["size_bytes"] == kv["size_bytes"]
+    for suite in ("throughput", "decode"):
+        ps, ks = pv["suites"][suite], kv["suites"][suite]
+        assert set(ps) == set(ks) and set(ps["summary"]) == set(ks["summary"])
+        assert len(ps["requests"]) == 3
+        for pr, kr in zip(ps["requests"], ks["requests"]):
+            assert set(pr) == set(kr)
+            assert (pr["prompt_index"], pr["prompt_tokens"], pr["output_tokens"], pr["warmup"]) == \
+                (kr["prompt_index"], kr["prompt_tokens"], kr["output_tokens"], kr["warmup"])
+            assert math.isclose(pr["e2e_s"], pr["ttft_s"] + pr["decode_s"], rel_tol=1e-9)
