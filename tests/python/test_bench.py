@@ -191,3 +191,9 @@ def test_peers_script_writes_the_same_schema(report, tmp_path):
             assert (pr["prompt_index"], pr["prompt_tokens"], pr["output_tokens"], pr["warmup"]) == \
                 (kr["prompt_index"], kr["prompt_tokens"], kr["output_tokens"], kr["warmup"])
             assert math.isclose(pr["e2e_s"], pr["ttft_s"] + pr["decode_s"], rel_tol=1e-9)
+
+
+@needs_text
+def test_unwritable_output_fails_before_measuring(tmp_path):
+    r = kestrel("bench", "--text", OASST, "--json", tmp_path / "no" / "such" / "dir.json", timeout=20)
+    assert "cannot write" in error_of(r)

@@ -281,6 +281,10 @@ int run_bench(const BenchCliOptions& o) {
     if (spec.prompt_tokens < 2) throw Error("--prompt-tokens must be at least 2");
   }
   if (!o.dump_prompts.empty()) return dump_prompts(o, specs, text);
+  // The outputs must be writable before minutes of measuring.
+  for (const std::string& out : {o.json_out, o.markdown_out}) {
+    if (!out.empty() && !std::ofstream(out, std::ios::binary | std::ios::app)) throw Error("cannot write " + out);
+  }
 
   // Rows from other runs (the llama.cpp peers script), read first so a bad file fails early.
   std::vector<json> extra;
