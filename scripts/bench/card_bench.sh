@@ -19,7 +19,7 @@ mkdir -p "$OUT"
 [[ -f "$OUT/bf16.kimg" ]] || build/kestrel build default -o "$OUT/bf16.kimg" --precision bf16 >&2
 python3 scripts/bench/peers_bench.py -t "$THREADS" --text "$TEXT" --json "$OUT/peers.json"
 build/kestrel bench -t "$THREADS" --text "$TEXT" \
-  -m "W4A16=$OUT/w4a16.kimg" -m "BF16 baseline=$OUT/bf16.kimg" "$@" \
+  -m "W4A16 (dense head)=$OUT/w4a16.kimg" -m "BF16 baseline=$OUT/bf16.kimg" "$@" \
   --add-rows "$OUT/peers.json" --json "$OUT/bench.json" --markdown "$OUT/bench.md" >/dev/null
 python3 scripts/bench/plot_bench.py "$OUT/bench.json" -o "$OUT/bench.png"
 cat "$OUT/bench.md"
