@@ -18,5 +18,6 @@ Command add_inspect_command(CLI::App& app);
 Command add_flashhead_eval_command(CLI::App& app);
 Command add_serve_command(CLI::App& app);
 Command add_export_tokenizer_command(CLI::App& app);
+Command add_bench_command(CLI::App& app);
 
 }  // namespace kestrel::tools

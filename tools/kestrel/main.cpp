@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
       {"flashhead-eval", t::add_flashhead_eval_command(app)},
       {"serve", t::add_serve_command(app)},
       {"export-tokenizer", t::add_export_tokenizer_command(app)},
+      {"bench", t::add_bench_command(app)},
   };
   try {
     app.parse(argc, argv);
