@@ -171,7 +171,7 @@ Command add_build_command(CLI::App& app) {
   cmd->add_option("--cluster-size", o->cluster_size, "FlashHead: tokens per cluster (must divide the vocabulary)")
       ->check(CLI::Range(size_t{1}, size_t{4096}))
       ->capture_default_str();
-  cmd->add_option("--probes", o->probes, "FlashHead: default clusters probed per step (default: 5/64 of the clusters, 1,280 for a 262,144-token vocabulary)")
+  cmd->add_option("--probes", o->probes, "FlashHead: default clusters probed per step (default: 1/16 of the clusters, 1,024 for a 262,144-token vocabulary)")
       ->check(CLI::Range(size_t{1}, size_t{1} << 24));
   cmd->add_option("--radius-weight", o->radius_weight,
                   "FlashHead: alpha of the stage-1 score centroid.h + alpha |h| radius (0: the mean logit)")

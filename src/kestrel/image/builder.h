@@ -36,7 +36,7 @@ struct BuildOptions {
   bool flashhead = false;
   head::ClusteringOptions flashhead_clustering;
   float flashhead_radius_weight = 0.1f;  // alpha of the stage-1 score (docs/flashhead.md)
-  size_t flashhead_probes = 0;  // default probes recorded in the image; 0: 5/64 of the clusters
+  size_t flashhead_probes = 0;  // default probes recorded in the image; 0: 1/16 of the clusters
   /// Called after each tensor: (tensors done, tensors in all, the tensor's name).
   std::function<void(size_t, size_t, const std::string&)> progress;
 };
