@@ -199,3 +199,24 @@ def test_fp16_baseline_image(tmp_path):
     item = GOLDENS["references"]["f32"][0]
     r = kestrel("run", "-m", image, "--raw", "-p", item["text"], "-n", 16, "--temp", 0, "--ignore-eos", "--json")
     assert json.loads(r.stdout)["tokens"] == item["greedy"][:16]
+
+
+def test_killed_build_leaves_nothing_behind(tmp_path):
+    import signal
+    import time
+    out = tmp_path / "killed.kimg"
+    partial = tmp_path / "killed.kimg.partial"
+    proc = subprocess.Popen([str(KESTREL), "build", "default", "-o", str(out), "--flashhead", "-t", "1"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 60
+        while not partial.exists() and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+        assert partial.exists(), "the build never started writing"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not partial.exists()
+    assert not out.exists()

@@ -1,7 +1,9 @@
 // kestrel build: a source checkpoint in, a Kestrel image out.
 #include <unistd.h>
 
+#include <csignal>
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -72,7 +74,25 @@ void progress_bar(size_t done, size_t total, const std::string& name) {
   std::fflush(stderr);
 }
 
+// SIGINT / SIGTERM during a build: remove OUT.partial (unlink is async-signal-safe) and exit
+// with 128 + the signal, so a killed build leaves nothing behind either.
+char g_partial_path[4096];
+
+extern "C" void remove_partial_and_exit(int sig) {
+  if (g_partial_path[0] != '\0') ::unlink(g_partial_path);
+  ::_exit(128 + sig);
+}
+
+void remove_partial_on_signal(const std::string& out) {
+  const std::string partial = out + ".partial";
+  if (partial.size() >= sizeof(g_partial_path)) return;
+  std::memcpy(g_partial_path, partial.c_str(), partial.size() + 1);
+  std::signal(SIGINT, remove_partial_and_exit);
+  std::signal(SIGTERM, remove_partial_and_exit);
+}
+
 int build(const BuildCommandOptions& o) {
+  remove_partial_on_signal(o.out);
   image::BuildOptions options;
   options.precision = quant::parse_precision(o.precision);
   options.group_size = o.group_size;
