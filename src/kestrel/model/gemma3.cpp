@@ -5,6 +5,7 @@
 
 #include "kestrel/base/error.h"
 #include "kestrel/head/flashhead_format.h"
+#include "kestrel/model/attention.h"
 #include "kestrel/kernels/ops.h"
 
 namespace kestrel::model {
@@ -217,77 +218,12 @@ void Gemma3Model::attention_block(const Layer& l, size_t il, size_t n, size_t po
     }
   });
 
-  // Items are (token, KV head) pairs. With fewer items than threads (decode), each item's
-  // cache range is split over the threads instead and the partial softmaxes merged.
-  const size_t group = c.n_heads / c.n_kv_heads;
-  const size_t n_items = n * c.n_kv_heads;
-  const size_t threads = static_cast<size_t>(pool.size());
-  auto visible = [&](size_t t) {
-    const size_t pos = pos0 + t;
-    const size_t begin = sliding && pos + 1 > c.sliding_window ? pos + 1 - c.sliding_window : 0;
-    return std::pair<size_t, size_t>{begin, pos + 1};
-  };
-  // Prefill: tiles of consecutive tokens x the heads of one KV head share each K/V row read.
-  const size_t tile_tokens = std::max<size_t>(1, kernels::kMaxBlockQueries / group);
-  const size_t n_tiles = (n + tile_tokens - 1) / tile_tokens;
-  if (n_items >= threads && group <= kernels::kMaxBlockQueries && hd % 16 == 0) {
-    pool.parallel_for(n_tiles * c.n_kv_heads, 1, [&](size_t b, size_t e) {
-      std::vector<float> scores(kernels::kMaxBlockQueries * (std::min(pos0 + n, lc.capacity) + tile_tokens));
-      for (size_t item = b; item < e; ++item) {
-        const size_t tile = item / c.n_kv_heads, g = item % c.n_kv_heads;
-        const size_t t0 = tile * tile_tokens, t1 = std::min(n, t0 + tile_tokens);
-        const float* queries[kernels::kMaxBlockQueries];
-        float* outs[kernels::kMaxBlockQueries];
-        size_t begins[kernels::kMaxBlockQueries], ends[kernels::kMaxBlockQueries];
-        size_t n_q = 0;
-        for (size_t t = t0; t < t1; ++t) {
-          const auto [begin, end] = visible(t);
-          for (size_t h = 0; h < group; ++h, ++n_q) {
-            queries[n_q] = &q[t * q_dim + (g * group + h) * hd];
-            outs[n_q] = &attn[t * q_dim + (g * group + h) * hd];
-            begins[n_q] = begin;
-            ends[n_q] = end;
-          }
-        }
-        kernels::attend_block(queries, n_q, begins, ends, lc.k.data() + g * hd,
-                              lc.v.data() + g * hd, lc.stride, lc.capacity, hd, scores.data(), outs);
-      }
-    });
-  } else if (n_items >= threads) {
-    pool.parallel_for(n_items, 1, [&](size_t b, size_t e) {
-      std::vector<float> scores(group * (std::min(pos0 + n, lc.capacity) + 1));
-      for (size_t item = b; item < e; ++item) {
-        const size_t t = item / c.n_kv_heads, g = item % c.n_kv_heads;
-        const auto [begin, end] = visible(t);
-        kernels::attend_group(&q[t * q_dim + g * group * hd], group, lc.k.data() + g * hd,
-                              lc.v.data() + g * hd, lc.stride, lc.capacity, hd, begin, end,
-                              scores.data(), &attn[t * q_dim + g * group * hd]);
-      }
-    });
-  } else {
-    std::vector<float> part_out(threads * group * hd), part_max(threads * group),
-        part_sum(threads * group);
-    std::vector<kernels::AttentionPartial> parts(threads);
-    for (size_t p = 0; p < threads; ++p) {
-      parts[p] = {&part_out[p * group * hd], &part_max[p * group], &part_sum[p * group]};
-    }
-    for (size_t item = 0; item < n_items; ++item) {
-      const size_t t = item / c.n_kv_heads, g = item % c.n_kv_heads;
-      const auto [begin, end] = visible(t);
-      const size_t slice = (end - begin + threads - 1) / threads;
-      const size_t n_parts = (end - begin + slice - 1) / slice;
-      pool.parallel_for(n_parts, 1, [&](size_t pb, size_t pe) {
-        std::vector<float> scores(group * slice);
-        for (size_t p = pb; p < pe; ++p) {
-          const size_t s0 = begin + p * slice, s1 = std::min(end, s0 + slice);
-          kernels::attend_partial(&q[t * q_dim + g * group * hd], group, lc.k.data() + g * hd,
-                                  lc.v.data() + g * hd, lc.stride, lc.capacity, hd, s0, s1,
-                                  scores.data(), &parts[p]);
-        }
-      });
-      kernels::merge_partials(parts.data(), n_parts, group, hd, &attn[t * q_dim + g * group * hd]);
-    }
-  }
+  AttentionShape shape;
+  shape.n_heads = c.n_heads;
+  shape.n_kv_heads = c.n_kv_heads;
+  shape.head_dim = hd;
+  shape.window = sliding ? c.sliding_window : 0;
+  cached_attention(shape, q.data(), n, pos0, lc, attn.data(), pool);
 
   std::vector<float>& o = xn;  // reuse: [n, d]
   if (observer) observer->observe(blk(il, "attn_output"), attn.data(), n, q_dim);
