@@ -1,0 +1,220 @@
+#!/usr/bin/env python3
+"""Accuracy of Kestrel images, the model card's method: greedy, one answer per item, sets sampled
+evenly over their items, every image on the same items, the optimized images against the first
+(the baseline) with paired-bootstrap 95 % intervals. Each image is served by `kestrel serve` and
+queried through the OpenAI API (the official `openai` client), so the chat template is the
+server's. Per-item JSONL lands in OUT/<set>/<label>.jsonl as answers arrive; a rerun with the same
+OUT resumes. docs/accuracy.md describes the method and holds the recorded table.
+
+  python3 scripts/eval/kestrel_eval.py --image baseline=bf16.kimg --image w4a16-fh=fh.kimg \\
+      --sets gsm8k,ifeval --limit 20 --out /tmp/eval
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from evalsets import DATA, ROOT, SETS  # noqa: E402
+from report import build_table, markdown, read_records  # noqa: E402
+
+CARD_MAX_TOKENS = 3500  # the card's answer cap
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--image", action="append", required=True, metavar="LABEL=PATH",
+                   help="a model image or GGUF; repeat; the first is the baseline")
+    p.add_argument("--sets", default="gsm8k,ifeval", help="comma-separated: gsm8k, ifeval")
+    p.add_argument("--limit", action="append", default=[], metavar="[SET=]N",
+                   help="items per set, for all sets or one (default: the whole set)")
+    p.add_argument("--seed", type=int, default=0, help="item sampling seed")
+    p.add_argument("--max-tokens", action="append", default=[], metavar="[SET=]N",
+                   help=f"answer cap in tokens, for all sets or one (default {CARD_MAX_TOKENS}, the card's)")
+    p.add_argument("--gsm8k-shots", type=int, default=5,
+                   help="GSM8K worked examples as earlier chat turns (0: zero-shot)")
+    p.add_argument("--out", required=True, type=Path, help="output folder")
+    p.add_argument("--threads", type=int, default=0, help="threads per server (0: every core)")
+    p.add_argument("--ctx", type=int, default=4096, help="context per server in tokens")
+    p.add_argument("--kestrel", type=Path, default=Path(os.environ.get("KESTREL_BIN", ROOT / "build" / "kestrel")))
+    p.add_argument("--ppl-file", type=Path, default=DATA / "wikitext2" / "wiki.test.raw",
+                   help="text for perplexity, KL and same-top-1 against the baseline")
+    p.add_argument("--ppl-chunks", type=int, default=8, help="512-token chunks for perplexity (0: skip)")
+    p.add_argument("--resamples", type=int, default=10_000, help="bootstrap resamples")
+    a = p.parse_args(argv)
+    a.images = []
+    for spec in a.image:
+        label, sep, path = spec.partition("=")
+        if not sep or not label or not path:
+            p.error(f"--image wants LABEL=PATH, got {spec!r}")
+        if not re.fullmatch(r"[A-Za-z0-9._+-]+", label):
+            p.error(f"image label {label!r}: letters, digits and . _ + - only")
+        if not Path(path).is_file():
+            p.error(f"--image {label}: no such file {path}")
+        a.images.append((label, Path(path)))
+    if len({lab for lab, _ in a.images}) != len(a.images):
+        p.error("image labels must differ")
+    a.sets = [s for s in a.sets.split(",") if s]
+    for s in a.sets:
+        if s not in SETS:
+            p.error(f"unknown set {s!r} (known: {', '.join(SETS)})")
+    a.caps, a.limits = _per_set(p, "--max-tokens", a.max_tokens, CARD_MAX_TOKENS), _per_set(p, "--limit", a.limit, None)
+    return a
+
+
+def _per_set(p, flag: str, specs: list[str], default):
+    """'N' (every set) or 'SET=N' (one set; wins over a plain N), N >= 1 -> {set: N or default}."""
+    out = {s: default for s in SETS}
+    for spec in sorted(specs, key=lambda x: "=" in x):
+        name, sep, n = spec.rpartition("=")
+        if sep and name not in SETS:
+            p.error(f"{flag} {spec!r}: unknown set {name!r}")
+        if not n.isdigit() or int(n) < 1:
+            p.error(f"{flag} {spec!r}: want a positive integer")
+        for s in ([name] if sep else SETS):
+            out[s] = int(n)
+    return out
+
+
+class Server:
+    """`kestrel serve` for one image on a free loopback port; a context manager."""
+
+    def __init__(self, kestrel: Path, model: Path, label: str, threads: int, ctx: int, log: Path):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        cmd = [str(kestrel), "serve", "-m", str(model), "--port", str(self.port), "--model-name", label,
+               "-c", str(ctx)] + (["-t", str(threads)] if threads else [])
+        self.log = open(log, "ab")
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+        import urllib.request
+        deadline = time.time() + 600
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"kestrel serve exited with {self.proc.returncode}; see {log}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.time() > deadline:
+                raise RuntimeError(f"kestrel serve not ready after 600 s; see {log}")
+            time.sleep(0.2)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
+_CTX_ERR = re.compile(r"\((\d+) in the prompt")
+
+
+def answer(client, label: str, messages: list[dict], cap: int, ctx: int) -> dict:
+    """One greedy answer. When prompt + cap exceed the context the cap shrinks to what fits (the
+    server says how many prompt tokens there are) and the record says so."""
+    import openai
+    max_tokens, clipped = cap, False
+    t0 = time.time()
+    while True:
+        try:
+            r = client.chat.completions.create(model=label, messages=messages, temperature=0,
+                                               max_tokens=max_tokens, seed=0)
+            break
+        except openai.BadRequestError as e:
+            m = _CTX_ERR.search(str(e))
+            if not m or clipped or int(m.group(1)) >= ctx:
+                raise
+            max_tokens, clipped = ctx - int(m.group(1)), True
+    return {"answer": r.choices[0].message.content or "", "finish_reason": r.choices[0].finish_reason,
+            "prompt_tokens": r.usage.prompt_tokens, "completion_tokens": r.usage.completion_tokens,
+            "max_tokens": max_tokens, "cap_clipped_by_context": clipped,
+            "seconds": round(time.time() - t0, 3)}
+
+
+def run_image(a, label: str, path: Path, items_by_set: dict) -> None:
+    import openai
+    todo = {s: [it for it in items if it.id not in read_records(a.out / s / f"{label}.jsonl")]
+            for s, items in items_by_set.items()}
+    if not any(todo.values()):
+        print(f"[{label}] every item already answered", flush=True)
+        return
+    with Server(a.kestrel, path, label, a.threads, a.ctx, a.out / f"serve-{label}.log") as srv:
+        client = openai.OpenAI(base_url=srv.base_url, api_key="none", timeout=3600, max_retries=0)
+        for s, items in todo.items():
+            out = a.out / s / f"{label}.jsonl"
+            t0, done = time.time(), 0
+            with open(out, "a", encoding="utf-8") as f:
+                for it in items:
+                    rec = {"id": it.id, "set": s, "image": label}
+                    rec.update(answer(client, label, it.messages, a.caps[s], a.ctx))
+                    rec.update(SETS[s]["score"](it, rec["answer"]))
+                    f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+                    f.flush()
+                    done += 1
+                    if done % 10 == 0 or done == len(items):
+                        rate = done / (time.time() - t0)
+                        print(f"[{label}] {s}: {done}/{len(items)} ({rate * 60:.1f} items/min)", flush=True)
+
+
+def perplexity(a) -> dict:
+    """`kestrel perplexity --json` of every image, with KL and same-top-1 against the baseline."""
+    base = a.images[0][1]
+    out = {}
+    for label, path in a.images:
+        cmd = [str(a.kestrel), "perplexity", "-m", str(path), "-f", str(a.ppl_file), "--chunks",
+               str(a.ppl_chunks), "--json"] + (["-t", str(a.threads)] if a.threads else [])
+        if label != a.images[0][0]:
+            cmd += ["--kl-base", str(base)]
+        res = subprocess.run(cmd, capture_output=True, text=True, check=True)
+        out[label] = json.loads(res.stdout)
+    return out
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    a.out.mkdir(parents=True, exist_ok=True)
+    for s in a.sets:
+        (a.out / s).mkdir(exist_ok=True)
+    items_by_set = {s: SETS[s]["load"](a) for s in a.sets}
+    config = {"images": {lab: str(p) for lab, p in a.images}, "sets": a.sets, "limit": {s: a.limits[s] for s in a.sets},
+              "seed": a.seed, "max_tokens": {s: a.caps[s] for s in a.sets}, "gsm8k_shots": a.gsm8k_shots,
+              "ctx": a.ctx, "threads": a.threads, "items": {s: [it.id for it in v] for s, v in items_by_set.items()}}
+    cfg_path = a.out / "config.json"
+    if cfg_path.exists():
+        old = json.loads(cfg_path.read_text())
+        for key in ("sets", "limit", "seed", "max_tokens", "gsm8k_shots", "ctx"):
+            if old.get(key) != config[key] and key != "sets":
+                sys.exit(f"{cfg_path}: this folder holds a run with {key}={old.get(key)!r}, not "
+                         f"{config[key]!r}; use another --out")
+    cfg_path.write_text(json.dumps(config, indent=1))
+    for label, path in a.images:
+        run_image(a, label, path, items_by_set)
+    labels = [lab for lab, _ in a.images]
+    table = build_table(a.out, a.sets, labels, a.resamples)
+    ppl = perplexity(a) if a.ppl_chunks > 0 and len(a.images) > 1 else None
+    (a.out / "report.json").write_text(json.dumps({"config": config, "table": table, "perplexity": ppl}, indent=1))
+    md = markdown(table, ppl)
+    (a.out / "report.md").write_text(md)
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

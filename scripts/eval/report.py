@@ -1,0 +1,79 @@
+"""The set × image table: each metric per image, and its difference from the baseline (the first
+image) with a 95 % paired-bootstrap interval over the items both images answered."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from stats import paired_bootstrap
+
+# metric name -> (numerator, denominator) per item, from one scored JSONL record
+METRICS = {
+    "gsm8k": {
+        "exact match": lambda r: (r["correct"], 1),
+    },
+    "ifeval": {
+        "prompt strict": lambda r: (r["prompt_strict"], 1),
+        "instruction strict": lambda r: (sum(r["strict"]), len(r["strict"])),
+        "prompt loose": lambda r: (r["prompt_loose"], 1),
+        "instruction loose": lambda r: (sum(r["loose"]), len(r["loose"])),
+    },
+}
+
+
+def read_records(path: Path) -> dict[str, dict]:
+    """Scored records by item id (the last line wins if an id repeats)."""
+    out = {}
+    if path.exists():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                rec = json.loads(line)
+                out[rec["id"]] = rec
+    return out
+
+
+def build_table(out_dir: Path, sets: list[str], labels: list[str], resamples: int = 10_000) -> dict:
+    """{set: {'items': n, 'rows': [{metric, image, value, delta, lo, hi}]}} over the items every
+    image answered (the paired sample). Values are fractions."""
+    table = {}
+    for name in sets:
+        recs = {lab: read_records(out_dir / name / f"{lab}.jsonl") for lab in labels}
+        common = sorted(set.intersection(*(set(r) for r in recs.values()))) if recs else []
+        rows = []
+        for metric, f in METRICS[name].items():
+            per = {lab: tuple(np.array(v, dtype=float) for v in zip(*(f(recs[lab][i]) for i in common)))
+                   for lab in labels} if common else {}
+            for lab in labels:
+                if not common:
+                    continue
+                if lab == labels[0]:
+                    num, den = per[lab]
+                    rows.append({"metric": metric, "image": lab, "value": float(num.sum() / den.sum())})
+                else:
+                    b = paired_bootstrap(per[labels[0]], per[lab], resamples=resamples)
+                    rows.append({"metric": metric, "image": lab, "value": b["other"],
+                                 "delta": b["delta"], "lo": b["lo"], "hi": b["hi"]})
+        table[name] = {"items": len(common), "rows": rows}
+    return table
+
+
+def markdown(table: dict, ppl: dict | None = None) -> str:
+    """The table as Markdown, percentages with one decimal; deltas in points."""
+    out = ["| set | metric | image | score % | Δ vs baseline (pt) | 95 % CI (pt) |",
+           "| --- | --- | --- | ---: | ---: | --- |"]
+    for name, t in table.items():
+        for r in t["rows"]:
+            delta = f"{100 * r['delta']:+.1f}" if "delta" in r else "—"
+            ci = f"[{100 * r['lo']:+.1f}, {100 * r['hi']:+.1f}]" if "delta" in r else "—"
+            out.append(f"| {name} ({t['items']} items) | {r['metric']} | {r['image']} | "
+                       f"{100 * r['value']:.1f} | {delta} | {ci} |")
+    if ppl:
+        out += ["", "| image | PPL | base PPL | mean KL | KL p99 | same top-1 % |",
+                "| --- | ---: | ---: | ---: | ---: | ---: |"]
+        for lab, p in ppl.items():
+            out.append(f"| {lab} | {p['ppl']:.3f} | {p.get('base_ppl', float('nan')):.3f} | "
+                       f"{p.get('kl_mean', 0.0):.4f} | {p.get('kl_p99', 0.0):.3f} | "
+                       f"{p.get('same_top1_pct', 100.0):.1f} |")
+    return "\n".join(out) + "\n"
