@@ -197,12 +197,21 @@ def main(argv=None) -> int:
               "seed": a.seed, "max_tokens": {s: a.caps[s] for s in a.sets}, "gsm8k_shots": a.gsm8k_shots,
               "ctx": a.ctx, "threads": a.threads, "items": {s: [it.id for it in v] for s, v in items_by_set.items()}}
     cfg_path = a.out / "config.json"
-    if cfg_path.exists():
+    if cfg_path.exists():  # answers already here must come from the same settings
         old = json.loads(cfg_path.read_text())
-        for key in ("sets", "limit", "seed", "max_tokens", "gsm8k_shots", "ctx"):
-            if old.get(key) != config[key] and key != "sets":
+        for key in ("seed", "gsm8k_shots", "ctx"):
+            if old.get(key) != config[key]:
                 sys.exit(f"{cfg_path}: this folder holds a run with {key}={old.get(key)!r}, not "
                          f"{config[key]!r}; use another --out")
+        for key in ("limit", "max_tokens"):
+            for s in set(a.sets) & set(old.get(key, {})):
+                if old[key][s] != config[key][s]:
+                    sys.exit(f"{cfg_path}: this folder holds a {s} run with {key}={old[key][s]!r}, "
+                             f"not {config[key][s]!r}; use another --out")
+        for key in ("limit", "max_tokens", "items"):
+            config[key] = {**old.get(key, {}), **config[key]}
+        config["sets"] = list(dict.fromkeys(old.get("sets", []) + a.sets))
+        config["images"] = {**old.get("images", {}), **config["images"]}
     cfg_path.write_text(json.dumps(config, indent=1))
     for label, path in a.images:
         run_image(a, label, path, items_by_set)
