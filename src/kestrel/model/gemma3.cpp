@@ -6,41 +6,18 @@
 #include "kestrel/base/error.h"
 #include "kestrel/head/flashhead_format.h"
 #include "kestrel/model/attention.h"
+#include "kestrel/model/gemma_common.h"
 #include "kestrel/kernels/ops.h"
 
 namespace kestrel::model {
 namespace {
 
+using gemma::blk;
+using gemma::positive;
+
 constexpr const char* kArch = "gemma3";
 
 std::string key(const char* suffix) { return std::string(kArch) + "." + suffix; }
-
-size_t positive(const gguf::File& file, const std::string& name) {
-  const uint64_t v = file.get_uint(name);
-  if (v == 0 || v > (1u << 24)) throw Error("metadata " + name + " = " + std::to_string(v) + " is out of range");
-  return static_cast<size_t>(v);
-}
-
-std::string blk(size_t il, const char* name) {
-  return "blk." + std::to_string(il) + "." + name + ".weight";
-}
-
-// inv_freq[i] = base^(-2i / n_rot), i < n_rot / 2 (RoFormer, Su et al. 2021, eq. 15).
-std::vector<float> inverse_frequencies(double base, size_t n_rot) {
-  std::vector<float> f(n_rot / 2);
-  for (size_t i = 0; i < f.size(); ++i) {
-    f[i] = static_cast<float>(std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(n_rot)));
-  }
-  return f;
-}
-
-void fill_cos_sin(const std::vector<float>& inv_freq, double position, float* out) {
-  for (size_t i = 0; i < inv_freq.size(); ++i) {
-    const double angle = position * static_cast<double>(inv_freq[i]);
-    out[2 * i] = static_cast<float>(std::cos(angle));
-    out[2 * i + 1] = static_cast<float>(std::sin(angle));
-  }
-}
 
 }  // namespace
 
@@ -111,15 +88,11 @@ Gemma3Model::Gemma3Model(const gguf::File& file, const LoadOptions& options, Thr
     l.k_norm = store_.vector(blk(il, "attn_k_norm"), c.head_dim);
     l.wo = store_.matrix(blk(il, "attn_output"), c.d_model, q_dim);
     l.post_attn_norm = store_.vector(blk(il, "post_attention_norm"), c.d_model);
-    l.ffn_norm = store_.vector(blk(il, "ffn_norm"), c.d_model);
-    l.w_gate = store_.matrix(blk(il, "ffn_gate"), c.d_ff, c.d_model);
-    l.w_up = store_.matrix(blk(il, "ffn_up"), c.d_ff, c.d_model);
-    l.w_down = store_.matrix(blk(il, "ffn_down"), c.d_model, c.d_ff);
-    l.post_ffn_norm = store_.vector(blk(il, "post_ffw_norm"), c.d_model);
+    l.mlp = gemma::load_geglu_mlp(store_, il, c.d_model, c.d_ff);
     layers_.push_back(l);
   }
-  inv_freq_global_ = inverse_frequencies(c.rope_base_global, c.head_dim);
-  inv_freq_sliding_ = inverse_frequencies(c.rope_base_sliding, c.head_dim);
+  inv_freq_global_ = gemma::rope_inverse_frequencies(c.rope_base_global, c.head_dim);
+  inv_freq_sliding_ = gemma::rope_inverse_frequencies(c.rope_base_sliding, c.head_dim);
   info_.architecture = kArch;
   info_.name = file.find_string("general.name").value_or("");
   info_.n_vocab = config_.n_vocab;
@@ -159,26 +132,11 @@ KvCache Gemma3Model::new_cache(size_t n_ctx) const {
 void Gemma3Model::forward_hidden(std::span<const TokenId> tokens, KvCache& cache, Logits which,
                                  float* hidden, ThreadPool& pool,
                                  ActivationObserver* observer) const {
-  if (tokens.empty()) throw Error("forward: no tokens");
-  if (cache.layers.size() != config_.n_layers) throw Error("forward: cache of another model");
-  if (cache.n_past + tokens.size() > cache.n_ctx) {
-    throw Error("the sequence needs " + std::to_string(cache.n_past + tokens.size()) +
-                " positions but the context holds " + std::to_string(cache.n_ctx));
-  }
-  for (TokenId t : tokens) {
-    if (t < 0 || static_cast<size_t>(t) >= config_.n_vocab) {
-      throw Error("token id " + std::to_string(t) + " is outside the vocabulary (" +
-                  std::to_string(config_.n_vocab) + ")");
-    }
-  }
-  for (size_t start = 0; start < tokens.size(); start += kMaxUbatch) {
-    const size_t n = std::min(kMaxUbatch, tokens.size() - start);
-    const bool last_chunk = start + n == tokens.size();
-    float* out = nullptr;
-    if (which == Logits::kAll) out = hidden + start * config_.d_model;
-    if (which == Logits::kLast && last_chunk) out = hidden;
-    forward_chunk(tokens.subspan(start, n), cache, which, out, pool, observer);
-  }
+  gemma::check_forward(tokens, cache, config_.n_layers, config_.n_vocab);
+  gemma::for_each_ubatch(tokens, which, hidden, config_.d_model, kMaxUbatch,
+                         [&](std::span<const TokenId> chunk, float* out) {
+                           forward_chunk(chunk, cache, which, out, pool, observer);
+                         });
 }
 
 void Gemma3Model::attention_block(const Layer& l, size_t il, size_t n, size_t pos0,
@@ -208,7 +166,7 @@ void Gemma3Model::attention_block(const Layer& l, size_t il, size_t n, size_t po
       float* kt = &k[t * kv_dim];
       for (size_t h = 0; h < c.n_heads; ++h) kernels::rms_norm(qt + h * hd, l.q_norm, qt + h * hd, hd, c.rms_eps);
       for (size_t h = 0; h < c.n_kv_heads; ++h) kernels::rms_norm(kt + h * hd, l.k_norm, kt + h * hd, hd, c.rms_eps);
-      fill_cos_sin(inv_freq, static_cast<double>(pos0 + t) * pos_scale, cos_sin.data());
+      gemma::rope_cos_sin(inv_freq, static_cast<double>(pos0 + t) * pos_scale, cos_sin.data());
       kernels::rope_neox(qt, c.n_heads, hd, hd, cos_sin.data());
       kernels::rope_neox(kt, c.n_kv_heads, hd, hd, cos_sin.data());
       kernels::scale_inplace(qt, c.attention_scale, q_dim);
@@ -228,38 +186,7 @@ void Gemma3Model::attention_block(const Layer& l, size_t il, size_t n, size_t po
   std::vector<float>& o = xn;  // reuse: [n, d]
   if (observer) observer->observe(blk(il, "attn_output"), attn.data(), n, q_dim);
   kernels::matmul(l.wo, attn.data(), n, q_dim, o.data(), d, pool);
-  pool.parallel_for(n, 1, [&](size_t b, size_t e) {
-    for (size_t t = b; t < e; ++t) {
-      kernels::rms_norm(&o[t * d], l.post_attn_norm, &o[t * d], d, c.rms_eps);
-      kernels::add_inplace(&x[t * d], &o[t * d], d);
-    }
-  });
-}
-
-void Gemma3Model::ffn_block(const Layer& l, size_t il, size_t n, std::vector<float>& x,
-                            ThreadPool& pool, ActivationObserver* observer) const {
-  const auto& c = config_;
-  const size_t d = c.d_model, f = c.d_ff;
-  std::vector<float> xn(n * d), gate(n * f), up(n * f);
-  pool.parallel_for(n, 1, [&](size_t b, size_t e) {
-    for (size_t t = b; t < e; ++t) kernels::rms_norm(&x[t * d], l.ffn_norm, &xn[t * d], d, c.rms_eps);
-  });
-  if (observer) {
-    for (const char* m : {"ffn_gate", "ffn_up"}) observer->observe(blk(il, m), xn.data(), n, d);
-  }
-  kernels::matmul(l.w_gate, xn.data(), n, d, gate.data(), f, pool);
-  kernels::matmul(l.w_up, xn.data(), n, d, up.data(), f, pool);
-  pool.parallel_for(n, 1, [&](size_t b, size_t e) {
-    kernels::gelu_tanh_mul(&gate[b * f], &up[b * f], &gate[b * f], (e - b) * f);
-  });
-  if (observer) observer->observe(blk(il, "ffn_down"), gate.data(), n, f);
-  kernels::matmul(l.w_down, gate.data(), n, f, xn.data(), d, pool);
-  pool.parallel_for(n, 1, [&](size_t b, size_t e) {
-    for (size_t t = b; t < e; ++t) {
-      kernels::rms_norm(&xn[t * d], l.post_ffn_norm, &xn[t * d], d, c.rms_eps);
-      kernels::add_inplace(&x[t * d], &xn[t * d], d);
-    }
-  });
+  gemma::add_post_normed(x.data(), o.data(), l.post_attn_norm, n, d, c.rms_eps, pool);
 }
 
 void Gemma3Model::forward_chunk(std::span<const TokenId> tokens, KvCache& cache, Logits which,
@@ -269,23 +196,13 @@ void Gemma3Model::forward_chunk(std::span<const TokenId> tokens, KvCache& cache,
   const size_t n = tokens.size(), d = c.d_model;
   const size_t pos0 = cache.n_past;
   std::vector<float> x(n * d);
-  pool.parallel_for(n, 1, [&](size_t b, size_t e) {
-    for (size_t t = b; t < e; ++t) {
-      const size_t row = tied_ ? head_.row_of(tokens[t]) : static_cast<size_t>(tokens[t]);
-      kernels::matrix_row(embedding_, row, &x[t * d]);
-      kernels::scale_inplace(&x[t * d], c.embed_scale, d);
-    }
-  });
+  gemma::embed(embedding_, head_, tied_, tokens, c.embed_scale, d, x.data(), pool);
   for (size_t il = 0; il < c.n_layers; ++il) {
     attention_block(layers_[il], il, n, pos0, cache.layers[il], x, pool, observer);
-    ffn_block(layers_[il], il, n, x, pool, observer);
+    gemma::geglu_mlp(layers_[il].mlp, il, n, d, c.d_ff, c.rms_eps, x, pool, observer);
   }
   cache.n_past += n;
-  if (hidden == nullptr) return;
-  const size_t first = which == Logits::kAll ? 0 : n - 1;
-  for (size_t t = first; t < n; ++t) {
-    kernels::rms_norm(&x[t * d], output_norm_, &hidden[(t - first) * d], d, c.rms_eps);
-  }
+  if (hidden != nullptr) gemma::final_norm(x.data(), output_norm_, which, n, d, c.rms_eps, hidden);
 }
 
 }  // namespace kestrel::model

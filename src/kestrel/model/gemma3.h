@@ -7,6 +7,7 @@
 
 #include "kestrel/formats/gguf.h"
 #include "kestrel/kernels/matmul.h"
+#include "kestrel/model/gemma_common.h"
 #include "kestrel/model/model.h"
 #include "kestrel/model/weights.h"
 
@@ -62,17 +63,13 @@ class Gemma3Model final : public Model {
     const float* q_norm;
     const float* k_norm;
     const float* post_attn_norm;
-    const float* ffn_norm;
-    kernels::Matrix w_gate, w_up, w_down;
-    const float* post_ffn_norm;
+    gemma::GegluMlp mlp;
   };
 
   void forward_chunk(std::span<const TokenId> tokens, KvCache& cache, Logits which,
                      float* hidden, ThreadPool& pool, ActivationObserver* observer) const;
   void attention_block(const Layer& layer, size_t il, size_t n, size_t pos0, LayerCache& lc,
                        std::vector<float>& x, ThreadPool& pool, ActivationObserver* observer) const;
-  void ffn_block(const Layer& layer, size_t il, size_t n, std::vector<float>& x, ThreadPool& pool,
-                 ActivationObserver* observer) const;
 
   Gemma3Config config_;
   ModelInfo info_;

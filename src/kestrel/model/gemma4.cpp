@@ -8,6 +8,7 @@
 #include "kestrel/image/image.h"
 #include "kestrel/kernels/ops.h"
 #include "kestrel/model/attention.h"
+#include "kestrel/model/gemma_common.h"
 
 namespace kestrel::model {
 namespace {
@@ -16,13 +17,9 @@ constexpr const char* kArch = "gemma4";
 
 std::string key(const char* suffix) { return std::string(kArch) + "." + suffix; }
 
-constexpr uint64_t kMaxDim = 1u << 24;
-
-size_t positive(const gguf::File& file, const std::string& name) {
-  const uint64_t v = file.get_uint(name);
-  if (v == 0 || v > kMaxDim) throw Error("metadata " + name + " = " + std::to_string(v) + " is out of range");
-  return static_cast<size_t>(v);
-}
+using gemma::blk;
+using gemma::kMaxDim;
+using gemma::positive;
 
 /// A hyperparameter written either as one number or as one number per layer.
 std::vector<size_t> per_layer(const gguf::File& file, const std::string& name, size_t n_layers) {
@@ -40,32 +37,6 @@ std::vector<size_t> per_layer(const gguf::File& file, const std::string& name, s
     out.push_back(static_cast<size_t>(x));
   }
   return out;
-}
-
-std::string blk(size_t il, const char* name) {
-  return "blk." + std::to_string(il) + "." + name + ".weight";
-}
-
-// inv_freq[i] = base^(-2i / n_rot) / factor[i], i < n_rot / 2 (RoFormer, Su et al. 2021, eq. 15;
-// llama.cpp divides by rope_freqs, which for Gemma 4's full layers is 1 on the rotated pairs
-// and 1e30 on the others, the same as HF's proportional RoPE, whose inverse frequencies are 0
-// past the rotated part).
-std::vector<float> inverse_frequencies(double base, size_t n_rot, const float* factors) {
-  std::vector<float> f(n_rot / 2);
-  for (size_t i = 0; i < f.size(); ++i) {
-    double v = std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(n_rot));
-    if (factors != nullptr) v /= static_cast<double>(factors[i]);
-    f[i] = static_cast<float>(v);
-  }
-  return f;
-}
-
-void fill_cos_sin(const std::vector<float>& inv_freq, double position, float* out) {
-  for (size_t i = 0; i < inv_freq.size(); ++i) {
-    const double angle = position * static_cast<double>(inv_freq[i]);
-    out[2 * i] = static_cast<float>(std::cos(angle));
-    out[2 * i + 1] = static_cast<float>(std::sin(angle));
-  }
 }
 
 }  // namespace
@@ -177,11 +148,7 @@ Gemma4Model::Gemma4Model(const gguf::File& file, const LoadOptions& options, Thr
     }
     l.wo = store_.matrix(blk(il, "attn_output"), c.d_model, q_dim);
     l.post_attn_norm = store_.vector(blk(il, "post_attention_norm"), c.d_model);
-    l.ffn_norm = store_.vector(blk(il, "ffn_norm"), c.d_model);
-    l.w_gate = store_.matrix(blk(il, "ffn_gate"), c.d_ff[il], c.d_model);
-    l.w_up = store_.matrix(blk(il, "ffn_up"), c.d_ff[il], c.d_model);
-    l.w_down = store_.matrix(blk(il, "ffn_down"), c.d_model, c.d_ff[il]);
-    l.post_ffn_norm = store_.vector(blk(il, "post_ffw_norm"), c.d_model);
+    l.mlp = gemma::load_geglu_mlp(store_, il, c.d_model, c.d_ff[il]);
     if (c.ple_dim > 0) {
       l.ple_gate = store_.matrix(blk(il, "inp_gate"), c.ple_dim, c.d_model);
       l.ple_proj = store_.matrix(blk(il, "proj"), c.d_model, c.ple_dim);
@@ -191,8 +158,8 @@ Gemma4Model::Gemma4Model(const gguf::File& file, const LoadOptions& options, Thr
     if (!std::isfinite(l.out_scale)) throw Error("gemma4: layer_output_scale of layer " + std::to_string(il) + " is not finite");
     layers_.push_back(l);
   }
-  inv_freq_full_ = inverse_frequencies(c.rope_base_full, c.n_rot_full, rope_factors);
-  inv_freq_sliding_ = inverse_frequencies(c.rope_base_sliding, c.n_rot_sliding, nullptr);
+  inv_freq_full_ = gemma::rope_inverse_frequencies(c.rope_base_full, c.n_rot_full, rope_factors);
+  inv_freq_sliding_ = gemma::rope_inverse_frequencies(c.rope_base_sliding, c.n_rot_sliding);
   info_.architecture = kArch;
   info_.name = file.find_string("general.name").value_or("");
   info_.n_vocab = config_.n_vocab;
@@ -234,29 +201,14 @@ void Gemma4Model::forward_hidden(std::span<const TokenId> tokens, KvCache& cache
                                  float* hidden, ThreadPool& pool,
                                  ActivationObserver* observer) const {
   const auto& c = config_;
-  if (tokens.empty()) throw Error("forward: no tokens");
-  if (cache.layers.size() != c.n_layers) throw Error("forward: cache of another model");
+  gemma::check_forward(tokens, cache, c.n_layers, c.n_vocab);
   for (size_t il = 0; il < c.n_layers; ++il) {
     if (cache.layers[il].stride != c.n_kv_heads[il] * c.head_dim(il)) throw Error("forward: cache of another model");
   }
-  if (cache.n_past + tokens.size() > cache.n_ctx) {
-    throw Error("the sequence needs " + std::to_string(cache.n_past + tokens.size()) +
-                " positions but the context holds " + std::to_string(cache.n_ctx));
-  }
-  for (TokenId t : tokens) {
-    if (t < 0 || static_cast<size_t>(t) >= c.n_vocab) {
-      throw Error("token id " + std::to_string(t) + " is outside the vocabulary (" +
-                  std::to_string(c.n_vocab) + ")");
-    }
-  }
-  for (size_t start = 0; start < tokens.size(); start += kMaxUbatch) {
-    const size_t n = std::min(kMaxUbatch, tokens.size() - start);
-    const bool last_chunk = start + n == tokens.size();
-    float* out = nullptr;
-    if (which == Logits::kAll) out = hidden + start * c.d_model;
-    if (which == Logits::kLast && last_chunk) out = hidden;
-    forward_chunk(tokens.subspan(start, n), cache, which, out, pool, observer);
-  }
+  gemma::for_each_ubatch(tokens, which, hidden, c.d_model, kMaxUbatch,
+                         [&](std::span<const TokenId> chunk, float* out) {
+                           forward_chunk(chunk, cache, which, out, pool, observer);
+                         });
 }
 
 void Gemma4Model::attention_block(const Layer& l, size_t il, size_t n, size_t pos0,
@@ -295,7 +247,7 @@ void Gemma4Model::attention_block(const Layer& l, size_t il, size_t n, size_t po
     std::vector<float> cos_sin(n_rot);
     for (size_t t = b; t < e; ++t) {
       float* qt = &q[t * q_dim];
-      fill_cos_sin(inv_freq, static_cast<double>(pos0 + t), cos_sin.data());
+      gemma::rope_cos_sin(inv_freq, static_cast<double>(pos0 + t), cos_sin.data());
       for (size_t h = 0; h < c.n_heads; ++h) kernels::rms_norm(qt + h * hd, l.q_norm, qt + h * hd, hd, c.rms_eps);
       kernels::rope_neox(qt, c.n_heads, hd, n_rot, cos_sin.data());
       if (!owns_kv) continue;
@@ -318,38 +270,7 @@ void Gemma4Model::attention_block(const Layer& l, size_t il, size_t n, size_t po
   std::vector<float>& o = xn;  // reuse: [n, d]
   if (observer) observer->observe(blk(il, "attn_output"), attn.data(), n, q_dim);
   kernels::matmul(l.wo, attn.data(), n, q_dim, o.data(), d, pool);
-  pool.parallel_for(n, 1, [&](size_t b, size_t e) {
-    for (size_t t = b; t < e; ++t) {
-      kernels::rms_norm(&o[t * d], l.post_attn_norm, &o[t * d], d, c.rms_eps);
-      kernels::add_inplace(&x[t * d], &o[t * d], d);
-    }
-  });
-}
-
-void Gemma4Model::ffn_block(const Layer& l, size_t il, size_t n, std::vector<float>& x,
-                            ThreadPool& pool, ActivationObserver* observer) const {
-  const auto& c = config_;
-  const size_t d = c.d_model, f = c.d_ff[il];
-  std::vector<float> xn(n * d), gate(n * f), up(n * f);
-  pool.parallel_for(n, 1, [&](size_t b, size_t e) {
-    for (size_t t = b; t < e; ++t) kernels::rms_norm(&x[t * d], l.ffn_norm, &xn[t * d], d, c.rms_eps);
-  });
-  if (observer) {
-    for (const char* m : {"ffn_gate", "ffn_up"}) observer->observe(blk(il, m), xn.data(), n, d);
-  }
-  kernels::matmul(l.w_gate, xn.data(), n, d, gate.data(), f, pool);
-  kernels::matmul(l.w_up, xn.data(), n, d, up.data(), f, pool);
-  pool.parallel_for(n, 1, [&](size_t b, size_t e) {
-    kernels::gelu_tanh_mul(&gate[b * f], &up[b * f], &gate[b * f], (e - b) * f);
-  });
-  if (observer) observer->observe(blk(il, "ffn_down"), gate.data(), n, f);
-  kernels::matmul(l.w_down, gate.data(), n, f, xn.data(), d, pool);
-  pool.parallel_for(n, 1, [&](size_t b, size_t e) {
-    for (size_t t = b; t < e; ++t) {
-      kernels::rms_norm(&xn[t * d], l.post_ffn_norm, &xn[t * d], d, c.rms_eps);
-      kernels::add_inplace(&x[t * d], &xn[t * d], d);
-    }
-  });
+  gemma::add_post_normed(x.data(), o.data(), l.post_attn_norm, n, d, c.rms_eps, pool);
 }
 
 // x += rms(W_proj (gelu(W_gate x) * pl_i)) * w_post_norm, pl_i this layer's per-layer input.
@@ -364,12 +285,7 @@ void Gemma4Model::ple_block(const Layer& l, size_t il, size_t n, const float* pl
   for (size_t t = 0; t < n; ++t) kernels::gelu_tanh_mul(&g[t * p], pl + t * width + il * p, &g[t * p], p);
   if (observer) observer->observe(blk(il, "proj"), g.data(), n, p);
   kernels::matmul(l.ple_proj, g.data(), n, p, u.data(), d, pool);
-  pool.parallel_for(n, 1, [&](size_t b, size_t e) {
-    for (size_t t = b; t < e; ++t) {
-      kernels::rms_norm(&u[t * d], l.ple_post_norm, &u[t * d], d, c.rms_eps);
-      kernels::add_inplace(&x[t * d], &u[t * d], d);
-    }
-  });
+  gemma::add_post_normed(x.data(), u.data(), l.ple_post_norm, n, d, c.rms_eps, pool);
 }
 
 void Gemma4Model::forward_chunk(std::span<const TokenId> tokens, KvCache& cache, Logits which,
@@ -379,13 +295,7 @@ void Gemma4Model::forward_chunk(std::span<const TokenId> tokens, KvCache& cache,
   const size_t n = tokens.size(), d = c.d_model;
   const size_t pos0 = cache.n_past;
   std::vector<float> x(n * d);
-  pool.parallel_for(n, 1, [&](size_t b, size_t e) {
-    for (size_t t = b; t < e; ++t) {
-      const size_t row = tied_ ? head_.row_of(tokens[t]) : static_cast<size_t>(tokens[t]);
-      kernels::matrix_row(embedding_, row, &x[t * d]);
-      kernels::scale_inplace(&x[t * d], c.embed_scale, d);
-    }
-  });
+  gemma::embed(embedding_, head_, tied_, tokens, c.embed_scale, d, x.data(), pool);
   std::vector<float> pl;
   if (c.ple_dim > 0) {
     pl.resize(n * c.n_layers * c.ple_dim);
@@ -394,16 +304,12 @@ void Gemma4Model::forward_chunk(std::span<const TokenId> tokens, KvCache& cache,
   for (size_t il = 0; il < c.n_layers; ++il) {
     const Layer& l = layers_[il];
     attention_block(l, il, n, pos0, cache, x, pool, observer);
-    ffn_block(l, il, n, x, pool, observer);
+    gemma::geglu_mlp(l.mlp, il, n, d, c.d_ff[il], c.rms_eps, x, pool, observer);
     if (c.ple_dim > 0) ple_block(l, il, n, pl.data(), x, pool, observer);
     if (l.out_scale != 1.0f) kernels::scale_inplace(x.data(), l.out_scale, n * d);
   }
   cache.n_past += n;
-  if (hidden == nullptr) return;
-  const size_t first = which == Logits::kAll ? 0 : n - 1;
-  for (size_t t = first; t < n; ++t) {
-    kernels::rms_norm(&x[t * d], output_norm_, &hidden[(t - first) * d], d, c.rms_eps);
-  }
+  if (hidden != nullptr) gemma::final_norm(x.data(), output_norm_, which, n, d, c.rms_eps, hidden);
 }
 
 }  // namespace kestrel::model

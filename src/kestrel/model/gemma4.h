@@ -16,6 +16,7 @@
 
 #include "kestrel/formats/gguf.h"
 #include "kestrel/kernels/matmul.h"
+#include "kestrel/model/gemma_common.h"
 #include "kestrel/model/model.h"
 #include "kestrel/model/ple.h"
 #include "kestrel/model/weights.h"
@@ -79,9 +80,7 @@ class Gemma4Model final : public Model {
     const float* q_norm;
     const float* k_norm;
     const float* post_attn_norm;
-    const float* ffn_norm;
-    kernels::Matrix w_gate, w_up, w_down;
-    const float* post_ffn_norm;
+    gemma::GegluMlp mlp;
     kernels::Matrix ple_gate, ple_proj;  // [ple_dim, d_model], [d_model, ple_dim]
     const float* ple_post_norm;
     float out_scale;
@@ -91,8 +90,6 @@ class Gemma4Model final : public Model {
                      float* hidden, ThreadPool& pool, ActivationObserver* observer) const;
   void attention_block(const Layer& layer, size_t il, size_t n, size_t pos0, KvCache& cache,
                        std::vector<float>& x, ThreadPool& pool, ActivationObserver* observer) const;
-  void ffn_block(const Layer& layer, size_t il, size_t n, std::vector<float>& x, ThreadPool& pool,
-                 ActivationObserver* observer) const;
   void ple_block(const Layer& layer, size_t il, size_t n, const float* pl, std::vector<float>& x,
                  ThreadPool& pool, ActivationObserver* observer) const;
 
