@@ -14,6 +14,7 @@
 #include "kestrel/formats/dequant.h"
 #include "kestrel/formats/gguf_writer.h"
 #include "kestrel/formats/safetensors.h"
+#include "kestrel/image/hf_common.h"
 #include "kestrel/image/hf_gemma4.h"
 
 namespace kestrel::image {
@@ -28,17 +29,12 @@ namespace st = safetensors;
 // SentencePiece / llama.cpp token types (tokenizer.ggml.token_type).
 constexpr int64_t kNormal = 1, kControl = 3, kUserDefined = 4, kByte = 6;
 
-Value u32(uint64_t v) { return Value{ValueType::kUint32, v}; }
-Value f32(double v) { return Value{ValueType::kFloat32, static_cast<double>(static_cast<float>(v))}; }
-Value boolean(bool v) { return Value{ValueType::kBool, v}; }
-Value str(std::string v) { return Value{ValueType::kString, std::move(v)}; }
-template <typename T>
-Value array(ValueType element, std::vector<T> items) {
-  auto a = std::make_shared<gguf::Array>();
-  a->element_type = element;
-  a->items = std::move(items);
-  return Value{ValueType::kArray, a};
-}
+using hf::array;
+using hf::boolean;
+using hf::element;
+using hf::f32;
+using hf::str;
+using hf::u32;
 
 std::string config_name(const std::filesystem::path& dir) { return (dir / "config.json").string(); }
 
@@ -54,20 +50,11 @@ json text_config(const st::Checkpoint& ckpt) {
 
 uint64_t get_uint(const json& c, const char* key, const std::filesystem::path& dir,
                   std::optional<uint64_t> fallback = std::nullopt) {
-  if (!c.contains(key) || c[key].is_null()) {
-    if (fallback) return *fallback;
-    throw Error(config_name(dir) + " has no " + key);
-  }
-  if (!c[key].is_number_unsigned() || c[key].get<uint64_t>() == 0) {
-    throw Error(config_name(dir) + ": " + key + " is not a positive integer");
-  }
-  return c[key].get<uint64_t>();
+  return hf::get_uint(c, key, config_name(dir), fallback);
 }
 
 double get_float(const json& c, const char* key, const std::filesystem::path& dir, double fallback) {
-  if (!c.contains(key) || c[key].is_null()) return fallback;
-  if (!c[key].is_number()) throw Error(config_name(dir) + ": " + key + " is not a number");
-  return c[key].get<double>();
+  return hf::get_float(c, key, config_name(dir), fallback);
 }
 
 // Layer i is global when (i + 1) % pattern == 0 (llama.cpp's gemma3 convention).
@@ -225,15 +212,6 @@ struct Planned {
   uint64_t rows_kept = 0;  // rows written (the embedding is trimmed to the vocabulary)
 };
 
-float element(const std::byte* p, st::Dtype dtype, size_t i) {
-  switch (dtype) {
-    case st::Dtype::kF32: { float f; std::memcpy(&f, p + 4 * i, 4); return f; }
-    case st::Dtype::kF16: { uint16_t h; std::memcpy(&h, p + 2 * i, 2); return gguf::fp16_to_fp32(h); }
-    case st::Dtype::kBF16: { uint16_t h; std::memcpy(&h, p + 2 * i, 2); return gguf::bf16_to_fp32(h); }
-    default: { double d; std::memcpy(&d, p + 8 * i, 8); return static_cast<float>(d); }
-  }
-}
-
 }  // namespace
 
 bool is_hf_checkpoint(const std::filesystem::path& path) {
@@ -291,12 +269,7 @@ void write_hf_gemma3_gguf(const std::filesystem::path& dir, const std::filesyste
     else if (ends("ffn_gate.weight") || ends("ffn_up.weight")) want = {d_ff, d_model};
     else if (ends("ffn_down.weight")) want = {d_model, d_ff};
     if (info.shape != want) {
-      auto fmt = [](const std::vector<uint64_t>& s) {
-        std::string r = "[";
-        for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
-        return r + "]";
-      };
-      throw Error(dir.string() + ": tensor '" + hf + "' has shape " + fmt(info.shape) + ", config.json implies " + fmt(want) +
+      throw Error(dir.string() + ": tensor '" + hf + "' has shape " + hf::shape_str(info.shape) + ", config.json implies " + hf::shape_str(want) +
                   (g == "token_embd.weight" ? " (at least the tokenizer's " + std::to_string(n_vocab) + " rows)" : ""));
     }
     switch (info.dtype) {
@@ -362,9 +335,7 @@ void write_hf_gemma3_gguf(const std::filesystem::path& dir, const std::filesyste
   w.add("gemma3.rope.freq_base_swa", f32(get_float(c, "rope_local_base_freq", dir, 1e4)));
   w.add("gemma3.attention.sliding_window_pattern", u32(sliding_window_pattern(c, n_layers, dir)));
 
-  json tc = json::object();
-  if (std::filesystem::is_regular_file(dir / "tokenizer_config.json")) tc = st::read_json(dir / "tokenizer_config.json");
-  if (!tc.is_object()) throw Error((dir / "tokenizer_config.json").string() + " is not a JSON object");
+  const json tc = hf::read_tokenizer_config(dir);
   w.add("tokenizer.ggml.model", str("llama"));
   w.add("tokenizer.ggml.pre", str("default"));
   w.add("tokenizer.ggml.tokens", array(ValueType::kString, vocab.tokens));
@@ -397,35 +368,11 @@ void write_hf_gemma3_gguf(const std::filesystem::path& dir, const std::filesyste
 
   for (const auto& p : plan) w.add_tensor(p.name, p.type, p.shape);
   w.begin_data();
-  std::vector<float> buf;
   for (const auto& p : plan) {
     const auto& info = ckpt.info(p.hf);
-    const auto data = ckpt.data(p.hf);
     const uint64_t row_elems = info.shape.size() == 2 ? info.shape[1] : info.n_elements();
-    const uint64_t elems = p.rows_kept * row_elems;
-    const size_t esize = st::dtype_size(info.dtype);
-    const bool verbatim = !p.norm && info.dtype != st::Dtype::kF64;
-    if (verbatim) {
-      w.write(data.first(static_cast<size_t>(elems * esize)));
-    } else {
-      constexpr uint64_t kStep = 1 << 18;
-      for (uint64_t i = 0; i < elems; i += kStep) {
-        const size_t n = static_cast<size_t>(std::min(kStep, elems - i));
-        buf.resize(n);
-        for (size_t j = 0; j < n; ++j) {
-          const size_t k = static_cast<size_t>(i) + j;
-          if (p.norm && info.dtype == st::Dtype::kF64) {
-            double d;
-            std::memcpy(&d, data.data() + 8 * k, 8);
-            buf[j] = static_cast<float>(d + 1.0);
-          } else {
-            // float32 arithmetic, as the converter (torch, upcast to float32 first) does it.
-            buf[j] = p.norm ? element(data.data(), info.dtype, k) + 1.0f : element(data.data(), info.dtype, k);
-          }
-        }
-        w.write({reinterpret_cast<const std::byte*>(buf.data()), n * sizeof(float)});
-      }
-    }
+    hf::write_tensor(w, ckpt.data(p.hf), info.dtype, p.rows_kept * row_elems,
+                     !p.norm && info.dtype != st::Dtype::kF64, p.norm ? 1.0f : 0.0f);
     ckpt.release(p.hf);
   }
   w.finish();

@@ -12,6 +12,7 @@
 #include "kestrel/formats/dequant.h"
 #include "kestrel/formats/gguf_writer.h"
 #include "kestrel/formats/safetensors.h"
+#include "kestrel/image/hf_common.h"
 
 namespace kestrel::image {
 namespace {
@@ -27,17 +28,12 @@ constexpr int64_t kNormal = 1, kControl = 3, kUserDefined = 4, kByte = 6;
 const std::set<std::string> kVisible = {"<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>",
                                         "<|tool_response>", "<tool_response|>", "<|\"|>"};
 
-Value u32(uint64_t v) { return Value{ValueType::kUint32, v}; }
-Value f32(double v) { return Value{ValueType::kFloat32, static_cast<double>(static_cast<float>(v))}; }
-Value boolean(bool v) { return Value{ValueType::kBool, v}; }
-Value str(std::string v) { return Value{ValueType::kString, std::move(v)}; }
-template <typename T>
-Value array(ValueType element, std::vector<T> items) {
-  auto a = std::make_shared<gguf::Array>();
-  a->element_type = element;
-  a->items = std::move(items);
-  return Value{ValueType::kArray, a};
-}
+using hf::array;
+using hf::boolean;
+using hf::element;
+using hf::f32;
+using hf::str;
+using hf::u32;
 
 struct Context {
   std::filesystem::path dir;
@@ -52,20 +48,11 @@ const json& text_config(const json& c, const Context& ctx) {
 }
 
 uint64_t get_uint(const json& c, const char* key, const Context& ctx, std::optional<uint64_t> fallback = std::nullopt) {
-  if (!c.contains(key) || c[key].is_null()) {
-    if (fallback) return *fallback;
-    throw Error(ctx.where() + " has no " + key);
-  }
-  if (!c[key].is_number_unsigned()) throw Error(ctx.where() + ": " + key + " is not a non-negative integer");
-  const uint64_t v = c[key].get<uint64_t>();
-  if (v > (1u << 24)) throw Error(ctx.where() + ": " + key + " is out of range");
-  return v;
+  return hf::get_uint(c, key, ctx.where(), fallback, 0);
 }
 
 double get_float(const json& c, const char* key, const Context& ctx, double fallback) {
-  if (!c.contains(key) || c[key].is_null()) return fallback;
-  if (!c[key].is_number()) throw Error(ctx.where() + ": " + key + " is not a number");
-  return c[key].get<double>();
+  return hf::get_float(c, key, ctx.where(), fallback);
 }
 
 bool get_bool(const json& c, const char* key, bool fallback) {
@@ -263,21 +250,6 @@ struct Planned {
   bool one_d = false;
 };
 
-float element(const std::byte* p, st::Dtype dtype, size_t i) {
-  switch (dtype) {
-    case st::Dtype::kF32: { float f; std::memcpy(&f, p + 4 * i, 4); return f; }
-    case st::Dtype::kF16: { uint16_t h; std::memcpy(&h, p + 2 * i, 2); return gguf::fp16_to_fp32(h); }
-    case st::Dtype::kBF16: { uint16_t h; std::memcpy(&h, p + 2 * i, 2); return gguf::bf16_to_fp32(h); }
-    default: { double d; std::memcpy(&d, p + 8 * i, 8); return static_cast<float>(d); }
-  }
-}
-
-std::string fmt(const std::vector<uint64_t>& s) {
-  std::string r = "[";
-  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
-  return r + "]";
-}
-
 }  // namespace
 
 bool is_hf_gemma4(const std::filesystem::path& dir) {
@@ -345,7 +317,7 @@ void write_hf_gemma4_gguf(const std::filesystem::path& dir, const std::filesyste
     std::vector<uint64_t> have = info.shape;
     if (have.empty()) have = {1};  // a 0-D layer_scalar
     if (have != want) {
-      throw Error(dir.string() + ": tensor '" + hf + "' has shape " + fmt(info.shape) + ", config.json and tokenizer.json imply " + fmt(want));
+      throw Error(dir.string() + ": tensor '" + hf + "' has shape " + hf::shape_str(info.shape) + ", config.json and tokenizer.json imply " + hf::shape_str(want));
     }
     p.one_d = want.size() == 1;
     switch (info.dtype) {
@@ -416,9 +388,7 @@ void write_hf_gemma4_gguf(const std::filesystem::path& dir, const std::filesyste
   w.add("gemma4.embedding_length_per_layer_input", u32(h.ple_dim));
   if (h.softcap > 0.0) w.add("gemma4.final_logit_softcapping", f32(h.softcap));
 
-  json tc = json::object();
-  if (std::filesystem::is_regular_file(dir / "tokenizer_config.json")) tc = st::read_json(dir / "tokenizer_config.json");
-  if (!tc.is_object()) throw Error((dir / "tokenizer_config.json").string() + " is not a JSON object");
+  const json tc = hf::read_tokenizer_config(dir);
   w.add("tokenizer.ggml.model", str("gemma4"));
   w.add("tokenizer.ggml.tokens", array(ValueType::kString, vocab.tokens));
   w.add("tokenizer.ggml.scores", array(ValueType::kFloat32, vocab.scores));
@@ -448,23 +418,10 @@ void write_hf_gemma4_gguf(const std::filesystem::path& dir, const std::filesyste
   for (const auto& p : plan) w.add_tensor(p.name, p.type, p.shape);
   w.begin_data();
   w.write({reinterpret_cast<const std::byte*>(rope_freqs.data()), rope_freqs.size() * sizeof(float)});
-  std::vector<float> buf;
   for (const auto& p : plan) {
     const auto& info = ckpt.info(p.hf);
-    const auto data = ckpt.data(p.hf);
-    const uint64_t elems = std::max<uint64_t>(1, info.n_elements());
-    const bool verbatim = !p.one_d && info.dtype != st::Dtype::kF64;
-    if (verbatim) {
-      w.write(data.first(static_cast<size_t>(elems * st::dtype_size(info.dtype))));
-    } else {
-      constexpr uint64_t kStep = 1 << 18;
-      for (uint64_t i = 0; i < elems; i += kStep) {
-        const size_t n = static_cast<size_t>(std::min(kStep, elems - i));
-        buf.resize(n);
-        for (size_t j = 0; j < n; ++j) buf[j] = element(data.data(), info.dtype, static_cast<size_t>(i) + j);
-        w.write({reinterpret_cast<const std::byte*>(buf.data()), n * sizeof(float)});
-      }
-    }
+    hf::write_tensor(w, ckpt.data(p.hf), info.dtype, std::max<uint64_t>(1, info.n_elements()),
+                     !p.one_d && info.dtype != st::Dtype::kF64);
     ckpt.release(p.hf);
   }
   w.finish();
