@@ -83,6 +83,10 @@ std::set<std::string> random_scaling(const gguf::File& file, const std::set<int>
     const size_t cols = static_cast<size_t>(file.find_tensor(g.matrices.front())->shape[0]);
     std::vector<float> s(cols);
     for (auto& e : s) e = power_of_two ? std::exp2(std::round(log4(rng) / std::log(2.0f))) : std::exp(log4(rng));
+    if (g.heads_per_kv > 0) {  // query heads of one KV head share its scales
+      const size_t hd = g.head_dim, rep = g.heads_per_kv;
+      for (size_t c = 0; c < cols; ++c) s[c] = s[(c / (hd * rep)) * hd * rep + c % hd];
+    }
     for (const auto& m : g.matrices) {
       sc.column_scale[m] = s;
       touched.insert(m);
@@ -92,7 +96,7 @@ std::set<std::string> random_scaling(const gguf::File& file, const std::set<int>
       touched.insert(g.fold_vector);
     }
     if (!g.fold_rows.empty()) {
-      sc.row_divisor[g.fold_rows] = s;
+      sc.row_divisor[g.fold_rows] = fold_row_scales(g, s);
       touched.insert(g.fold_rows);
     }
   }
@@ -154,7 +158,8 @@ TEST(AwqFold, Gemma3DefaultModelLogitsUnchanged) {
   }
   // Layers 0, 5 (a global-attention layer) and 17 (the last) in float32; the others as in the
   // source, identical in both copies.
-  expect_fold_is_exact(source, {0, 5, 17}, {2, 818, 5279, 529, 7001, 563, 496, 3417}, 6);
+  // Four groups per layer: Q/K/V, gate/up, down, and the output projection (V's rows).
+  expect_fold_is_exact(source, {0, 5, 17}, {2, 818, 5279, 529, 7001, 563, 496, 3417}, 12);
 }
 
 TEST(AwqLayer, LowersTheOutputErrorOfRecordedActivationsBelowRtn) {

@@ -1,5 +1,7 @@
 #include "kestrel/image/channel_scaling.h"
 
+#include <algorithm>
+
 #include "kestrel/base/error.h"
 #include "kestrel/formats/dequant.h"
 
@@ -70,9 +72,29 @@ std::vector<ScalingGroup> scaling_groups(const gguf::File& file) {
     if (file.find_tensor(blk(il, "ffn_up")) != nullptr) {
       groups.push_back({present({"ffn_down"}, il), "", blk(il, "ffn_up")});
     }
+    if (arch == "gemma3" && file.find_tensor(blk(il, "attn_v")) != nullptr) {
+      const uint64_t heads = file.get_uint(arch + ".attention.head_count");
+      const uint64_t kv = file.get_uint(arch + ".attention.head_count_kv");
+      const uint64_t hd = file.get_uint(arch + ".attention.value_length");
+      if (kv > 0 && heads % kv == 0) {
+        groups.push_back({present({"attn_output"}, il), "", blk(il, "attn_v"), static_cast<size_t>(heads / kv),
+                          static_cast<size_t>(hd)});
+      }
+    }
   }
   std::erase_if(groups, [](const ScalingGroup& g) { return g.matrices.empty(); });
   return groups;
+}
+
+std::vector<float> fold_row_scales(const ScalingGroup& group, const std::vector<float>& s) {
+  if (group.heads_per_kv == 0) return s;
+  const size_t hd = group.head_dim, rep = group.heads_per_kv;
+  if (hd == 0 || s.size() % (hd * rep) != 0) throw Error("channel scaling: heads do not divide the input");
+  std::vector<float> t(s.size() / rep);
+  for (size_t g = 0; g < t.size() / hd; ++g) {
+    for (size_t j = 0; j < hd; ++j) t[g * hd + j] = s[g * rep * hd + j];
+  }
+  return t;
 }
 
 ChannelScaling search_channel_scaling(
@@ -99,20 +121,34 @@ ChannelScaling search_channel_scaling(
       views.push_back({dense.back().data(), static_cast<size_t>(t.shape[1]), static_cast<size_t>(t.shape[0])});
     }
     if (!usable) continue;
+    const size_t rep = std::max<size_t>(g.heads_per_kv, 1);
     if (!g.fold_rows.empty()) {
       const gguf::TensorInfo* t = file.find_tensor(g.fold_rows);
-      if (t == nullptr || t->shape.size() != 2 || t->shape[1] != st.cols) continue;
+      if (t == nullptr || t->shape.size() != 2 || t->shape[1] * rep != st.cols) continue;
+      if (g.heads_per_kv > 0 && (g.head_dim == 0 || st.cols % (g.head_dim * rep) != 0)) continue;
+    }
+    // Query heads that read one KV head must share its scales: average their magnitudes.
+    std::vector<float> magnitude = st.mean_abs;
+    if (g.heads_per_kv > 0) {
+      const size_t hd = g.head_dim;
+      for (size_t kv = 0; kv < st.cols / (hd * rep); ++kv) {
+        for (size_t j = 0; j < hd; ++j) {
+          float sum = 0.0f;
+          for (size_t h = 0; h < rep; ++h) sum += st.mean_abs[(kv * rep + h) * hd + j];
+          for (size_t h = 0; h < rep; ++h) magnitude[(kv * rep + h) * hd + j] = sum / static_cast<float>(rep);
+        }
+      }
     }
     if (!g.fold_vector.empty()) {
       const gguf::TensorInfo* t = file.find_tensor(g.fold_vector);
       if (t == nullptr || t->shape.size() != 1 || t->shape[0] != st.cols) continue;
     }
-    const auto result = quant::search_awq_scales(views, st, st.mean_abs.data(), params, grid_points, pool);
+    const auto result = quant::search_awq_scales(views, st, magnitude.data(), params, grid_points, pool);
     if (progress) progress(gi + 1, groups.size(), g.matrices.front(), result);
     if (result.alpha == 0.0f) continue;  // no scaling won
     for (const auto& name : g.matrices) scaling.column_scale[name] = result.scales;
     if (!g.fold_vector.empty()) scaling.vector_divisor[g.fold_vector] = result.scales;
-    if (!g.fold_rows.empty()) scaling.row_divisor[g.fold_rows] = result.scales;
+    if (!g.fold_rows.empty()) scaling.row_divisor[g.fold_rows] = fold_row_scales(g, result.scales);
   }
   return scaling;
 }

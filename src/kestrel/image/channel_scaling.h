@@ -5,10 +5,13 @@
 //   - attention Q/K/V read attn_norm's output: attn_norm.weight /= s;
 //   - FFN gate/up read ffn_norm's output:      ffn_norm.weight /= s;
 //   - FFN down reads gelu(gate) * up:           the rows of ffn_up /= s.
+//   - Gemma 3 only: the attention output projection reads softmax(QK^T) V per head, linear in
+//     V: the rows of attn_v /= s (one scale per KV-head channel, shared by the query heads of
+//     that KV head). Gemma 4 normalizes V (an RMS norm without weight) before attention, which
+//     a scale of V's rows would not survive, so there the output projection is not scaled.
 // Gemma's GGUF norm weights hold the whole multiplier (llama.cpp's converter adds the 1 of
 // HF's (1 + w)), and kernels::rms_norm computes x / rms(x) * weight, so dividing the weight is
-// exact. Gemma 4's V-norm has no weight and sits between V and the attention output, so the
-// V -> O fold (which Gemma 3 would allow) is not made for either.
+// exact.
 #pragma once
 
 #include <functional>
@@ -39,7 +42,14 @@ struct ScalingGroup {
   std::vector<std::string> matrices;  // read the same input
   std::string fold_vector;            // the norm weight divided by s, or empty
   std::string fold_rows;              // the matrix whose rows are divided by s, or empty
+  /// Attention output groups: the input is heads of head_dim channels, query head h reading
+  /// KV head h / heads_per_kv, whose channels are fold_rows' rows. 0: rows = columns.
+  size_t heads_per_kv = 0;
+  size_t head_dim = 0;
 };
+
+/// The scales of fold_rows' rows for column scales `s` (s itself unless heads_per_kv > 0).
+std::vector<float> fold_row_scales(const ScalingGroup& group, const std::vector<float>& s);
 
 /// The groups of a Gemma 3 or Gemma 4 checkpoint, per layer, listing only tensors that exist
 /// (Gemma 4's KV-sharing layers may lack K/V). Other architectures: none.
