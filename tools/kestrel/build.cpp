@@ -35,6 +35,7 @@ struct BuildCommandOptions {
   size_t calib_sample = 256;
   bool no_awq = false;
   size_t awq_grid = 20;
+  bool gptq = false;
   std::vector<std::string> licenses;
   bool flashhead = false;
   size_t cluster_size = 16;
@@ -127,11 +128,12 @@ int build(const BuildCommandOptions& o) {
       (!o.calib.empty() || o.group_size != 32 || o.symmetric || o.embedding != "source")) {
     throw Error("--calib, --group-size, --symmetric and --embedding apply to --precision w4a16 only");
   }
-  if (o.calib.empty() && (o.no_awq || o.awq_grid != 20 || o.calib_sample != 256)) {
-    throw Error("--no-awq, --awq-grid and --calib-sample apply to calibrated builds (--calib) only");
+  if (o.calib.empty() && (o.no_awq || o.gptq || o.awq_grid != 20 || o.calib_sample != 256)) {
+    throw Error("--no-awq, --gptq, --awq-grid and --calib-sample apply to calibrated builds (--calib) only");
   }
   options.awq_scaling = !o.no_awq;
   options.awq_grid = o.awq_grid;
+  options.gptq = o.gptq;
   options.log = [](const std::string& m) { std::fprintf(stderr, "kestrel build: %s\n", m.c_str()); };
   quant::ActivationStatsMap calibration;
   if (!o.calib.empty()) {
@@ -146,7 +148,7 @@ int build(const BuildCommandOptions& o) {
     }
     std::fprintf(stderr, "kestrel build: calibrating on %zu tokens of %s\n", tokens.size(), o.calib.c_str());
     runtime::CalibrationOptions calib;
-    calib.sample_rows = o.no_awq ? 0 : o.calib_sample;
+    calib.sample_rows = o.no_awq && !o.gptq ? 0 : o.calib_sample;
     calib.seed = o.seed;
     calibration = runtime::collect_activation_stats(engine, tokens, calib);
     options.calibration = &calibration;
@@ -198,6 +200,8 @@ Command add_build_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--no-awq", o->no_awq,
                 "With --calib: no AWQ per-channel scaling, only the activation-weighted group fit");
+  cmd->add_flag("--gptq", o->gptq,
+                "With --calib: GPTQ error compensation on the recorded input rows (after AWQ's scaling)");
   cmd->add_option("--awq-grid", o->awq_grid, "AWQ: alpha values tried in [0, 1]")
       ->check(CLI::Range(size_t{2}, size_t{200}))
       ->capture_default_str();

@@ -18,6 +18,7 @@
 #include "kestrel/head/flashhead_format.h"
 #include "kestrel/image/channel_scaling.h"
 #include "kestrel/image/image.h"
+#include "kestrel/quant/gptq.h"
 #include "kestrel/quant/w4.h"
 #include "kestrel/text/tokenizer.h"
 
@@ -382,8 +383,22 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
             }
           }
         }
-        const auto q = quant::quantize_w4(dense.data(), t.shape[1], t.shape[0], group, importance,
-                                          options.zero_points, pool);
+        const quant::ActivationStats* stats = nullptr;
+        if (options.calibration) {
+          const auto it = options.calibration->find(t.name);
+          if (it != options.calibration->end() && it->second->cols == t.shape[0]) stats = it->second.get();
+        }
+        quant::W4Matrix q;
+        if (options.gptq && options.zero_points && stats != nullptr && stats->n_sample() > 0) {
+          // GPTQ sees the image's inputs: x / s where AWQ scaled the columns.
+          std::vector<float> x = stats->sample;
+          if (const auto s = scaling.column_scale.find(t.name); s != scaling.column_scale.end()) {
+            for (size_t k = 0; k < x.size(); ++k) x[k] /= s->second[k % stats->cols];
+          }
+          q = quant::quantize_w4_gptq(dense.data(), t.shape[1], t.shape[0], group, x.data(), stats->n_sample(), 0.01, pool);
+        } else {
+          q = quant::quantize_w4(dense.data(), t.shape[1], t.shape[0], group, importance, options.zero_points, pool);
+        }
         w.write(as_bytes(q.qs.data(), q.qs.size()));
         w.write(as_bytes(q.scales.data(), q.scales.size() * sizeof(uint16_t)));
         w.write(as_bytes(q.mins.data(), q.mins.size() * sizeof(uint16_t)));

@@ -32,6 +32,8 @@ struct BuildOptions {
   const quant::ActivationStatsMap* calibration = nullptr;
   bool awq_scaling = true;
   size_t awq_grid = 20;  // alpha values tried, 0 to 1
+  /// GPTQ's error compensation (quant/gptq.h) on the recorded input rows, after AWQ's scaling.
+  bool gptq = false;
   /// Messages about the build's choices (AWQ's alpha per group); optional.
   std::function<void(const std::string&)> log;
   std::string calibration_sha256;  // of the calibration text, recorded in the image

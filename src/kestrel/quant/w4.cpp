@@ -163,6 +163,13 @@ W4Matrix quantize_w4(const float* w, size_t rows, size_t cols, size_t group_size
   return q;
 }
 
+void fit_affine_group(const float* w, const float* importance, size_t n, uint16_t& d, uint16_t& m) {
+  std::vector<uint8_t> packed(n / 2 + 1);
+  const Affine a = quantize_group_affine(w, importance, n, packed.data(), false);
+  d = a.d;
+  m = a.m;
+}
+
 double w4_rms_error(const W4Matrix& q, const float* w) {
   std::vector<float> row(q.cols);
   const kernels::Matrix m = q.view();
