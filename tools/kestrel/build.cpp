@@ -131,6 +131,7 @@ int build(const BuildCommandOptions& o) {
   if (o.calib.empty() && (o.no_awq || o.gptq || o.awq_grid != 20 || o.calib_sample != 256)) {
     throw Error("--no-awq, --gptq, --awq-grid and --calib-sample apply to calibrated builds (--calib) only");
   }
+  if (o.gptq && o.symmetric) throw Error("--gptq fits affine groups; it cannot be combined with --symmetric");
   options.awq_scaling = !o.no_awq;
   options.awq_grid = o.awq_grid;
   options.gptq = o.gptq;
