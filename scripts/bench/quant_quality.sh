@@ -2,7 +2,8 @@
 # Accuracy cost of the W4A16 variants on the default model: KL divergence and same-top-1 against
 # the BF16 baseline image, and perplexity, on WikiText-2 (llama-perplexity's method), next to
 # llama.cpp's own Q4_0 requantization of the same source (llama-quantize --allow-requantize,
-# through llama-cpp-python). Prints a Markdown table.
+# through llama-cpp-python). Prints a Markdown table. Calibrated rows (--calib) use AWQ's
+# per-channel scaling unless --no-awq (then only the activation-weighted group fit).
 #   scripts/bench/quant_quality.sh [CHUNKS (default 8)] [CTX (default 512)]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -44,7 +45,8 @@ row "llama.cpp Q4_0 requantization" "$OUT/q4_0.gguf"
 CALIB=../shared/data/oasst/en-validation.jsonl
 for args in "--symmetric --group-size 32" "--group-size 32" "--group-size 64" "--group-size 128" \
             "--group-size 32 --embedding int4" "--symmetric --group-size 32 --calib $CALIB" \
-            "--group-size 32 --calib $CALIB" "--group-size 64 --calib $CALIB"; do
+            "--group-size 32 --calib $CALIB --no-awq" "--group-size 32 --calib $CALIB" \
+            "--group-size 64 --calib $CALIB"; do
   name="w4a16 ${args/$CALIB/oasst}"
   file="$OUT/w4.kimg"
   # shellcheck disable=SC2086

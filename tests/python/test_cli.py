@@ -184,6 +184,10 @@ def test_build_usage_and_output_errors(tmp_path):
     assert "--group-size" in error_of(kestrel("build", "x.gguf", "-o", tmp_path / "o", "--group-size", 48), code=2)
     missing = tmp_path / "missing.gguf"
     assert "missing.gguf" in error_of(kestrel("build", missing, "-o", tmp_path / "o.kimg"))
+    # AWQ / GPTQ options need calibration data.
+    for flag in (["--no-awq"], ["--gptq"], ["--awq-grid", 10], ["--calib-sample", 512]):
+        assert "calibrated builds" in error_of(kestrel("build", "x.gguf", "-o", tmp_path / "o", *flag))
+    assert "--symmetric" in error_of(kestrel("build", "x.gguf", "-o", tmp_path / "o", "--calib", "c.txt", "--gptq", "--symmetric"))
 
 
 @needs_model

@@ -32,6 +32,10 @@ struct BuildCommandOptions {
   bool symmetric = false;
   std::string calib;
   size_t calib_tokens = 32768;
+  size_t calib_sample = 256;
+  bool no_awq = false;
+  size_t awq_grid = 20;
+  bool gptq = false;
   std::vector<std::string> licenses;
   bool flashhead = false;
   size_t cluster_size = 16;
@@ -124,7 +128,15 @@ int build(const BuildCommandOptions& o) {
       (!o.calib.empty() || o.group_size != 32 || o.symmetric || o.embedding != "source")) {
     throw Error("--calib, --group-size, --symmetric and --embedding apply to --precision w4a16 only");
   }
-  runtime::Importance importance;
+  if (o.calib.empty() && (o.no_awq || o.gptq || o.awq_grid != 20 || o.calib_sample != 256)) {
+    throw Error("--no-awq, --gptq, --awq-grid and --calib-sample apply to calibrated builds (--calib) only");
+  }
+  if (o.gptq && o.symmetric) throw Error("--gptq fits affine groups; it cannot be combined with --symmetric");
+  options.awq_scaling = !o.no_awq;
+  options.awq_grid = o.awq_grid;
+  options.gptq = o.gptq;
+  options.log = [](const std::string& m) { std::fprintf(stderr, "kestrel build: %s\n", m.c_str()); };
+  quant::ActivationStatsMap calibration;
   if (!o.calib.empty()) {
     // Calibration runs the source model as it is (exact weights) over the text.
     runtime::Engine engine(source, {o.threads, std::nullopt, {}});
@@ -136,8 +148,11 @@ int build(const BuildCommandOptions& o) {
                   " tokens; at least 64 are needed (a few thousand are better)");
     }
     std::fprintf(stderr, "kestrel build: calibrating on %zu tokens of %s\n", tokens.size(), o.calib.c_str());
-    importance = runtime::collect_importance(engine, tokens, 512);
-    options.importance = &importance;
+    runtime::CalibrationOptions calib;
+    calib.sample_rows = o.no_awq && !o.gptq ? 0 : o.calib_sample;
+    calib.seed = o.seed;
+    calibration = runtime::collect_activation_stats(engine, tokens, calib);
+    options.calibration = &calibration;
     options.calibration_sha256 = image::sha256_hex(text);
   }
   ThreadPool pool(o.threads);
@@ -179,6 +194,17 @@ Command add_build_command(CLI::App& app) {
                   "rows in file order) for activation-aware quantization");
   cmd->add_option("--calib-tokens", o->calib_tokens, "Calibration tokens to use at most")
       ->check(CLI::Range(size_t{64}, size_t{1} << 22))
+      ->capture_default_str();
+  cmd->add_option("--calib-sample", o->calib_sample,
+                  "Calibration input rows kept per matrix input for AWQ's scale search")
+      ->check(CLI::Range(size_t{16}, size_t{65536}))
+      ->capture_default_str();
+  cmd->add_flag("--no-awq", o->no_awq,
+                "With --calib: no AWQ per-channel scaling, only the activation-weighted group fit");
+  cmd->add_flag("--gptq", o->gptq,
+                "With --calib: GPTQ error compensation on the recorded input rows (after AWQ's scaling)");
+  cmd->add_option("--awq-grid", o->awq_grid, "AWQ: alpha values tried in [0, 1]")
+      ->check(CLI::Range(size_t{2}, size_t{200}))
       ->capture_default_str();
   cmd->add_flag("--symmetric", o->symmetric,
                 "w4a16: symmetric groups (scale only) instead of affine groups (scale and min)");

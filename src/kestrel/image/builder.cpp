@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cmath>
 #include <cstring>
 #include <optional>
@@ -15,7 +16,9 @@
 #include "kestrel/formats/dequant.h"
 #include "kestrel/formats/gguf_writer.h"
 #include "kestrel/head/flashhead_format.h"
+#include "kestrel/image/channel_scaling.h"
 #include "kestrel/image/image.h"
+#include "kestrel/quant/gptq.h"
 #include "kestrel/quant/w4.h"
 #include "kestrel/text/tokenizer.h"
 
@@ -250,6 +253,23 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
   report.source_bytes = src.file_size();
   report.source_sha256 = sha256_file(source);
 
+  // AWQ: every group's scales are chosen before any tensor is written, since a norm the
+  // scales fold into may come before its matrices in the source.
+  ChannelScaling scaling;
+  if (w4 && options.calibration && options.awq_scaling) {
+    const quant::W4Params params{group, options.zero_points, true};
+    scaling = search_channel_scaling(
+        src, *options.calibration, params, options.awq_grid, pool,
+        [&](size_t done, size_t total, const std::string& name, const quant::AwqSearchResult& r) {
+          if (!options.log) return;
+          char line[256];
+          std::snprintf(line, sizeof(line), "AWQ %zu/%zu %s: alpha %.2f, output error %.3fx of unscaled", done,
+                        total, name.c_str(), static_cast<double>(r.alpha),
+                        r.error_unscaled > 0 ? r.error / r.error_unscaled : 1.0);
+          options.log(line);
+        });
+  }
+
   std::filesystem::path partial = out;
   partial += ".partial";
   gguf::Writer w(partial, kAlignment);
@@ -261,7 +281,9 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
   w.add_string(keys::kPrecision, quant::precision_name(options.precision));
   if (w4) {
     w.add_uint32(keys::kGroupSize, static_cast<uint32_t>(group));
-    w.add_string(keys::kQuantMethod, options.importance ? "rtn-activation-weighted" : "rtn");
+    w.add_string(keys::kQuantMethod, !options.calibration ? "rtn"
+                                      : !scaling.empty()  ? "awq-activation-weighted"
+                                                          : "rtn-activation-weighted");
     w.add_uint32(keys::kZeroPoints, options.zero_points ? 1 : 0);
   }
   w.add_string(keys::kKestrelVersion, KESTREL_VERSION);
@@ -346,15 +368,37 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
       case Plan::kInt4: {
         std::vector<float> dense(t.n_elements);
         gguf::dequantize(t.type, data.data(), dense.data(), dense.size());
+        scaling.apply(t.name, dense.data(), t.shape[1], t.shape[0]);
         const float* importance = nullptr;
-        if (options.importance) {
-          const auto it = options.importance->find(t.name);
-          if (it != options.importance->end() && it->second.size() == t.shape[0]) {
-            importance = it->second.data();
+        std::vector<float> scaled_importance;
+        if (options.calibration) {
+          const auto it = options.calibration->find(t.name);
+          if (it != options.calibration->end() && it->second->mean_square.size() == t.shape[0]) {
+            importance = it->second->mean_square.data();
+            // The image's matrix W diag(s) reads x / s: E[(x_i / s_i)^2] = E[x_i^2] / s_i^2.
+            if (const auto s = scaling.column_scale.find(t.name); s != scaling.column_scale.end()) {
+              scaled_importance = it->second->mean_square;
+              for (size_t c = 0; c < scaled_importance.size(); ++c) scaled_importance[c] /= s->second[c] * s->second[c];
+              importance = scaled_importance.data();
+            }
           }
         }
-        const auto q = quant::quantize_w4(dense.data(), t.shape[1], t.shape[0], group, importance,
-                                          options.zero_points, pool);
+        const quant::ActivationStats* stats = nullptr;
+        if (options.calibration) {
+          const auto it = options.calibration->find(t.name);
+          if (it != options.calibration->end() && it->second->cols == t.shape[0]) stats = it->second.get();
+        }
+        quant::W4Matrix q;
+        if (options.gptq && options.zero_points && stats != nullptr && stats->n_sample() > 0) {
+          // GPTQ sees the image's inputs: x / s where AWQ scaled the columns.
+          std::vector<float> x = stats->sample;
+          if (const auto s = scaling.column_scale.find(t.name); s != scaling.column_scale.end()) {
+            for (size_t k = 0; k < x.size(); ++k) x[k] /= s->second[k % stats->cols];
+          }
+          q = quant::quantize_w4_gptq(dense.data(), t.shape[1], t.shape[0], group, x.data(), stats->n_sample(), 0.01, pool);
+        } else {
+          q = quant::quantize_w4(dense.data(), t.shape[1], t.shape[0], group, importance, options.zero_points, pool);
+        }
         w.write(as_bytes(q.qs.data(), q.qs.size()));
         w.write(as_bytes(q.scales.data(), q.scales.size() * sizeof(uint16_t)));
         w.write(as_bytes(q.mins.data(), q.mins.size() * sizeof(uint16_t)));
@@ -362,7 +406,16 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
       }
       case Plan::kHalf: write_converted(w, t, data, half); break;
       case Plan::kCopy: w.write(data); break;
-      case Plan::kF32: write_converted(w, t, data, TensorType::kF32); break;
+      case Plan::kF32:
+        if (scaling.vector_divisor.count(t.name) != 0) {  // a norm AWQ's scales fold into
+          std::vector<float> v(t.n_elements);
+          gguf::dequantize(t.type, data.data(), v.data(), v.size());
+          scaling.apply(t.name, v.data(), 1, v.size());
+          w.write(as_bytes(v.data(), v.size() * sizeof(float)));
+        } else {
+          write_converted(w, t, data, TensorType::kF32);
+        }
+        break;
     }
     if (options.progress) options.progress(i + 1, tensors.size(), t.name);
   }

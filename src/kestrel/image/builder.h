@@ -11,6 +11,7 @@
 
 #include "kestrel/base/thread_pool.h"
 #include "kestrel/head/clustering.h"
+#include "kestrel/quant/awq.h"
 #include "kestrel/quant/precision.h"
 
 namespace kestrel::image {
@@ -23,10 +24,18 @@ struct BuildOptions {
   bool int4_embedding = false;
   /// w4a16: affine groups (an fp16 scale and minimum each) instead of symmetric ones.
   bool zero_points = true;
-  /// Activation-aware quantization: per layer matrix (GGUF name), the mean squared input per
-  /// input channel (runtime/calibration.h); each group's scale (and minimum) then minimizes the
-  /// error weighted by it. Null: plain round-to-nearest.
-  const std::map<std::string, std::vector<float>>* importance = nullptr;
+  /// Activation-aware quantization (runtime/calibration.h): per layer matrix (GGUF name), the
+  /// statistics of its input. Each group's scale (and minimum) then minimizes the error
+  /// weighted by the mean squared input per channel, and, with awq_scaling, AWQ's per-channel
+  /// scales (image/channel_scaling.h) are searched on the recorded input rows and folded into
+  /// the preceding norms / ffn_up rows. Null: plain round-to-nearest.
+  const quant::ActivationStatsMap* calibration = nullptr;
+  bool awq_scaling = true;
+  size_t awq_grid = 20;  // alpha values tried, 0 to 1
+  /// GPTQ's error compensation (quant/gptq.h) on the recorded input rows, after AWQ's scaling.
+  bool gptq = false;
+  /// Messages about the build's choices (AWQ's alpha per group); optional.
+  std::function<void(const std::string&)> log;
   std::string calibration_sha256;  // of the calibration text, recorded in the image
   /// Licence / NOTICE files to carry. Files named LICENSE*, NOTICE*, COPYING* or *TERMS* next to
   /// the source are added as well.

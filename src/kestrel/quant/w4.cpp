@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <string>
 
 #include "kestrel/base/error.h"
@@ -68,7 +69,8 @@ double affine_error(const float* w, const float* importance, size_t n, float d, 
   return err;
 }
 
-Affine quantize_group_affine(const float* w, const float* importance, size_t n, uint8_t* out) {
+Affine quantize_group_affine(const float* w, const float* importance, size_t n, uint8_t* out,
+                             bool fast) {
   float lo = w[0], hi = w[0];
   for (size_t i = 1; i < n; ++i) {
     lo = std::min(lo, w[i]);
@@ -79,7 +81,9 @@ Affine quantize_group_affine(const float* w, const float* importance, size_t n, 
   double best_err = INFINITY;
   // Several starting grids (the range over 14..17 steps, as make_qkx2_quants' rdelta search),
   // each refined by alternating rounding and least squares.
-  for (float steps : {15.0f, 14.0f, 14.5f, 15.5f, 16.0f, 17.0f}) {
+  constexpr float kSteps[] = {15.0f, 14.0f, 14.5f, 15.5f, 16.0f, 17.0f};
+  for (size_t grid = 0; grid < (fast ? 1 : std::size(kSteps)); ++grid) {
+  const float steps = kSteps[grid];
   float d = (hi - lo) / steps, m = lo;
   for (int iter = 0; iter < 4; ++iter) {
     const Affine stored{gguf::fp32_to_fp16(d), gguf::fp32_to_fp16(m)};
@@ -126,7 +130,7 @@ kernels::Matrix W4Matrix::view() const {
 }
 
 W4Matrix quantize_w4(const float* w, size_t rows, size_t cols, size_t group_size,
-                     const float* importance, bool zero_points, ThreadPool& pool) {
+                     const float* importance, bool zero_points, ThreadPool& pool, bool fast) {
   if (group_size == 0 || group_size % 32 != 0 || cols % group_size != 0) {
     throw Error("INT4 group size " + std::to_string(group_size) +
                 " must be a multiple of 32 that divides the row length " + std::to_string(cols));
@@ -147,7 +151,7 @@ W4Matrix quantize_w4(const float* w, size_t rows, size_t cols, size_t group_size
         const float* ig = importance ? importance + col : nullptr;
         uint8_t* out = &q.qs[(r * cols + col) / 2];
         if (zero_points) {
-          const Affine a = quantize_group_affine(wg, ig, group_size, out);
+          const Affine a = quantize_group_affine(wg, ig, group_size, out, fast);
           q.scales[r * n_groups + g] = a.d;
           q.mins[r * n_groups + g] = a.m;
         } else {
@@ -157,6 +161,13 @@ W4Matrix quantize_w4(const float* w, size_t rows, size_t cols, size_t group_size
     }
   });
   return q;
+}
+
+void fit_affine_group(const float* w, const float* importance, size_t n, uint16_t& d, uint16_t& m) {
+  std::vector<uint8_t> packed(n / 2 + 1);
+  const Affine a = quantize_group_affine(w, importance, n, packed.data(), false);
+  d = a.d;
+  m = a.m;
 }
 
 double w4_rms_error(const W4Matrix& q, const float* w) {

@@ -35,9 +35,16 @@ struct W4Matrix {
 ///
 /// `importance` (optional, [cols]) weights the squared error per input channel (AWQ-style
 /// activation statistics); null means uniform.
+/// `fast` (affine groups only) starts from the 15-step grid alone instead of six grids, about
+/// 6x less work for a slightly larger error (the AWQ scale search, quant/awq.h, uses it).
 /// Throws kestrel::Error unless group_size is a multiple of 32 dividing cols.
 W4Matrix quantize_w4(const float* w, size_t rows, size_t cols, size_t group_size,
-                     const float* importance, bool zero_points, ThreadPool& pool);
+                     const float* importance, bool zero_points, ThreadPool& pool,
+                     bool fast = false);
+
+/// The affine fit quantize_w4 makes for one group of n weights: fp16 scale d and minimum m
+/// (w ~ d * q + m, q in 0..15), minimizing the error weighted by `importance` (null: uniform).
+void fit_affine_group(const float* w, const float* importance, size_t n, uint16_t& d, uint16_t& m);
 
 /// Root-mean-square error of the quantized matrix against `w` (for reports and tests).
 double w4_rms_error(const W4Matrix& q, const float* w);
