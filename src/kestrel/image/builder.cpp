@@ -344,8 +344,6 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
         flash && &t == head_tensor ? std::span<const std::byte>(flash->head_bytes) : src.tensor_data(t);
     switch (plans[i]) {
       case Plan::kInt4: {
-        std::vector<float> dense(t.n_elements);
-        gguf::dequantize(t.type, data.data(), dense.data(), dense.size());
         const float* importance = nullptr;
         if (options.importance) {
           const auto it = options.importance->find(t.name);
@@ -353,17 +351,22 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
             importance = it->second.data();
           }
         }
-        const auto q = quant::quantize_w4(dense.data(), t.shape[1], t.shape[0], group, importance,
-                                          options.zero_points, pool);
-        w.write(as_bytes(q.qs.data(), q.qs.size()));
-        w.write(as_bytes(q.scales.data(), q.scales.size() * sizeof(uint16_t)));
-        w.write(as_bytes(q.mins.data(), q.mins.size() * sizeof(uint16_t)));
+        // A block of rows at a time: the per-layer token table alone is 2.8 G values.
+        const size_t cols = static_cast<size_t>(t.shape[0]);
+        const size_t block_rows = std::max<size_t>(1, options.int4_block_values / cols);
+        const auto groups = quant::quantize_w4_rows(
+            t.type, data, static_cast<size_t>(t.shape[1]), cols, group, importance, options.zero_points,
+            block_rows, [&](std::span<const uint8_t> codes) { w.write(as_bytes(codes.data(), codes.size())); },
+            pool);
+        w.write(as_bytes(groups.scales.data(), groups.scales.size() * sizeof(uint16_t)));
+        w.write(as_bytes(groups.mins.data(), groups.mins.size() * sizeof(uint16_t)));
         break;
       }
       case Plan::kHalf: write_converted(w, t, data, half); break;
       case Plan::kCopy: w.write(data); break;
       case Plan::kF32: write_converted(w, t, data, TensorType::kF32); break;
     }
+    src.release(t);  // its pages are done with: the build's RSS stays near one block, not the source
     if (options.progress) options.progress(i + 1, tensors.size(), t.name);
   }
   if (flash) {
