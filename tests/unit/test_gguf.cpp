@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "gguf_writer.h"
+#include "kestrel/formats/gguf_writer.h"
 #include "kestrel/formats/dequant.h"
 #include "kestrel/formats/gguf.h"
 #include "kestrel/text/tokenizer.h"
@@ -289,6 +290,47 @@ TEST_F(GgufFileTest, OpensAndMapsAFile) {
   const std::span<const std::byte> data = moved.tensor_data(moved.tensor("weights"));
   const std::vector<std::byte> expected = f32_data({1, 2, 3, 4, 5, 6, 7, 8}).vec();
   EXPECT_TRUE(std::equal(data.begin(), data.end(), expected.begin()));
+}
+
+// Resident pages of this process, in bytes (/proc/self/statm, second field).
+size_t resident_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  size_t size = 0, resident = 0;
+  statm >> size >> resident;
+  return resident * static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+}
+
+TEST_F(GgufFileTest, ReleasedPagesLeaveTheResidentSetAndReadBackTheSame) {
+  // A 32 MiB tensor read through the mapping, then released: its pages
+  // leave the resident set, and reading it again gives the same values from the file.
+  constexpr size_t kValues = size_t{8} << 20;
+  Bytes data;
+  for (size_t i = 0; i < kValues; ++i) data.f32(static_cast<float>(i % 1000) * 0.5f);
+  GgufWriter w;
+  w.tensor("big", TensorType::kF32, {kValues}, data);
+  const File file = File::open(write("big.gguf", w.build()));
+  const auto& info = file.tensor("big");
+  auto sum = [&] {
+    const auto bytes = file.tensor_data(info);
+    const auto* v = reinterpret_cast<const float*>(bytes.data());
+    double total = 0;
+    for (size_t i = 0; i < kValues; ++i) total += v[i];
+    return total;
+  };
+  const double expected = 0.5 * (999.0 * 1000.0 / 2.0) * static_cast<double>(kValues / 1000) +
+                          0.5 * static_cast<double>((kValues % 1000) * (kValues % 1000 - 1) / 2);
+  EXPECT_EQ(sum(), expected);
+  const size_t before = resident_bytes();
+  file.release(info);
+  const size_t after = resident_bytes();
+  EXPECT_GT(before, after + (size_t{24} << 20)) << "before " << before << " after " << after;
+  EXPECT_EQ(sum(), expected);
+  // content_hash reads every tensor and releases it piece by piece: same hash, pages dropped.
+  const uint64_t hash = content_hash(file, "none");
+  EXPECT_LT(resident_bytes(), before - (size_t{24} << 20));
+  EXPECT_EQ(content_hash(file, "none"), hash);
+  EXPECT_EQ(content_hash(File::parse(w.build()), "none"), hash);  // from memory: nothing dropped
+  EXPECT_EQ(sum(), expected);
 }
 
 TEST_F(GgufFileTest, MissingFileIsIoError) {

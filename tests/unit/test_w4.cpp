@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <random>
+#include <span>
 #include <vector>
 
 #include "kestrel/formats/dequant.h"
@@ -201,4 +202,67 @@ TEST(F16, MatmulMatchesReferenceForDecodeAndPrefill) {
     k::matmul_reference(m, x.data(), n, cols, ref.data(), rows);
     for (size_t i = 0; i < y.size(); ++i) EXPECT_NEAR(y[i], ref[i], 1e-4 * std::sqrt(cols)) << i;
   }
+}
+
+TEST(W4Rows, BlocksOfRowsEqualTheWholeMatrixByteForByte) {
+  // The builder's streamed path (dequantize a block of rows -> quantize -> write) against
+  // quantize_w4 on the whole matrix, for BF16 and F32 sources, symmetric and affine groups,
+  // with and without importance, and block sizes that do and do not divide the rows.
+  kestrel::ThreadPool pool(2);
+  const size_t rows = 23, cols = 96, group = 32;
+  const auto wf = gaussian(rows * cols, 61);
+  std::vector<uint16_t> bf16(wf.size());
+  std::vector<float> bf16_values(wf.size());
+  for (size_t i = 0; i < wf.size(); ++i) {
+    bf16[i] = kestrel::gguf::fp32_to_bf16(wf[i]);
+    bf16_values[i] = kestrel::gguf::bf16_to_fp32(bf16[i]);
+  }
+  std::vector<float> importance(cols);
+  for (size_t i = 0; i < cols; ++i) importance[i] = 0.5f + static_cast<float>(i % 7);
+  struct Source {
+    kestrel::gguf::TensorType type;
+    std::span<const std::byte> bytes;
+    const float* values;  // what the bytes hold, as float32
+  };
+  const Source sources[] = {
+      {kestrel::gguf::TensorType::kBF16, std::as_bytes(std::span(bf16)), bf16_values.data()},
+      {kestrel::gguf::TensorType::kF32, std::as_bytes(std::span(wf)), wf.data()}};
+  for (const auto& src : sources) {
+    for (bool zp : {false, true}) {
+      for (const float* imp : {static_cast<const float*>(nullptr), static_cast<const float*>(importance.data())}) {
+        const auto whole = q::quantize_w4(src.values, rows, cols, group, imp, zp, pool);
+        for (size_t block : {size_t{1}, size_t{4}, size_t{7}, rows, rows + 5}) {
+          std::vector<uint8_t> codes;
+          size_t calls = 0;
+          const auto groups = q::quantize_w4_rows(
+              src.type, src.bytes, rows, cols, group, imp, zp, block,
+              [&](std::span<const uint8_t> c) {
+                EXPECT_LE(c.size(), block * cols / 2);
+                codes.insert(codes.end(), c.begin(), c.end());
+                ++calls;
+              },
+              pool);
+          EXPECT_EQ(calls, (rows + block - 1) / block);
+          EXPECT_EQ(codes, whole.qs) << "block " << block << " zp " << zp;
+          EXPECT_EQ(groups.scales, whole.scales) << "block " << block << " zp " << zp;
+          EXPECT_EQ(groups.mins, whole.mins) << "block " << block << " zp " << zp;
+          EXPECT_EQ(groups.mins.size(), zp ? rows * cols / group : 0u);
+        }
+      }
+    }
+  }
+}
+
+TEST(W4Rows, RefusesBadArguments) {
+  kestrel::ThreadPool pool(1);
+  std::vector<uint16_t> bf16(4 * 64);
+  const auto bytes = std::as_bytes(std::span(bf16));
+  const auto sink = [](std::span<const uint8_t>) {};
+  using kestrel::gguf::TensorType;
+  EXPECT_THROW(q::quantize_w4_rows(TensorType::kBF16, bytes, 4, 64, 32, nullptr, true, 0, sink, pool),
+               kestrel::Error);  // no rows per block
+  EXPECT_THROW(q::quantize_w4_rows(TensorType::kBF16, bytes, 5, 64, 32, nullptr, true, 2, sink, pool),
+               kestrel::Error);  // too few bytes
+  EXPECT_THROW(q::quantize_w4_rows(TensorType::kBF16, bytes, 4, 64, 48, nullptr, true, 2, sink, pool),
+               kestrel::Error);  // group size
 }

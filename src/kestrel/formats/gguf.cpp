@@ -657,4 +657,16 @@ std::span<const std::byte> File::tensor_data(const TensorInfo& info) const {
   return impl_->bytes.subspan(impl_->data_offset + info.offset, info.n_bytes);
 }
 
+void File::release(const TensorInfo& info) const {
+  if (impl_->mapping == nullptr || impl_->mapping->address == nullptr) return;
+  const long page_l = sysconf(_SC_PAGESIZE);
+  const uint64_t page = page_l > 0 ? static_cast<uint64_t>(page_l) : 4096;
+  const auto data = tensor_data(info);
+  const auto* base = static_cast<const std::byte*>(impl_->mapping->address);
+  const auto begin = static_cast<uint64_t>(data.data() - base);
+  const uint64_t lo = (begin + page - 1) / page * page;
+  const uint64_t hi = (begin + data.size()) / page * page;
+  if (hi > lo) madvise(static_cast<char*>(impl_->mapping->address) + lo, hi - lo, MADV_DONTNEED);
+}
+
 }  // namespace kestrel::gguf

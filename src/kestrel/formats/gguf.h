@@ -144,6 +144,10 @@ class File {
   const TensorInfo& tensor(std::string_view name) const;
   /// The tensor's bytes inside the mapping (n_bytes long, bounds already checked at parse time).
   std::span<const std::byte> tensor_data(const TensorInfo& info) const;
+  /// Drops the tensor's pages from this process's resident set (madvise MADV_DONTNEED on the
+  /// whole pages inside it; a read afterwards pages them in again from the file). For streaming
+  /// passes over files larger than memory, e.g. `kestrel build`. No effect for parse().
+  void release(const TensorInfo& info) const;
 
  private:
   struct Impl;

@@ -366,9 +366,6 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
         flash && &t == head_tensor ? std::span<const std::byte>(flash->head_bytes) : src.tensor_data(t);
     switch (plans[i]) {
       case Plan::kInt4: {
-        std::vector<float> dense(t.n_elements);
-        gguf::dequantize(t.type, data.data(), dense.data(), dense.size());
-        scaling.apply(t.name, dense.data(), t.shape[1], t.shape[0]);
         const float* importance = nullptr;
         std::vector<float> scaled_importance;
         if (options.calibration) {
@@ -388,8 +385,26 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
           const auto it = options.calibration->find(t.name);
           if (it != options.calibration->end() && it->second->cols == t.shape[0]) stats = it->second.get();
         }
+        const bool gptq = options.gptq && options.zero_points && stats != nullptr && stats->n_sample() > 0;
+        const bool scaled = scaling.column_scale.count(t.name) != 0 || scaling.row_divisor.count(t.name) != 0;
+        if (!gptq && !scaled) {
+          // A block of rows at a time: the per-layer token table alone is 2.8 G values.
+          const size_t cols = static_cast<size_t>(t.shape[0]);
+          const size_t block_rows = std::max<size_t>(1, options.int4_block_values / cols);
+          const auto groups = quant::quantize_w4_rows(
+              t.type, data, static_cast<size_t>(t.shape[1]), cols, group, importance, options.zero_points,
+              block_rows, [&](std::span<const uint8_t> codes) { w.write(as_bytes(codes.data(), codes.size())); },
+              pool);
+          w.write(as_bytes(groups.scales.data(), groups.scales.size() * sizeof(uint16_t)));
+          w.write(as_bytes(groups.mins.data(), groups.mins.size() * sizeof(uint16_t)));
+          break;
+        }
+        // AWQ's scales or GPTQ need the whole matrix (a layer matrix: small next to the source).
+        std::vector<float> dense(t.n_elements);
+        gguf::dequantize(t.type, data.data(), dense.data(), dense.size());
+        scaling.apply(t.name, dense.data(), t.shape[1], t.shape[0]);
         quant::W4Matrix q;
-        if (options.gptq && options.zero_points && stats != nullptr && stats->n_sample() > 0) {
+        if (gptq) {
           // GPTQ sees the image's inputs: x / s where AWQ scaled the columns.
           std::vector<float> x = stats->sample;
           if (const auto s = scaling.column_scale.find(t.name); s != scaling.column_scale.end()) {
@@ -417,6 +432,7 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
         }
         break;
     }
+    src.release(t);  // its pages are done with: the build's RSS stays near one block, not the source
     if (options.progress) options.progress(i + 1, tensors.size(), t.name);
   }
   if (flash) {

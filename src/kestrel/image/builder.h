@@ -22,6 +22,9 @@ struct BuildOptions {
   uint64_t seed = 0;       // recorded; the RTN path is deterministic without it
   /// w4a16: also store the token embedding / tied output head as INT4 (else the source's type).
   bool int4_embedding = false;
+  /// w4a16: INT4 tensors are dequantized and quantized this many float32 values (whole rows,
+  /// at least one) at a time, so the build holds ~4 bytes x this, not a whole tensor, in RAM.
+  size_t int4_block_values = size_t{1} << 24;
   /// w4a16: affine groups (an fp16 scale and minimum each) instead of symmetric ones.
   bool zero_points = true;
   /// Activation-aware quantization (runtime/calibration.h): per layer matrix (GGUF name), the

@@ -170,6 +170,33 @@ void fit_affine_group(const float* w, const float* importance, size_t n, uint16_
   m = a.m;
 }
 
+W4Groups quantize_w4_rows(gguf::TensorType type, std::span<const std::byte> data, size_t rows,
+                          size_t cols, size_t group_size, const float* importance, bool zero_points,
+                          size_t block_rows,
+                          const std::function<void(std::span<const uint8_t>)>& write_codes,
+                          ThreadPool& pool) {
+  if (block_rows == 0) throw Error("INT4 quantization: a block of rows must hold at least one row");
+  if (!gguf::is_supported(type)) {
+    throw Error(std::string("INT4 quantization: cannot read tensor type ") + gguf::tensor_type_name(type));
+  }
+  const size_t src_row = static_cast<size_t>(gguf::row_bytes(type, cols));
+  if (data.size() != rows * src_row) {
+    throw Error("INT4 quantization: " + std::to_string(data.size()) + " bytes for " + std::to_string(rows) +
+                " rows of " + std::to_string(src_row) + " bytes");
+  }
+  W4Groups groups;
+  std::vector<float> dense(std::min(block_rows, rows) * cols);
+  for (size_t r = 0; r < rows; r += block_rows) {
+    const size_t n_rows = std::min(block_rows, rows - r);
+    gguf::dequantize(type, data.data() + r * src_row, dense.data(), n_rows * cols);
+    const W4Matrix q = quantize_w4(dense.data(), n_rows, cols, group_size, importance, zero_points, pool);
+    write_codes(q.qs);
+    groups.scales.insert(groups.scales.end(), q.scales.begin(), q.scales.end());
+    groups.mins.insert(groups.mins.end(), q.mins.begin(), q.mins.end());
+  }
+  return groups;
+}
+
 double w4_rms_error(const W4Matrix& q, const float* w) {
   std::vector<float> row(q.cols);
   const kernels::Matrix m = q.view();

@@ -3,9 +3,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <span>
 #include <vector>
 
 #include "kestrel/base/thread_pool.h"
+#include "kestrel/formats/gguf.h"
 #include "kestrel/kernels/matmul.h"
 
 namespace kestrel::quant {
@@ -45,6 +48,28 @@ W4Matrix quantize_w4(const float* w, size_t rows, size_t cols, size_t group_size
 /// The affine fit quantize_w4 makes for one group of n weights: fp16 scale d and minimum m
 /// (w ~ d * q + m, q in 0..15), minimizing the error weighted by `importance` (null: uniform).
 void fit_affine_group(const float* w, const float* importance, size_t n, uint16_t& d, uint16_t& m);
+
+/// The per-group parameters of a matrix quantized block by block (quantize_w4_rows).
+struct W4Groups {
+  std::vector<uint16_t> scales;  // rows * cols / group_size fp16
+  std::vector<uint16_t> mins;    // same shape; empty for symmetric groups
+};
+
+/// quantize_w4 of a [rows, cols] matrix held as GGUF `type` bytes (`data`: rows rows of
+/// gguf::row_bytes(type, cols) bytes, e.g. a memory-mapped BF16 tensor), `block_rows` rows at a
+/// time: each block is dequantized to float32 and quantized, and its packed codes (n_rows * cols
+/// / 2 bytes, rows in order) are handed to `write_codes`; the scales and mins of every row are
+/// returned at the end. At most block_rows * cols float32 values are held at once, so a table
+/// far larger than memory (E4B's per-layer token table: 2.8 G values) can be quantized. The
+/// quantization is row-local, so the codes, scales and mins equal quantize_w4's on the whole
+/// matrix byte for byte, whatever block_rows is.
+/// Throws kestrel::Error as quantize_w4 does, when block_rows is 0, when `type` is not
+/// readable, or when `data` is not rows * row_bytes(type, cols) long.
+W4Groups quantize_w4_rows(gguf::TensorType type, std::span<const std::byte> data, size_t rows,
+                          size_t cols, size_t group_size, const float* importance, bool zero_points,
+                          size_t block_rows,
+                          const std::function<void(std::span<const uint8_t>)>& write_codes,
+                          ThreadPool& pool);
 
 /// Root-mean-square error of the quantized matrix against `w` (for reports and tests).
 double w4_rms_error(const W4Matrix& q, const float* w);
