@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import socket
 import subprocess
 import sys
@@ -33,6 +34,8 @@ def parse_args(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--image", action="append", required=True, metavar="LABEL=PATH",
                    help="a model image or GGUF; repeat; the first is the baseline")
+    p.add_argument("--serve-args", action="append", default=[], metavar="LABEL=ARGS",
+                   help="extra `kestrel serve` options for one image, e.g. 'w4a16=--head dense'")
     p.add_argument("--sets", default="gsm8k,ifeval", help="comma-separated: gsm8k, ifeval")
     p.add_argument("--limit", action="append", default=[], metavar="[SET=]N",
                    help="items per set, for all sets or one (default: the whole set)")
@@ -62,6 +65,12 @@ def parse_args(argv=None):
         a.images.append((label, Path(path)))
     if len({lab for lab, _ in a.images}) != len(a.images):
         p.error("image labels must differ")
+    a.extra = {}
+    for spec in a.serve_args:
+        label, sep, args = spec.partition("=")
+        if not sep or label not in {lab for lab, _ in a.images}:
+            p.error(f"--serve-args wants LABEL=ARGS with the label of an --image, got {spec!r}")
+        a.extra[label] = shlex.split(args)
     a.sets = [s for s in a.sets.split(",") if s]
     for s in a.sets:
         if s not in SETS:
@@ -87,12 +96,13 @@ def _per_set(p, flag: str, specs: list[str], default):
 class Server:
     """`kestrel serve` for one image on a free loopback port; a context manager."""
 
-    def __init__(self, kestrel: Path, model: Path, label: str, threads: int, ctx: int, log: Path):
+    def __init__(self, kestrel: Path, model: Path, label: str, threads: int, ctx: int, log: Path,
+                 extra: list[str] = ()):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         cmd = [str(kestrel), "serve", "-m", str(model), "--port", str(self.port), "--model-name", label,
-               "-c", str(ctx)] + (["-t", str(threads)] if threads else [])
+               "-c", str(ctx)] + (["-t", str(threads)] if threads else []) + list(extra)
         self.log = open(log, "ab")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
         self.base_url = f"http://127.0.0.1:{self.port}/v1"
@@ -155,7 +165,8 @@ def run_image(a, label: str, path: Path, items_by_set: dict) -> None:
     if not any(todo.values()):
         print(f"[{label}] every item already answered", flush=True)
         return
-    with Server(a.kestrel, path, label, a.threads, a.ctx, a.out / f"serve-{label}.log") as srv:
+    with Server(a.kestrel, path, label, a.threads, a.ctx, a.out / f"serve-{label}.log",
+                a.extra.get(label, [])) as srv:
         client = openai.OpenAI(base_url=srv.base_url, api_key="none", timeout=3600, max_retries=0)
         for s, items in todo.items():
             out = a.out / s / f"{label}.jsonl"
@@ -176,14 +187,17 @@ def run_image(a, label: str, path: Path, items_by_set: dict) -> None:
 def perplexity(a) -> dict:
     """`kestrel perplexity --json` of every image, with KL and same-top-1 against the baseline."""
     base = a.images[0][1]
-    out = {}
+    out, by_path = {}, {}
     for label, path in a.images:
+        if path in by_path:  # the same file under another label (e.g. another --head): same weights
+            out[label] = by_path[path]
+            continue
         cmd = [str(a.kestrel), "perplexity", "-m", str(path), "-f", str(a.ppl_file), "--chunks",
                str(a.ppl_chunks), "--json"] + (["-t", str(a.threads)] if a.threads else [])
         if label != a.images[0][0]:
             cmd += ["--kl-base", str(base)]
         res = subprocess.run(cmd, capture_output=True, text=True, check=True)
-        out[label] = json.loads(res.stdout)
+        out[label] = by_path[path] = json.loads(res.stdout)
     return out
 
 
@@ -193,7 +207,7 @@ def main(argv=None) -> int:
     for s in a.sets:
         (a.out / s).mkdir(exist_ok=True)
     items_by_set = {s: SETS[s]["load"](a) for s in a.sets}
-    config = {"images": {lab: str(p) for lab, p in a.images}, "sets": a.sets, "limit": {s: a.limits[s] for s in a.sets},
+    config = {"images": {lab: " ".join([str(p)] + a.extra.get(lab, [])) for lab, p in a.images}, "sets": a.sets, "limit": {s: a.limits[s] for s in a.sets},
               "seed": a.seed, "max_tokens": {s: a.caps[s] for s in a.sets}, "gsm8k_shots": a.gsm8k_shots,
               "ctx": a.ctx, "threads": a.threads, "items": {s: [it.id for it in v] for s, v in items_by_set.items()}}
     cfg_path = a.out / "config.json"
