@@ -73,7 +73,8 @@ def markdown(table: dict, ppl: dict | None = None) -> str:
         out += ["", "| image | PPL | base PPL | mean KL | KL p99 | same top-1 % |",
                 "| --- | ---: | ---: | ---: | ---: | ---: |"]
         for lab, p in ppl.items():
-            out.append(f"| {lab} | {p['ppl']:.3f} | {p.get('base_ppl', float('nan')):.3f} | "
+            base_ppl = f"{p['base_ppl']:.3f}" if "base_ppl" in p else "—"
+            out.append(f"| {lab} | {p['ppl']:.3f} | {base_ppl} | "
                        f"{p.get('kl_mean', 0.0):.4f} | {p.get('kl_p99', 0.0):.3f} | "
                        f"{p.get('same_top1_pct', 100.0):.1f} |")
     return "\n".join(out) + "\n"
