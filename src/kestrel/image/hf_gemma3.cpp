@@ -31,7 +31,6 @@ constexpr int64_t kNormal = 1, kControl = 3, kUserDefined = 4, kByte = 6;
 
 using hf::array;
 using hf::boolean;
-using hf::element;
 using hf::f32;
 using hf::str;
 using hf::u32;

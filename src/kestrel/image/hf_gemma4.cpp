@@ -30,7 +30,6 @@ const std::set<std::string> kVisible = {"<|channel>", "<channel|>", "<|tool_call
 
 using hf::array;
 using hf::boolean;
-using hf::element;
 using hf::f32;
 using hf::str;
 using hf::u32;
