@@ -189,15 +189,18 @@ def perplexity(a) -> dict:
     base = a.images[0][1]
     out, by_path = {}, {}
     for label, path in a.images:
-        if path in by_path:  # the same file under another label (e.g. another --head): same weights
+        is_base = label == a.images[0][0]
+        if not is_base and path in by_path:  # the same file under another label (another --head)
             out[label] = by_path[path]
             continue
         cmd = [str(a.kestrel), "perplexity", "-m", str(path), "-f", str(a.ppl_file), "--chunks",
                str(a.ppl_chunks), "--json"] + (["-t", str(a.threads)] if a.threads else [])
-        if label != a.images[0][0]:
+        if not is_base:
             cmd += ["--kl-base", str(base)]
         res = subprocess.run(cmd, capture_output=True, text=True, check=True)
-        out[label] = by_path[path] = json.loads(res.stdout)
+        out[label] = json.loads(res.stdout)
+        if not is_base:
+            by_path[path] = out[label]
     return out
 
 
