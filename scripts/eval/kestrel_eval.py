@@ -42,7 +42,7 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0, help="item sampling seed")
     p.add_argument("--max-tokens", action="append", default=[], metavar="[SET=]N",
                    help=f"answer cap in tokens, for all sets or one (default {CARD_MAX_TOKENS}, the card's)")
-    p.add_argument("--gsm8k-shots", type=int, default=5,
+    p.add_argument("--gsm8k-shots", type=int, default=5, choices=range(0, 6), metavar="{0..5}",
                    help="GSM8K worked examples as earlier chat turns (0: zero-shot)")
     p.add_argument("--out", required=True, type=Path, help="output folder")
     p.add_argument("--threads", type=int, default=0, help="threads per server (0: every core)")
@@ -76,6 +76,16 @@ def parse_args(argv=None):
         if s not in SETS:
             p.error(f"unknown set {s!r} (known: {', '.join(SETS)})")
     a.caps, a.limits = _per_set(p, "--max-tokens", a.max_tokens, CARD_MAX_TOKENS), _per_set(p, "--limit", a.limit, None)
+    if a.resamples < 1:
+        p.error("--resamples must be at least 1")
+    if a.threads < 0:
+        p.error("--threads must be 0 (every core) or more")
+    if not os.access(a.kestrel, os.X_OK):
+        p.error(f"--kestrel {a.kestrel}: not an executable (build first: scripts/build.sh)")
+    if a.ppl_chunks > 0 and len(a.images) > 1 and not a.ppl_file.is_file():
+        p.error(f"--ppl-file {a.ppl_file}: no such file (or --ppl-chunks 0)")
+    if a.out.exists() and not a.out.is_dir():
+        p.error(f"--out {a.out}: exists and is not a folder")
     return a
 
 
@@ -110,7 +120,10 @@ class Server:
         deadline = time.time() + 600
         while True:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"kestrel serve exited with {self.proc.returncode}; see {log}")
+                self.log.close()
+                tail = Path(log).read_text(errors="replace").strip().splitlines()[-3:]
+                raise RuntimeError(f"kestrel serve for '{label}' exited with {self.proc.returncode}: "
+                                   + " | ".join(tail) + f" (log: {log})")
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5) as r:
                     if r.status == 200:
@@ -171,9 +184,13 @@ def run_image(a, label: str, path: Path, items_by_set: dict) -> None:
         for s, items in todo.items():
             out = a.out / s / f"{label}.jsonl"
             t0, done = time.time(), 0
+            if out.exists() and out.stat().st_size and not out.read_bytes().endswith(b"\n"):
+                with open(out, "a", encoding="utf-8") as f:  # close a line cut short by a kill
+                    f.write("\n")
             with open(out, "a", encoding="utf-8") as f:
                 for it in items:
-                    rec = {"id": it.id, "set": s, "image": label}
+                    rec = {"id": it.id, "set": s, "image": label,
+                           "image_spec": " ".join([str(path)] + a.extra.get(label, []))}
                     rec.update(answer(client, label, it.messages, a.caps[s], a.ctx))
                     rec.update(SETS[s]["score"](it, rec["answer"]))
                     f.write(json.dumps(rec, ensure_ascii=False) + "\n")
@@ -223,8 +240,12 @@ def main(argv=None) -> int:
         for key in ("limit", "max_tokens"):
             for s in set(a.sets) & set(old.get(key, {})):
                 if old[key][s] != config[key][s]:
-                    sys.exit(f"{cfg_path}: this folder holds a {s} run with {key}={old[key][s]!r}, "
+                    sys.exit(f"{cfg_path}: this folder holds a run of {s} with {key}={old[key][s]!r}, "
                              f"not {config[key][s]!r}; use another --out")
+        for lab, spec in config["images"].items():  # a label's answers belong to one image
+            if lab in old.get("images", {}) and old["images"][lab] != spec:
+                sys.exit(f"{cfg_path}: label '{lab}' was answered by {old['images'][lab]!r}, not "
+                         f"{spec!r}; use another label or --out")
         for key in ("limit", "max_tokens", "items"):
             config[key] = {**old.get(key, {}), **config[key]}
         config["sets"] = list(dict.fromkeys(old.get("sets", []) + a.sets))
@@ -242,5 +263,21 @@ def main(argv=None) -> int:
     return 0
 
 
+def _terminate(signum, frame):
+    raise KeyboardInterrupt  # unwinds through Server.__exit__, which stops `kestrel serve`
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    import signal
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        sys.exit("kestrel_eval: interrupted; rerun with the same --out to resume")
+    except (RuntimeError, OSError, subprocess.CalledProcessError) as e:
+        detail = f": {e.stderr.strip()}" if isinstance(e, subprocess.CalledProcessError) and e.stderr else ""
+        sys.exit(f"kestrel_eval: error: {e}{detail}")
+    except Exception as e:  # the API's errors (e.g. a prompt over the context) without a traceback
+        if type(e).__module__.startswith("openai"):
+            sys.exit(f"kestrel_eval: error from kestrel serve: {e}")
+        raise

@@ -3,6 +3,7 @@ image) with a 95 % paired-bootstrap interval over the items both images answered
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -27,10 +28,16 @@ def read_records(path: Path) -> dict[str, dict]:
     """Scored records by item id (the last line wins if an id repeats)."""
     out = {}
     if path.exists():
-        for line in path.read_text(encoding="utf-8").splitlines():
-            if line.strip():
+        lines = path.read_text(encoding="utf-8").splitlines()
+        for n, line in enumerate(lines):
+            if not line.strip():
+                continue
+            try:
                 rec = json.loads(line)
-                out[rec["id"]] = rec
+            except ValueError:  # a run killed mid-write: that item is asked again on resume
+                print(f"{path}: line {n + 1} is cut short; ignored", file=sys.stderr)
+                continue
+            out[rec["id"]] = rec
     return out
 
 

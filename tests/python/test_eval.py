@@ -169,3 +169,36 @@ def test_two_identical_images_end_to_end(tmp_path):
     assert again.returncode == 0 and "every item already answered" in again.stdout
     bad = subprocess.run(cmd[:-8] + ["--limit", "3", "--out", str(tmp_path)], capture_output=True, text=True)
     assert bad.returncode != 0 and "use another --out" in bad.stderr
+
+
+@needs_data
+def test_bad_input_is_a_clear_error(tmp_path):
+    """Usage errors name the problem; a label keeps its image across resumes; a model file that is
+    not a model is reported with the server's reason, without a traceback."""
+    script = [sys.executable, str(ROOT / "scripts" / "eval" / "kestrel_eval.py"), "--kestrel", str(KESTREL)]
+    model = model_path()
+
+    def run(*args):
+        return subprocess.run(script + list(args), capture_output=True, text=True, timeout=600)
+
+    r = run("--image", f"a={model}", "--gsm8k-shots", "9", "--out", str(tmp_path / "x"))
+    assert r.returncode == 2 and "--gsm8k-shots" in r.stderr
+    r = run("--image", f"a={model}", "--resamples", "0", "--out", str(tmp_path / "x"))
+    assert r.returncode == 2 and "--resamples" in r.stderr
+    r = run("--image", f"a={model}", "--image", f"b={model}", "--ppl-file", str(tmp_path / "none.txt"),
+            "--out", str(tmp_path / "x"))
+    assert r.returncode == 2 and "--ppl-file" in r.stderr
+    r = run("--image", f"a={ROOT / 'README.md'}", "--sets", "ifeval", "--limit", "1", "--out", str(tmp_path / "y"))
+    assert r.returncode == 1 and "Traceback" not in r.stderr and "kestrel serve for 'a' exited" in r.stderr
+    out = tmp_path / "z"
+    r = run("--image", f"a={model}", "--sets", "ifeval", "--limit", "1", "--max-tokens", "4",
+            "--ppl-chunks", "0", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    with open(out / "ifeval" / "a.jsonl", "a") as f:
+        f.write('{"id": "cut')  # a kill mid-write
+    r = run("--image", f"a={ROOT / 'README.md'}", "--sets", "ifeval", "--limit", "1", "--max-tokens", "4",
+            "--ppl-chunks", "0", "--out", str(out))
+    assert r.returncode == 1 and "label 'a' was answered by" in r.stderr
+    r = run("--image", f"a={model}", "--sets", "ifeval", "--limit", "1", "--max-tokens", "4",
+            "--ppl-chunks", "0", "--out", str(out))
+    assert r.returncode == 0 and "every item already answered" in r.stdout

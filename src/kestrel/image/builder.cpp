@@ -281,9 +281,11 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
   w.add_string(keys::kPrecision, quant::precision_name(options.precision));
   if (w4) {
     w.add_uint32(keys::kGroupSize, static_cast<uint32_t>(group));
-    w.add_string(keys::kQuantMethod, !options.calibration ? "rtn"
-                                      : !scaling.empty()  ? "awq-activation-weighted"
-                                                          : "rtn-activation-weighted");
+    std::string method = !options.calibration ? "rtn"
+                         : !scaling.empty()  ? "awq-activation-weighted"
+                                             : "rtn-activation-weighted";
+    if (options.calibration && options.gptq && options.zero_points) method += "-gptq";
+    w.add_string(keys::kQuantMethod, method);
     w.add_uint32(keys::kZeroPoints, options.zero_points ? 1 : 0);
   }
   w.add_string(keys::kKestrelVersion, KESTREL_VERSION);
