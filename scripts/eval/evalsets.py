@@ -8,13 +8,14 @@ docs/accuracy.md states every rule implemented here.
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-DATA = Path(__import__("os").environ.get("KESTREL_DATA", ROOT.parent / "shared" / "data"))
+DATA = Path(os.environ.get("KESTREL_DATA", ROOT.parent / "shared" / "data"))
 
 
 @dataclass

@@ -104,10 +104,13 @@ def test_ifeval_items_and_scoring():
     s = score_ifeval(it, "*a* *b* *c* short")
     assert s["strict"] == [1, 1, 0]
     assert score_ifeval(it, "")["strict"] == [0, 0, 0]
-    # sentence counting needs NLTK's Punkt data (scripts/eval/punkt_data.py): 'less than 5 sentences'
-    it = next(i for i in items if "length_constraints:number_sentences" in i.reference["instruction_id_list"])
-    assert "num_sentences" in it.reference["kwargs"][it.reference["instruction_id_list"].index(
-        "length_constraints:number_sentences")]
+    # sentence counting runs NLTK's Punkt (scripts/eval/punkt_data.py); key 1262: a <<title>> and
+    # "less than 5 sentences". Hand-counted: 4 sentences ("Mr." and "Dr." are abbreviations, which
+    # a split on periods would count as 6), then 5.
+    it = next(i for i in items if i.id == "ifeval-1262")
+    four = "<<Roads>>\nMr. Smith drives. Heavy axles hurt roads. Dr. Lee agrees. Repair costs rise."
+    assert score_ifeval(it, four)["strict"] == [1, 1]
+    assert score_ifeval(it, four + " Taxes follow.")["strict"] == [1, 0]
 
 
 def test_paired_bootstrap():

@@ -368,24 +368,21 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
         flash && &t == head_tensor ? std::span<const std::byte>(flash->head_bytes) : src.tensor_data(t);
     switch (plans[i]) {
       case Plan::kInt4: {
-        const float* importance = nullptr;
-        std::vector<float> scaled_importance;
-        if (options.calibration) {
-          const auto it = options.calibration->find(t.name);
-          if (it != options.calibration->end() && it->second->mean_square.size() == t.shape[0]) {
-            importance = it->second->mean_square.data();
-            // The image's matrix W diag(s) reads x / s: E[(x_i / s_i)^2] = E[x_i^2] / s_i^2.
-            if (const auto s = scaling.column_scale.find(t.name); s != scaling.column_scale.end()) {
-              scaled_importance = it->second->mean_square;
-              for (size_t c = 0; c < scaled_importance.size(); ++c) scaled_importance[c] /= s->second[c] * s->second[c];
-              importance = scaled_importance.data();
-            }
-          }
-        }
         const quant::ActivationStats* stats = nullptr;
         if (options.calibration) {
           const auto it = options.calibration->find(t.name);
           if (it != options.calibration->end() && it->second->cols == t.shape[0]) stats = it->second.get();
+        }
+        const float* importance = nullptr;
+        std::vector<float> scaled_importance;
+        if (stats != nullptr && stats->mean_square.size() == t.shape[0]) {
+          importance = stats->mean_square.data();
+          // The image's matrix W diag(s) reads x / s: E[(x_i / s_i)^2] = E[x_i^2] / s_i^2.
+          if (const auto s = scaling.column_scale.find(t.name); s != scaling.column_scale.end()) {
+            scaled_importance = stats->mean_square;
+            for (size_t c = 0; c < scaled_importance.size(); ++c) scaled_importance[c] /= s->second[c] * s->second[c];
+            importance = scaled_importance.data();
+          }
         }
         const bool gptq = options.gptq && options.zero_points && stats != nullptr && stats->n_sample() > 0;
         const bool scaled = scaling.column_scale.count(t.name) != 0 || scaling.row_divisor.count(t.name) != 0;
