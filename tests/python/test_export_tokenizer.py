@@ -62,6 +62,7 @@ def test_matches_llamacpp_goldens(hf):
     assert checked > 300
 
 
+@pytest.mark.skipif(not OASST.exists(), reason="../shared/data (OpenAssistant) is not next to this clone")
 def test_matches_kestrel_on_oasst(hf, server):
     """Every English OpenAssistant validation message (2022 strings): the exported tokenizer and
     Kestrel's /tokenize give the same ids, with and without BOS."""
