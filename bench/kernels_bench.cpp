@@ -27,9 +27,10 @@ ThreadPool& pool() {
   return p;
 }
 
-// rows x cols = 2048 x 640 (ffn_gate); tokens = state.range(1).
-void Run(benchmark::State& state, k::WeightType type) {
-  const size_t rows = static_cast<size_t>(state.range(0)), cols = 640;
+// rows x cols = state.range(0) x cols (640: Gemma 3 270M's d_model, so 2048 x 640 is its
+// ffn_gate); tokens = state.range(1).
+void Run(benchmark::State& state, k::WeightType type, size_t cols = 640) {
+  const size_t rows = static_cast<size_t>(state.range(0));
   const size_t n = static_cast<size_t>(state.range(1));
   const auto w = gaussian(rows * cols);
   const auto x = gaussian(n * cols);
@@ -74,10 +75,13 @@ void F32(benchmark::State& s) { Run(s, k::WeightType::kF32); }
 void W4(benchmark::State& s) { Run(s, k::WeightType::kW4); }
 void BF16(benchmark::State& s) { Run(s, k::WeightType::kBF16); }
 void Q8_0(benchmark::State& s) { Run(s, k::WeightType::kQ8_0); }
+void W4Cols(benchmark::State& s) { Run(s, k::WeightType::kW4, static_cast<size_t>(s.range(2))); }
 
 // Decode: one token over a large matrix (head-like 65536 rows) and a layer matrix.
 BENCHMARK(F32)->Name("Decode/F32")->Args({2048, 1})->Args({65536, 1})->UseRealTime();
 BENCHMARK(W4)->Name("Decode/W4")->Args({2048, 1})->Args({65536, 1})->UseRealTime();
+// Gemma 4 E4B's MLP: ffn_gate / ffn_up (10240 x 2560) and ffn_down (2560 x 10240).
+BENCHMARK(W4Cols)->Name("Decode/W4")->Args({10240, 1, 2560})->Args({2560, 1, 10240})->UseRealTime();
 BENCHMARK(BF16)->Name("Decode/BF16")->Args({2048, 1})->Args({65536, 1})->UseRealTime();
 BENCHMARK(Q8_0)->Name("Decode/Q8_0")->Args({2048, 1})->Args({65536, 1})->UseRealTime();
 // Prefill: 256 tokens (one forward chunk).

@@ -8,6 +8,7 @@
 
 #include "kestrel/formats/dequant.h"
 #include "kestrel/kernels/gemm_bf16.h"
+#include "kestrel/kernels/gemv_w4_bf16.h"
 #include "kestrel/kernels/matmul.h"
 #include "kestrel/quant/w4.h"
 
@@ -85,9 +86,11 @@ TEST(W4, MatmulMatchesDequantizedReference) {
       std::vector<float> y(n * rows), ref(n * rows), row(cols);
       k::matmul(m.view(), x.data(), n, cols, y.data(), rows, pool);
       k::matmul_reference(m.view(), x.data(), n, cols, ref.data(), rows);
-      // Prefill (8+ tokens) may use bfloat16 dot products: both operands rounded to 8
-      // significant bits, so each product is off by at most ~2^-8 relative.
-      const bool bf16 = n >= 8 && k::bf16_dot_available() && cols % 32 == 0;
+      // Prefill (8+ tokens) may use bfloat16 dot products, and decode the bf16 GEMV: both
+      // round the activations (prefill also the weights) to 8 significant bits, so each
+      // product is off by at most ~2^-8 relative.
+      const bool bf16 = n >= 8 ? k::bf16_dot_available() && cols % 32 == 0
+                               : k::gemv_w4_bf16_supported(m.view());
       for (size_t r = 0; r < rows; ++r) {
         k::matrix_row(m.view(), r, row.data());
         for (size_t t = 0; t < n; ++t) {
@@ -100,6 +103,44 @@ TEST(W4, MatmulMatchesDequantizedReference) {
       }
     }
   }
+}
+
+TEST(W4, Bf16GemvMatchesRoundedReference) {
+  // gemv_w4_bf16 against float64 sums of the dequantized weights times the bf16-rounded
+  // activations: only float32 rounding may separate them. Shapes cover every group layout the
+  // kernel takes (groups of 32 and 64 share a 64-byte load, 128 fills it, 256 spans two).
+  kestrel::ThreadPool pool(1);
+  bool ran = false;
+  for (auto [rows, cols, group] : std::vector<std::tuple<size_t, size_t, size_t>>{
+           {5, 128, 32}, {7, 640, 32}, {3, 384, 64}, {4, 512, 128}, {6, 768, 256}, {2, 2560, 32}}) {
+    const auto w = gaussian(rows * cols, 61);
+    auto x = gaussian(cols, 62);
+    x[3] = 1e-3f;  // small and large activations in one group
+    x[cols - 1] = 40.0f;
+    for (bool zero_points : {false, true}) {
+      const auto m = q::quantize_w4(w.data(), rows, cols, group, nullptr, zero_points, pool);
+      if (!k::gemv_w4_bf16_supported(m.view())) continue;
+      ran = true;
+      k::W4GemvInput input;
+      k::prepare_w4_gemv(x.data(), cols, group, input);
+      std::vector<float> y(rows + 2, -1.0f), row(cols);
+      k::gemv_w4_bf16(m.view(), input, y.data(), 1, rows);  // rows [1, rows): y[0] untouched
+      EXPECT_EQ(y[0], -1.0f);
+      EXPECT_EQ(y[rows], -1.0f);
+      for (size_t r = 1; r < rows; ++r) {
+        k::matrix_row(m.view(), r, row.data());
+        double ref = 0, magnitude = 0;
+        for (size_t i = 0; i < cols; ++i) {
+          const double xi = kestrel::gguf::bf16_to_fp32(kestrel::gguf::fp32_to_bf16(x[i]));
+          ref += static_cast<double>(row[i]) * xi;
+          magnitude += std::fabs(row[i] * xi);
+        }
+        EXPECT_NEAR(y[r], ref, 2e-5 * magnitude)
+            << rows << "x" << cols << "/" << group << " zp=" << zero_points << " r=" << r;
+      }
+    }
+  }
+  if (!ran) GTEST_SKIP() << "this CPU has no AVX512-BF16";
 }
 
 TEST(BF16, MatmulMatchesReferenceOnOddShapes) {

@@ -10,6 +10,7 @@
 #include "kestrel/base/error.h"
 #include "kestrel/formats/dequant.h"
 #include "kestrel/kernels/gemm_bf16.h"
+#include "kestrel/kernels/gemv_w4_bf16.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kestrel/kernels/matmul.cpp"
@@ -320,6 +321,15 @@ void MatmulW4Rows(const Matrix& w, const float* x, size_t n_tokens, size_t x_str
                      &block[(r - rb) * w.cols]);
       }
       GemmF32Block(block.data(), re - rb, w.cols, x, n_tokens, x_stride, y, y_stride, rb);
+    }
+    return;
+  }
+  if (gemv_w4_bf16_supported(w)) {
+    // Decode: codes as bf16 (128 + q) straight into bfloat16 dot products (gemv_w4_bf16.h).
+    thread_local W4GemvInput input;
+    for (size_t t = 0; t < n_tokens; ++t) {
+      prepare_w4_gemv(x + t * x_stride, w.cols, w.group_size, input);
+      gemv_w4_bf16(w, input, y + t * y_stride, row_begin, row_end);
     }
     return;
   }

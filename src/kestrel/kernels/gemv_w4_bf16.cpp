@@ -1,0 +1,129 @@
+#include "kestrel/kernels/gemv_w4_bf16.h"
+
+#include <cstring>
+
+#include "kestrel/formats/dequant.h"
+#include "kestrel/kernels/gemm_bf16.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+// GCC 12 warns inside its own avx512fintrin.h (_mm512_reduce_add_ps) about an operand it
+// deliberately leaves undefined.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#define KESTREL_HAVE_BF16_DOT 1
+#endif
+
+namespace kestrel::kernels {
+namespace {
+
+// Weights per 64-byte load of codes. The load's four 16-byte lanes each give, through
+// vpunpck[lh]bw of its low and of its high nibbles, four vectors of 32 bf16 weights:
+// vector j (0: low nibbles of bytes 0-7 of each lane, 1: low nibbles of bytes 8-15, 2 and 3: the
+// high nibbles of the same bytes), word 8 * lane + k.
+constexpr size_t kChunk = 128;
+
+// Row-relative byte of word `word` (0..31) of vector j (0..3) in chunk c, and whether it is the
+// high nibble.
+size_t chunk_byte(size_t c, size_t j, size_t word) { return 64 * c + 16 * (word / 8) + word % 8 + 8 * (j & 1); }
+
+// Column of the weight that a byte's low (or high) nibble holds: byte b of a group holds weights
+// b and b + group_size / 2 of it (matmul.h, kW4 layout).
+size_t nibble_column(size_t byte, bool high, size_t group_size) {
+  const size_t half = group_size / 2;
+  return (byte / half) * group_size + byte % half + (high ? half : 0);
+}
+
+#ifdef KESTREL_HAVE_BF16_DOT
+
+#define KESTREL_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+
+KESTREL_BF16_TARGET inline __m512bh as_bh(__m512i v) { return reinterpret_cast<__m512bh>(v); }
+
+KESTREL_BF16_TARGET void gemv_rows(const Matrix& w, const W4GemvInput& in, float* y, size_t row_begin,
+                                   size_t row_end) {
+  const size_t G = w.group_size, n_groups = w.cols / G, n_chunks = w.cols / kChunk;
+  thread_local std::vector<float> scales;
+  scales.assign(n_groups + 16, 0.0f);  // +16: a chunk's scale load reads 16 floats
+  const __m512i low_nibbles = _mm512_set1_epi8(0x0F);
+  const __m512i bf16_128 = _mm512_set1_epi8(0x43);  // 0x43qq is the bfloat16 128 + q
+  // Float32 lane i of a chunk's dot products sums words 2i, 2i+1, i.e. lane i / 4 of the load;
+  // with G <= 128 it belongs to group c * 128 / G + (i / 4) * 32 / G.
+  alignas(64) int32_t lane_group[16];
+  for (int i = 0; i < 16; ++i) lane_group[i] = G <= kChunk ? static_cast<int32_t>((i / 4) * 32 / G) : 0;
+  const __m512i pattern = _mm512_load_si512(lane_group);
+  for (size_t r = row_begin; r < row_end; ++r) {
+    const uint8_t* codes = w.row(r);
+    const uint16_t* scales16 = w.scales + r * n_groups;
+    const uint16_t* mins16 = w.mins != nullptr ? w.mins + r * n_groups : nullptr;
+    // Scales to float32, and the groups' offsets times the activation sums:
+    // sum_g (m_g - 128 d_g) * sum_g(x), with m_g = -8 d_g for symmetric groups.
+    __m512 offset_acc = _mm512_setzero_ps();
+    for (size_t g = 0; g < n_groups; g += 16) {
+      const __mmask16 mask = n_groups - g >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n_groups - g)) - 1);
+      const __m512 d = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, scales16 + g));
+      _mm512_mask_storeu_ps(&scales[g], mask, d);
+      const __m512 m = mins16 != nullptr ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, mins16 + g))
+                                         : _mm512_mul_ps(d, _mm512_set1_ps(-8.0f));
+      const __m512 offset = _mm512_fnmadd_ps(d, _mm512_set1_ps(128.0f), m);
+      offset_acc = _mm512_fmadd_ps(offset, _mm512_maskz_loadu_ps(mask, &in.group_sums[g]), offset_acc);
+    }
+    __m512 acc = _mm512_setzero_ps();
+    const uint16_t* x = in.x.data();
+    for (size_t c = 0; c < n_chunks; ++c) {
+      const __m512i bytes = _mm512_loadu_si512(codes + 64 * c);
+      const __m512i lo = _mm512_and_si512(bytes, low_nibbles);
+      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low_nibbles);
+      const uint16_t* xc = x + kChunk * c;
+      __m512 dot = _mm512_dpbf16_ps(_mm512_setzero_ps(), as_bh(_mm512_unpacklo_epi8(lo, bf16_128)),
+                                    as_bh(_mm512_loadu_si512(xc)));
+      dot = _mm512_dpbf16_ps(dot, as_bh(_mm512_unpackhi_epi8(lo, bf16_128)), as_bh(_mm512_loadu_si512(xc + 32)));
+      dot = _mm512_dpbf16_ps(dot, as_bh(_mm512_unpacklo_epi8(hi, bf16_128)), as_bh(_mm512_loadu_si512(xc + 64)));
+      dot = _mm512_dpbf16_ps(dot, as_bh(_mm512_unpackhi_epi8(hi, bf16_128)), as_bh(_mm512_loadu_si512(xc + 96)));
+      const __m512 d = G <= kChunk ? _mm512_permutexvar_ps(pattern, _mm512_loadu_ps(&scales[c * kChunk / G]))
+                                   : _mm512_set1_ps(scales[c * kChunk / G]);
+      acc = _mm512_fmadd_ps(dot, d, acc);
+    }
+    y[r] = _mm512_reduce_add_ps(acc) + _mm512_reduce_add_ps(offset_acc);
+  }
+}
+
+#endif  // KESTREL_HAVE_BF16_DOT
+
+}  // namespace
+
+bool gemv_w4_bf16_supported(const Matrix& w) {
+  if (w.type != WeightType::kW4 || w.group_size == 0 || w.cols % kChunk != 0) return false;
+  if (kChunk % w.group_size != 0 && w.group_size % kChunk != 0) return false;
+  return bf16_dot_available();
+}
+
+void prepare_w4_gemv(const float* x, size_t cols, size_t group_size, W4GemvInput& out) {
+  out.cols = cols;
+  out.group_size = group_size;
+  thread_local std::vector<uint16_t> natural;
+  natural.resize(cols);
+  to_bf16(x, natural.data(), cols);
+  out.group_sums.assign(cols / group_size, 0.0f);
+  for (size_t i = 0; i < cols; ++i) out.group_sums[i / group_size] += gguf::bf16_to_fp32(natural[i]);
+  // Each run of 8 words of a vector comes from 8 consecutive bytes inside one half-group, i.e.
+  // 8 consecutive columns.
+  out.x.resize(cols);
+  for (size_t c = 0; c < cols / kChunk; ++c) {
+    for (size_t j = 0; j < 4; ++j) {
+      for (size_t word = 0; word < 32; word += 8) {
+        const size_t col = nibble_column(chunk_byte(c, j, word), j >= 2, group_size);
+        std::memcpy(&out.x[kChunk * c + 32 * j + word], &natural[col], 8 * sizeof(uint16_t));
+      }
+    }
+  }
+}
+
+void gemv_w4_bf16(const Matrix& w, const W4GemvInput& in, float* y, size_t row_begin, size_t row_end) {
+#ifdef KESTREL_HAVE_BF16_DOT
+  gemv_rows(w, in, y, row_begin, row_end);
+#else
+  (void)w, (void)in, (void)y, (void)row_begin, (void)row_end;
+#endif
+}
+
+}  // namespace kestrel::kernels
