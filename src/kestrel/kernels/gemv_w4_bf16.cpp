@@ -22,6 +22,10 @@ namespace {
 // high nibbles of the same bytes), word 8 * lane + k.
 constexpr size_t kChunk = 128;
 
+// Software prefetch distances of the decode GEMV (codes stream ahead across rows).
+constexpr size_t kPrefetchBytes = 1024;
+constexpr size_t kPrefetchRows = 2;
+
 // Row-relative byte of word `word` (0..31) of vector j (0..3) in chunk c, and whether it is the
 // high nibble.
 size_t chunk_byte(size_t c, size_t j, size_t word) { return 64 * c + 16 * (word / 8) + word % 8 + 8 * (j & 1); }
@@ -55,6 +59,15 @@ KESTREL_BF16_TARGET void gemv_rows(const Matrix& w, const W4GemvInput& in, float
     const uint8_t* codes = w.row(r);
     const uint16_t* scales16 = w.scales + r * n_groups;
     const uint16_t* mins16 = w.mins != nullptr ? w.mins + r * n_groups : nullptr;
+    // The scales and minimums are two more streams, read in short bursts between rows of codes:
+    // the hardware prefetchers miss them, so ask for those of kPrefetchRows rows ahead (a
+    // prefetch past the end of an array does not fault).
+    for (size_t b = 0; b < n_groups * sizeof(uint16_t); b += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(scales16 + kPrefetchRows * n_groups) + b, _MM_HINT_T0);
+      if (mins16 != nullptr) {
+        _mm_prefetch(reinterpret_cast<const char*>(mins16 + kPrefetchRows * n_groups) + b, _MM_HINT_T0);
+      }
+    }
     // Scales to float32, and the groups' offsets times the activation sums:
     // sum_g (m_g - 128 d_g) * sum_g(x), with m_g = -8 d_g for symmetric groups.
     __m512 offset_acc = _mm512_setzero_ps();
@@ -70,6 +83,7 @@ KESTREL_BF16_TARGET void gemv_rows(const Matrix& w, const W4GemvInput& in, float
     __m512 acc = _mm512_setzero_ps();
     const uint16_t* x = in.x.data();
     for (size_t c = 0; c < n_chunks; ++c) {
+      _mm_prefetch(reinterpret_cast<const char*>(codes + 64 * c + kPrefetchBytes), _MM_HINT_T0);
       const __m512i bytes = _mm512_loadu_si512(codes + 64 * c);
       const __m512i lo = _mm512_and_si512(bytes, low_nibbles);
       const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low_nibbles);
