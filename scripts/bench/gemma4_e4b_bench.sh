@@ -27,8 +27,14 @@ rss_gb() { awk '{printf "%.2f GB", $1 * 1024 / 1e9}' "$W/$1.time"; }
 secs() { awk '{printf "%.0f s", $2}' "$W/$1.time"; }
 echo "load at start: $(uptime)"
 
-[[ -f $W/e4b-bf16.gguf ]] || python3 scripts/bench/make_e4b_shaped_gguf.py "$W/e4b-bf16.gguf"
-echo "source: $(stat -c %s "$W/e4b-bf16.gguf") bytes"
+# The BF16 source is needed only to build what is missing (it may be deleted afterwards).
+need_source=0
+[[ -f $W/e4b-fh.kimg && -f $W/e4b-q4_k_m.gguf ]] || need_source=1
+[[ $EMB_INT4 == 1 && ! -f $W/e4b-fh-emb4.kimg ]] && need_source=1
+if [[ $need_source == 1 ]]; then
+  [[ -f $W/e4b-bf16.gguf ]] || python3 scripts/bench/make_e4b_shaped_gguf.py "$W/e4b-bf16.gguf"
+  echo "source: $(stat -c %s "$W/e4b-bf16.gguf") bytes"
+fi
 
 IMAGES=(fh)
 if [[ $EMB_INT4 == 1 ]]; then IMAGES+=(fh-emb4); fi

@@ -6,6 +6,7 @@
 #include <span>
 #include <vector>
 
+#include "kestrel/base/error.h"
 #include "kestrel/formats/dequant.h"
 #include "kestrel/kernels/gemm_bf16.h"
 #include "kestrel/kernels/gemv_w4_bf16.h"
@@ -141,6 +142,35 @@ TEST(W4, Bf16GemvMatchesRoundedReference) {
     }
   }
   if (!ran) GTEST_SKIP() << "this CPU has no AVX512-BF16";
+}
+
+TEST(W4, SameInputMatmulEqualsSeparateMatmulsBitForBit) {
+  // Q/K/V-like: three matrices (two INT4 with different row counts, one float32) on one input,
+  // for decode (1 token) and prefill (9 tokens), on a pool whose split crosses the matrices.
+  kestrel::ThreadPool pool(3);
+  const size_t cols = 256;
+  const auto wa = gaussian(40 * cols, 71), wb = gaussian(24 * cols, 72), wc = gaussian(9 * cols, 73);
+  const auto a = q::quantize_w4(wa.data(), 40, cols, 32, nullptr, true, pool);
+  const auto b = q::quantize_w4(wb.data(), 24, cols, 64, nullptr, false, pool);
+  const k::Matrix c{k::WeightType::kF32, wc.data(), 9, cols};
+  const k::Matrix av = a.view(), bv = b.view();
+  for (size_t n : {1, 9}) {
+    const auto x = gaussian(n * cols, 74);
+    std::vector<float> ya(n * 40), yb(n * 24), yc(n * 9), ra(n * 40), rb(n * 24), rc(n * 9);
+    const k::MatmulOutput outs[] = {{&av, ya.data(), 40}, {&bv, yb.data(), 24}, {&c, yc.data(), 9}};
+    k::matmul_same_input(outs, x.data(), n, cols, pool);
+    k::matmul(av, x.data(), n, cols, ra.data(), 40, pool);
+    k::matmul(bv, x.data(), n, cols, rb.data(), 24, pool);
+    k::matmul(c, x.data(), n, cols, rc.data(), 9, pool);
+    EXPECT_EQ(ya, ra) << n;
+    EXPECT_EQ(yb, rb) << n;
+    EXPECT_EQ(yc, rc) << n;
+  }
+  const k::Matrix narrow{k::WeightType::kF32, wc.data(), 9, cols / 2};
+  std::vector<float> y(64);
+  const k::MatmulOutput mixed[] = {{&av, y.data(), 40}, {&narrow, y.data(), 9}};
+  const auto x = gaussian(cols, 75);
+  EXPECT_THROW(k::matmul_same_input(mixed, x.data(), 1, cols, pool), kestrel::Error);
 }
 
 TEST(BF16, MatmulMatchesReferenceOnOddShapes) {

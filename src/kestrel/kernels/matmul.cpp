@@ -480,8 +480,9 @@ size_t Matrix::row_bytes() const {
   return 0;
 }
 
-void matmul(const Matrix& w, const float* x, size_t n_tokens, size_t x_stride, float* y,
-            size_t y_stride, ThreadPool& pool) {
+namespace {
+
+void check_matmul(const Matrix& w) {
   if (w.type == WeightType::kQ8_0 && w.cols % 32 != 0) {
     throw Error("matmul: Q8_0 matrix with a row length that is not a multiple of 32");
   }
@@ -490,6 +491,38 @@ void matmul(const Matrix& w, const float* x, size_t n_tokens, size_t x_stride, f
     throw Error("matmul: INT4 matrix with group size " + std::to_string(w.group_size) +
                 " for rows of " + std::to_string(w.cols));
   }
+}
+
+}  // namespace
+
+void matmul_same_input(std::span<const MatmulOutput> outputs, const float* x, size_t n_tokens,
+                       size_t x_stride, ThreadPool& pool) {
+  size_t total_rows = 0;
+  for (const auto& o : outputs) {
+    check_matmul(*o.w);
+    if (o.w->cols != outputs[0].w->cols) {
+      throw Error("matmul_same_input: rows of " + std::to_string(o.w->cols) + " and of " +
+                  std::to_string(outputs[0].w->cols) + " inputs for one input");
+    }
+    total_rows += o.w->rows;
+  }
+  // Rows [begin, end) of the matrices stacked in order; each piece goes to its own matrix.
+  pool.parallel_for(total_rows, 16, [&](size_t begin, size_t end) {
+    size_t offset = 0;
+    for (const auto& o : outputs) {
+      const size_t lo = std::max(begin, offset), hi = std::min(end, offset + o.w->rows);
+      if (lo < hi) {
+        HWY_DYNAMIC_DISPATCH(MatmulRows)(*o.w, x, n_tokens, x_stride, o.y, o.y_stride, lo - offset,
+                                         hi - offset);
+      }
+      offset += o.w->rows;
+    }
+  });
+}
+
+void matmul(const Matrix& w, const float* x, size_t n_tokens, size_t x_stride, float* y,
+            size_t y_stride, ThreadPool& pool) {
+  check_matmul(w);
   pool.parallel_for(w.rows, 16, [&](size_t begin, size_t end) {
     HWY_DYNAMIC_DISPATCH(MatmulRows)(w, x, n_tokens, x_stride, y, y_stride, begin, end);
   });

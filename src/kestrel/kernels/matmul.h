@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 #include "kestrel/base/thread_pool.h"
 
@@ -44,6 +45,20 @@ struct Matrix {
 /// Accumulation is float32 (W4A16 issue: activations never go below 16 bits).
 void matmul(const Matrix& w, const float* x, size_t n_tokens, size_t x_stride, float* y,
             size_t y_stride, ThreadPool& pool);
+
+/// One product of matmul_same_input: y = W x, y float32 [n_tokens, y_stride].
+struct MatmulOutput {
+  const Matrix* w = nullptr;
+  float* y = nullptr;
+  size_t y_stride = 0;
+};
+
+/// matmul of several matrices with the same input x (Q/K/V, gate/up) in one parallel loop over
+/// the rows of all of them: one pool barrier instead of one per matrix, which decode, a chain of
+/// short loops, feels. Each y is bit-identical to matmul's. Throws kestrel::Error as matmul does
+/// (checked before any output is written), or when a matrix's cols differ from the first's.
+void matmul_same_input(std::span<const MatmulOutput> outputs, const float* x, size_t n_tokens,
+                       size_t x_stride, ThreadPool& pool);
 
 /// matmul on the calling thread for rows [row_begin, row_end) of W only; y is indexed by the
 /// absolute row. Each row's arithmetic is the same as in matmul (bit-identical results).

@@ -153,9 +153,9 @@ void Gemma3Model::attention_block(const Layer& l, size_t il, size_t n, size_t po
   if (observer) {
     for (const char* m : {"attn_q", "attn_k", "attn_v"}) observer->observe(blk(il, m), xn.data(), n, d);
   }
-  kernels::matmul(l.wq, xn.data(), n, d, q.data(), q_dim, pool);
-  kernels::matmul(l.wk, xn.data(), n, d, k.data(), kv_dim, pool);
-  kernels::matmul(l.wv, xn.data(), n, d, v.data(), kv_dim, pool);
+  const kernels::MatmulOutput qkv[] = {
+      {&l.wq, q.data(), q_dim}, {&l.wk, k.data(), kv_dim}, {&l.wv, v.data(), kv_dim}};
+  kernels::matmul_same_input(qkv, xn.data(), n, d, pool);
 
   const auto& inv_freq = sliding ? inv_freq_sliding_ : inv_freq_global_;
   const double pos_scale = sliding ? 1.0 : static_cast<double>(c.rope_scale_global);

@@ -231,17 +231,15 @@ void Gemma4Model::attention_block(const Layer& l, size_t il, size_t n, size_t po
     if (owns_kv) observer->observe(blk(il, "attn_k"), xn.data(), n, d);
     if (owns_kv && l.wv.data != nullptr) observer->observe(blk(il, "attn_v"), xn.data(), n, d);
   }
-  kernels::matmul(l.wq, xn.data(), n, d, q.data(), q_dim, pool);
+  std::vector<kernels::MatmulOutput> qkv{{&l.wq, q.data(), q_dim}};
   if (owns_kv) {
     k.resize(n * kv_dim);
     v.resize(n * kv_dim);
-    kernels::matmul(l.wk, xn.data(), n, d, k.data(), kv_dim, pool);
-    if (l.wv.data != nullptr) {
-      kernels::matmul(l.wv, xn.data(), n, d, v.data(), kv_dim, pool);
-    } else {
-      v = k;
-    }
+    qkv.push_back({&l.wk, k.data(), kv_dim});
+    if (l.wv.data != nullptr) qkv.push_back({&l.wv, v.data(), kv_dim});
   }
+  kernels::matmul_same_input(qkv, xn.data(), n, d, pool);
+  if (owns_kv && l.wv.data == nullptr) v = k;
   LayerCache& lc = cache.layers[owns_kv ? il : c.kv_source(il)];
   pool.parallel_for(n, 1, [&](size_t b, size_t e) {
     std::vector<float> cos_sin(n_rot);

@@ -90,8 +90,8 @@ void geglu_mlp(const GegluMlp& w, size_t il, size_t n, size_t d, size_t f, float
   if (observer) {
     for (const char* m : {"ffn_gate", "ffn_up"}) observer->observe(blk(il, m), xn.data(), n, d);
   }
-  kernels::matmul(w.gate, xn.data(), n, d, gate.data(), f, pool);
-  kernels::matmul(w.up, xn.data(), n, d, up.data(), f, pool);
+  const kernels::MatmulOutput gate_up[] = {{&w.gate, gate.data(), f}, {&w.up, up.data(), f}};
+  kernels::matmul_same_input(gate_up, xn.data(), n, d, pool);
   pool.parallel_for(n, 1, [&](size_t b, size_t e) {
     kernels::gelu_tanh_mul(&gate[b * f], &up[b * f], &gate[b * f], (e - b) * f);
   });

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Decode after a 3,072-token prompt on the E4B-shaped model, Kestrel W4A16 + FlashHead against
+# llama.cpp Q4_K_M, alternating ROUNDS times (Kestrel, llama.cpp, Kestrel, ...) so that both see
+# the same machine; prints each run and the medians. Uses the files scripts/bench/gemma4_e4b_bench.sh
+# leaves in WORKDIR (e4b-fh.kimg, e4b-q4_k_m.gguf, prompt.ids) and the same commands as it does.
+# Usage: scripts/bench/gemma4_e4b_decode.sh [WORKDIR=/tmp/e4b] [N_OUT=32] [ROUNDS=3]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+W=${1:-/tmp/e4b}
+N_OUT=${2:-32}
+ROUNDS=${3:-3}
+for f in e4b-fh.kimg e4b-q4_k_m.gguf prompt.ids; do
+  [[ -f $W/$f ]] || { echo "missing $W/$f: run scripts/bench/gemma4_e4b_bench.sh $W first" >&2; exit 2; }
+done
+out=$(mktemp -d)
+for ((i = 1; i <= ROUNDS; i++)); do
+  echo "round $i, load $(cut -d' ' -f1-3 /proc/loadavg)"
+  build/kestrel run -m "$W/e4b-fh.kimg" --token-ids "$W/prompt.ids" -n "$N_OUT" --temp 0 --ignore-eos \
+    -t 2 -c 4096 --head flash --json > "$out/kestrel-$i.json"
+  python3 -c "import json; j = json.load(open('$out/kestrel-$i.json')); print(f\"  kestrel   prefill {j['prefill_tok_s']:.2f} decode {j['decode_tok_s']:.2f} tok/s\")"
+  python3 - "$W" "$N_OUT" > "$out/llama-$i.txt" <<'PY'
+import sys, llama_cpp
+w, n_out = sys.argv[1], int(sys.argv[2])
+ids = [int(x) for x in open(f"{w}/prompt.ids").read().split()]
+llm = llama_cpp.Llama(model_path=f"{w}/e4b-q4_k_m.gguf", n_ctx=4096, n_batch=512, n_threads=2, verbose=False)
+llm.eval(ids)
+for _ in range(n_out):
+    llm.eval([llm.sample(temp=0.0)])
+perf = llama_cpp.llama_perf_context(llm.ctx)
+print(perf.n_p_eval / perf.t_p_eval_ms * 1e3, perf.n_eval / perf.t_eval_ms * 1e3)
+PY
+  awk '{printf "  llama.cpp prefill %.2f decode %.2f tok/s\n", $1, $2}' "$out/llama-$i.txt"
+done
+python3 - "$out" "$ROUNDS" <<'PY'
+import json, statistics, sys
+out, rounds = sys.argv[1], int(sys.argv[2])
+k = [json.load(open(f"{out}/kestrel-{i}.json")) for i in range(1, rounds + 1)]
+l = [list(map(float, open(f"{out}/llama-{i}.txt").read().split())) for i in range(1, rounds + 1)]
+kp, kd = statistics.median(j["prefill_tok_s"] for j in k), statistics.median(j["decode_tok_s"] for j in k)
+lp, ld = statistics.median(x[0] for x in l), statistics.median(x[1] for x in l)
+print(f"median of {rounds}: kestrel prefill {kp:.2f} decode {kd:.2f} tok/s; "
+      f"llama.cpp prefill {lp:.2f} decode {ld:.2f} tok/s; decode ratio {kd / ld:.2f}x, prefill ratio {kp / lp:.2f}x")
+PY
+echo "load at end $(cut -d' ' -f1-3 /proc/loadavg)"
+rm -rf "$out"
