@@ -101,6 +101,18 @@ KESTREL_BF16_TARGET void gemv_rows(const Matrix& w, const W4GemvInput& in, float
   }
 }
 
+// sums[g] = sum of the bf16 values x[g * G, (g + 1) * G) in float32.
+KESTREL_BF16_TARGET void group_sums(const uint16_t* x, size_t cols, size_t G, float* sums) {
+  for (size_t g = 0; g < cols / G; ++g) {
+    __m512 acc = _mm512_setzero_ps();
+    for (size_t i = g * G; i < (g + 1) * G; i += 16) {
+      const __m256i halves = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i));
+      acc = _mm512_add_ps(acc, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(halves), 16)));
+    }
+    sums[g] = _mm512_reduce_add_ps(acc);
+  }
+}
+
 #endif  // KESTREL_HAVE_BF16_DOT
 
 }  // namespace
@@ -118,7 +130,14 @@ void prepare_w4_gemv(const float* x, size_t cols, size_t group_size, W4GemvInput
   natural.resize(cols);
   to_bf16(x, natural.data(), cols);
   out.group_sums.assign(cols / group_size, 0.0f);
-  for (size_t i = 0; i < cols; ++i) out.group_sums[i / group_size] += gguf::bf16_to_fp32(natural[i]);
+#ifdef KESTREL_HAVE_BF16_DOT
+  if (bf16_dot_available()) {
+    group_sums(natural.data(), cols, group_size, out.group_sums.data());
+  } else
+#endif
+  {
+    for (size_t i = 0; i < cols; ++i) out.group_sums[i / group_size] += gguf::bf16_to_fp32(natural[i]);
+  }
   // Each run of 8 words of a vector comes from 8 consecutive bytes inside one half-group, i.e.
   // 8 consecutive columns.
   out.x.resize(cols);
