@@ -188,6 +188,32 @@ def test_build_usage_and_output_errors(tmp_path):
     for flag in (["--no-awq"], ["--gptq"], ["--awq-grid", 10], ["--calib-sample", 512]):
         assert "calibrated builds" in error_of(kestrel("build", "x.gguf", "-o", tmp_path / "o", *flag))
     assert "--symmetric" in error_of(kestrel("build", "x.gguf", "-o", tmp_path / "o", "--calib", "c.txt", "--gptq", "--symmetric"))
+    # --tensor-type PATTERN=TYPE: malformed specs, unknown types and non-w4a16 builds are usage errors.
+    for spec, message in (("attn_v", "expected PATTERN=TYPE"), ("attn_v=q4_k", "unknown type 'q4_k' (w4, q8_0 or bf16)"),
+                          ("attn v=q8_0", "dot-separated name components"), ("=bf16", "pattern before '=' is empty")):
+        assert message in error_of(kestrel("build", "x.gguf", "-o", tmp_path / "o", "--tensor-type", spec), code=2)
+    assert "applies to --precision w4a16 only" in error_of(
+        kestrel("build", "x.gguf", "-o", tmp_path / "o", "--precision", "bf16", "--tensor-type", "attn_v=q8_0"), code=2)
+
+
+@needs_model
+def test_build_with_tensor_type_overrides(tmp_path):
+    image = tmp_path / "mixed.kimg"
+    # The option may come before the positional source; the last matching override wins.
+    r = kestrel("build", "--tensor-type", "blk=q8_0", "default", "-o", image, "--tensor-type", "ffn_down=bf16",
+                "--tensor-type", "blk.0.attn_q=w4", "-t", 2)
+    assert r.returncode == 0, r.stderr
+    info = kestrel("inspect", image)
+    assert info.returncode == 0, info.stderr
+    assert "layers        BF16 x18 (" in info.stdout
+    assert " INT4 x1 (" in info.stdout and " Q8_0 x107 (" in info.stdout
+    assert "--tensor-type blk=q8_0,ffn_down=bf16,blk.0.attn_q=w4" in info.stdout
+    # A pattern that matches no layer matrix of this source: bad input for this file (status 1),
+    # refused before any work, nothing written.
+    out = tmp_path / "none.kimg"
+    err = error_of(kestrel("build", "default", "-o", out, "--tensor-type", "ffn_dwn=q8_0"))
+    assert "ffn_dwn=q8_0: the pattern matches no layer matrix" in err
+    assert not out.exists() and not (tmp_path / "none.kimg.partial").exists()
 
 
 @needs_model

@@ -14,6 +14,7 @@
 #include "kestrel/base/thread_pool.h"
 #include "kestrel/image/builder.h"
 #include "kestrel/image/hf_gemma3.h"
+#include "kestrel/image/tensor_types.h"
 #include "kestrel/runtime/calibration.h"
 #include "kestrel/runtime/engine.h"
 #include "kestrel/runtime/model_path.h"
@@ -37,6 +38,7 @@ struct BuildCommandOptions {
   size_t awq_grid = 20;
   bool gptq = false;
   std::vector<std::string> licenses;
+  std::vector<std::string> tensor_types;  // PATTERN=TYPE, validated by the option's check
   bool flashhead = false;
   size_t cluster_size = 16;
   size_t probes = 0;
@@ -104,6 +106,7 @@ int build(const BuildCommandOptions& o) {
   options.int4_embedding = o.embedding == "int4";
   options.zero_points = !o.symmetric;
   for (const auto& l : o.licenses) options.license_files.emplace_back(l);
+  for (const auto& spec : o.tensor_types) options.tensor_types.push_back(image::parse_tensor_type(spec));
   options.progress = progress_bar;
   if (!o.flashhead && (o.cluster_size != 16 || o.probes != 0 || o.radius_weight != 0.1f ||
                        o.flashhead_iterations != 8)) {
@@ -123,6 +126,10 @@ int build(const BuildCommandOptions& o) {
   if (hf && !o.calib.empty()) {
     throw Error("--calib needs a GGUF source (the calibration pass runs the model, which kestrel "
                 "cannot load from a Hugging Face directory); build a bf16 image first and calibrate from a GGUF");
+  }
+  if (!hf && !options.tensor_types.empty()) {
+    // Before the calibration pass: a pattern that matches nothing is refused at once.
+    image::check_overrides_match(gguf::File::open(source), options.tensor_types);
   }
   if (options.precision != quant::Precision::kW4A16 &&
       (!o.calib.empty() || o.group_size != 32 || o.symmetric || o.embedding != "source")) {
@@ -185,6 +192,22 @@ Command add_build_command(CLI::App& app) {
   cmd->add_option("--group-size", o->group_size, "w4a16: weights per fp16 scale")
       ->check(CLI::IsMember({32, 64, 128}))
       ->capture_default_str();
+  cmd->add_option("--tensor-type", o->tensor_types,
+                  "w4a16: PATTERN=TYPE, store the layer matrices whose name matches PATTERN (whole "
+                  "dot-separated components: attn_v, ffn_down, blk.3, blk.3.ffn_down.weight) as TYPE: "
+                  "w4 (INT4), q8_0 or bf16; repeatable, the last match wins")
+      ->check(CLI::Validator(
+          [](const std::string& spec) {
+            try {
+              image::parse_tensor_type(spec);
+              return std::string();
+            } catch (const std::exception& e) {
+              const std::string what = e.what(), prefix = "--tensor-type ";
+              return what.rfind(prefix, 0) == 0 ? what.substr(prefix.size()) : what;
+            }
+          },
+          "PATTERN=TYPE"))
+      ->allow_extra_args(false);
   cmd->add_option("--embedding", o->embedding,
                   "w4a16: the token embedding / tied output head as in the source, or INT4")
       ->check(CLI::IsMember({"source", "int4"}))
@@ -233,6 +256,12 @@ Command add_build_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("-t,--threads", o->threads, "Threads (default: every core)")
       ->check(CLI::Range(0, ThreadPool::kMaxThreads));
+  cmd->callback([o] {
+    if (!o->tensor_types.empty() && o->precision != "w4a16") {
+      throw CLI::ValidationError("--tensor-type", "applies to --precision w4a16 only (a " + o->precision +
+                                                      " build stores every layer matrix as " + o->precision + ")");
+    }
+  });
   return [o] { return build(*o); };
 }
 

@@ -21,6 +21,36 @@ std::string text_or(const gguf::File& f, const char* key, const char* fallback =
   return fallback;
 }
 
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// W4A16 images: how the layer matrices ("blk.*") are stored, INT4 counting its packed codes,
+// scales and minimums, and the --tensor-type overrides that kept some at Q8_0 / BF16.
+void print_layer_storage(const gguf::File& f) {
+  std::map<std::string, std::pair<size_t, uint64_t>> by_storage;
+  for (const auto& t : f.tensors()) {
+    if (t.name.rfind("blk.", 0) != 0 || t.shape.size() != 2) continue;
+    if (ends_with(t.name, std::string(".weight") + image::kQ4Suffix)) {
+      ++by_storage["INT4"].first;
+      by_storage["INT4"].second += t.n_bytes;
+    } else if (ends_with(t.name, std::string(".weight") + image::kScalesSuffix) ||
+               ends_with(t.name, std::string(".weight") + image::kMinsSuffix)) {
+      by_storage["INT4"].second += t.n_bytes;
+    } else if (ends_with(t.name, ".weight")) {
+      auto& [count, bytes] = by_storage[gguf::tensor_type_name(t.type)];
+      ++count;
+      bytes += t.n_bytes;
+    }
+  }
+  std::printf("layers       ");
+  for (const auto& [type, cb] : by_storage) {
+    std::printf(" %s x%zu (%.1f MiB)", type.c_str(), cb.first, static_cast<double>(cb.second) / (1 << 20));
+  }
+  const std::string overrides = text_or(f, image::keys::kTensorTypes, "");
+  std::printf("%s%s\n", overrides.empty() ? "" : "; --tensor-type ", overrides.c_str());
+}
+
 int inspect(const std::string& path) {
   const gguf::File f = gguf::File::open(path);
   const auto info = image::read_image_info(f);
@@ -52,6 +82,7 @@ int inspect(const std::string& path) {
                   text_or(f, k::kQuantMethod).c_str(), text_or(f, k::kEmbeddingType).c_str());
     }
     std::printf("\n");
+    if (info->precision == quant::Precision::kW4A16) print_layer_storage(f);
     std::printf("built         %s by Kestrel %s\n", text_or(f, k::kBuildDate).c_str(),
                 text_or(f, k::kKestrelVersion).c_str());
     std::printf("source        %s (sha256 %s)\n", text_or(f, k::kSourceFile).c_str(),

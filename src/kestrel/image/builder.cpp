@@ -27,11 +27,6 @@ namespace {
 
 using gguf::TensorType;
 
-bool is_layer_matrix(const gguf::TensorInfo& t) {
-  return t.shape.size() == 2 && t.name.rfind("blk.", 0) == 0 &&
-         t.name.size() > 7 && t.name.compare(t.name.size() - 7, 7, ".weight") == 0;
-}
-
 std::string utc_now() {
   const std::time_t now = std::time(nullptr);
   char buf[32];
@@ -145,6 +140,45 @@ std::vector<std::byte> quantize_q8_0(const float* x, size_t n) {
   return out;
 }
 
+// Writes a layer matrix kept above 4 bits (a --tensor-type override) as `type` (Q8_0 or
+// BF16). A matrix AWQ's scales touch (a group member's columns, a fold target's rows) is
+// scaled in float32 first, so the stored weights are exactly what the fold assumes, then
+// converted; a Q8_0 source that nothing scales is copied as it is; otherwise rows are
+// converted a block at a time.
+void write_layer_matrix(gguf::Writer& w, const gguf::TensorInfo& t, std::span<const std::byte> bytes,
+                        TensorType type, const ChannelScaling& scaling) {
+  const size_t cols = static_cast<size_t>(t.shape[0]), rows = static_cast<size_t>(t.shape[1]);
+  const bool scaled = scaling.column_scale.count(t.name) != 0 || scaling.row_divisor.count(t.name) != 0;
+  auto emit = [&](const float* x, size_t n) {
+    if (type == TensorType::kQ8_0) {
+      w.write(quantize_q8_0(x, n));
+    } else {
+      std::vector<uint16_t> b16(n);
+      for (size_t i = 0; i < n; ++i) b16[i] = gguf::fp32_to_bf16(x[i]);
+      w.write(as_bytes(b16.data(), n * sizeof(uint16_t)));
+    }
+  };
+  if (scaled) {
+    std::vector<float> dense(static_cast<size_t>(t.n_elements));
+    gguf::dequantize(t.type, bytes.data(), dense.data(), dense.size());
+    scaling.apply(t.name, dense.data(), rows, cols);
+    emit(dense.data(), dense.size());
+    return;
+  }
+  if (type == t.type) {
+    w.write(bytes);
+    return;
+  }
+  const uint64_t src_row_bytes = gguf::row_bytes(t.type, cols);
+  const size_t rows_per_step = std::max<size_t>(1, (size_t{1} << 20) / cols);
+  std::vector<float> f32(rows_per_step * cols);
+  for (size_t r = 0; r < rows; r += rows_per_step) {
+    const size_t n = std::min(rows_per_step, rows - r) * cols;
+    gguf::dequantize(t.type, bytes.data() + r * src_row_bytes, f32.data(), n);
+    emit(f32.data(), n);
+  }
+}
+
 // Default probes: 1/16 of the clusters (1,024 of 16,384 for Gemma's vocabulary in clusters of
 // 16), chosen on development text: 99.64 % same top-1 as the dense head at 5.3x less head time
 // (docs/flashhead.md).
@@ -249,6 +283,12 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
   if (w4 && (group == 0 || group % 32 != 0)) {
     throw Error("--group-size must be a multiple of 32 (32, 64 or 128)");
   }
+  if (!w4 && !options.tensor_types.empty()) {
+    throw Error("--tensor-type applies to --precision w4a16 only (a " +
+                std::string(quant::precision_name(options.precision)) + " build stores every layer matrix the same way)");
+  }
+  check_overrides_match(src, options.tensor_types);
+  auto storage = [&](const std::string& name) { return storage_of(name, options.tensor_types); };
   BuildReport report;
   report.source_bytes = src.file_size();
   report.source_sha256 = sha256_file(source);
@@ -256,7 +296,9 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
   // AWQ: every group's scales are chosen before any tensor is written, since a norm the
   // scales fold into may come before its matrices in the source.
   ChannelScaling scaling;
-  if (w4 && options.calibration && options.awq_scaling) {
+  if (w4 && options.channel_scaling != nullptr) {
+    scaling = *options.channel_scaling;
+  } else if (w4 && options.calibration && options.awq_scaling) {
     const quant::W4Params params{group, options.zero_points, true};
     scaling = search_channel_scaling(
         src, *options.calibration, params, options.awq_grid, pool,
@@ -267,7 +309,8 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
                         total, name.c_str(), static_cast<double>(r.alpha),
                         r.error_unscaled > 0 ? r.error / r.error_unscaled : 1.0);
           options.log(line);
-        });
+        },
+        [&](const std::string& name) { return storage(name) == MatrixStorage::kInt4; });
   }
 
   std::filesystem::path partial = out;
@@ -287,6 +330,7 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
     if (options.calibration && options.gptq && options.zero_points) method += "-gptq";
     w.add_string(keys::kQuantMethod, method);
     w.add_uint32(keys::kZeroPoints, options.zero_points ? 1 : 0);
+    if (!options.tensor_types.empty()) w.add_string(keys::kTensorTypes, overrides_string(options.tensor_types));
   }
   w.add_string(keys::kKestrelVersion, KESTREL_VERSION);
   w.add_string(keys::kBuildDate, utc_now());
@@ -315,7 +359,8 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
   w.add_placeholder_u64(keys::kContentHash);
 
   // Plan: what each source tensor becomes.
-  enum class Plan { kInt4, kHalf, kCopy, kF32 };  // kHalf: bf16 or fp16 as asked
+  // kHalf: bf16 or fp16 as asked (bf16 for a w4a16 override); kQ8_0: a w4a16 override.
+  enum class Plan { kInt4, kHalf, kQ8_0, kCopy, kF32 };
   const TensorType half = options.precision == quant::Precision::kFP16 ? TensorType::kF16 : TensorType::kBF16;
   std::vector<Plan> plans;
   for (const auto& t : src.tensors()) {
@@ -325,8 +370,16 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
     }
     Plan p;
     if (is_layer_matrix(t)) {
-      p = w4 ? Plan::kInt4 : Plan::kHalf;
-      if (w4 && t.shape[0] % group != 0) {
+      const MatrixStorage st = w4 ? storage(t.name) : MatrixStorage::kBF16;
+      p = !w4 ? Plan::kHalf
+          : st == MatrixStorage::kInt4 ? Plan::kInt4
+          : st == MatrixStorage::kQ8_0 ? Plan::kQ8_0
+                                       : Plan::kHalf;
+      if (p == Plan::kQ8_0 && t.shape[0] % 32 != 0) {
+        throw Error("tensor '" + t.name + "' has rows of " + std::to_string(t.shape[0]) +
+                    ", not a multiple of 32: it cannot be stored as q8_0");
+      }
+      if (p == Plan::kInt4 && t.shape[0] % group != 0) {
         throw Error("tensor '" + t.name + "' has rows of " + std::to_string(t.shape[0]) +
                     ", not a multiple of the group size " + std::to_string(group));
       }
@@ -346,6 +399,7 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
         }
         break;
       case Plan::kHalf: w.add_tensor(t.name, half, t.shape); break;
+      case Plan::kQ8_0: w.add_tensor(t.name, TensorType::kQ8_0, t.shape); break;
       case Plan::kCopy: w.add_tensor(t.name, t.type, t.shape); break;
       case Plan::kF32: w.add_tensor(t.name, TensorType::kF32, t.shape); break;
     }
@@ -418,7 +472,14 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
         w.write(as_bytes(q.mins.data(), q.mins.size() * sizeof(uint16_t)));
         break;
       }
-      case Plan::kHalf: write_converted(w, t, data, half); break;
+      case Plan::kHalf:
+        if (w4) {
+          write_layer_matrix(w, t, data, half, scaling);
+        } else {
+          write_converted(w, t, data, half);
+        }
+        break;
+      case Plan::kQ8_0: write_layer_matrix(w, t, data, TensorType::kQ8_0, scaling); break;
       case Plan::kCopy: w.write(data); break;
       case Plan::kF32:
         if (scaling.vector_divisor.count(t.name) != 0) {  // a norm AWQ's scales fold into

@@ -11,6 +11,8 @@
 
 #include "kestrel/base/thread_pool.h"
 #include "kestrel/head/clustering.h"
+#include "kestrel/image/channel_scaling.h"
+#include "kestrel/image/tensor_types.h"
 #include "kestrel/quant/awq.h"
 #include "kestrel/quant/precision.h"
 
@@ -35,6 +37,15 @@ struct BuildOptions {
   const quant::ActivationStatsMap* calibration = nullptr;
   bool awq_scaling = true;
   size_t awq_grid = 20;  // alpha values tried, 0 to 1
+  /// w4a16: per-tensor storage overrides (image/tensor_types.h has the matching rule): a
+  /// layer matrix matched by one is stored as Q8_0 or BF16 (or INT4) instead of INT4. AWQ's
+  /// search then scores only a group's INT4 matrices (a group with none is not scaled); the
+  /// group's scales are still applied to its Q8_0/BF16 members and fold targets before they
+  /// are converted, so the fold stays exact. Every pattern must match a layer matrix.
+  std::vector<TensorTypeOverride> tensor_types;
+  /// Per-channel scales to fold instead of AWQ's search (tests; a search's result reused).
+  /// Null: search when calibration and awq_scaling say so.
+  const ChannelScaling* channel_scaling = nullptr;
   /// GPTQ's error compensation (quant/gptq.h) on the recorded input rows, after AWQ's scaling.
   bool gptq = false;
   /// Messages about the build's choices (AWQ's alpha per group); optional.
@@ -64,11 +75,14 @@ struct BuildReport {
 };
 
 /// Builds the image `out` from the GGUF `source`, one tensor in memory at a time. Layer
-/// matrices (2-D tensors under "blk.") become INT4 (w4a16) or BF16; the token embedding, which
+/// matrices (2-D tensors under "blk.") become INT4 (w4a16, unless options.tensor_types say
+/// Q8_0 or BF16) or BF16; the token embedding, which
 /// is also the tied output head, keeps the source's type in w4a16 images (Q8_0 for the default
 /// model) and becomes BF16 in bf16 images; vectors become F32. The file is written to
 /// `out`.partial and renamed when complete.
-/// Throws kestrel::Error (gguf::GgufError for a bad source) and leaves no partial file.
+/// Throws kestrel::Error (gguf::GgufError for a bad source) and leaves no partial file; also
+/// when tensor_types is set for a bf16/fp16 build, a pattern matches no layer matrix, or a
+/// Q8_0 matrix's rows are not a multiple of 32.
 BuildReport build_image(const std::filesystem::path& source, const std::filesystem::path& out,
                         const BuildOptions& options, ThreadPool& pool);
 

@@ -100,11 +100,17 @@ std::vector<float> fold_row_scales(const ScalingGroup& group, const std::vector<
 ChannelScaling search_channel_scaling(
     const gguf::File& file, const quant::ActivationStatsMap& stats, const quant::W4Params& params,
     size_t grid_points, ThreadPool& pool,
-    const std::function<void(size_t, size_t, const std::string&, const quant::AwqSearchResult&)>& progress) {
+    const std::function<void(size_t, size_t, const std::string&, const quant::AwqSearchResult&)>& progress,
+    const std::function<bool(const std::string&)>& is_int4) {
   ChannelScaling scaling;
   const auto groups = scaling_groups(file);
   for (size_t gi = 0; gi < groups.size(); ++gi) {
     const ScalingGroup& g = groups[gi];
+    std::vector<std::string> searched;  // the group's INT4 matrices
+    for (const auto& name : g.matrices) {
+      if (!is_int4 || is_int4(name)) searched.push_back(name);
+    }
+    if (searched.empty()) continue;  // nothing in INT4: no scaling to gain
     const auto it = stats.find(g.matrices.front());
     if (it == stats.end() || it->second->n_sample() == 0) continue;
     const quant::ActivationStats& st = *it->second;
@@ -117,6 +123,7 @@ ChannelScaling search_channel_scaling(
         usable = false;
         break;
       }
+      if (std::find(searched.begin(), searched.end(), name) == searched.end()) continue;
       dense.push_back(dequantized(file, t));
       views.push_back({dense.back().data(), static_cast<size_t>(t.shape[1]), static_cast<size_t>(t.shape[0])});
     }
@@ -144,7 +151,7 @@ ChannelScaling search_channel_scaling(
       if (t == nullptr || t->shape.size() != 1 || t->shape[0] != st.cols) continue;
     }
     const auto result = quant::search_awq_scales(views, st, magnitude.data(), params, grid_points, pool);
-    if (progress) progress(gi + 1, groups.size(), g.matrices.front(), result);
+    if (progress) progress(gi + 1, groups.size(), searched.front(), result);
     if (result.alpha == 0.0f) continue;  // no scaling won
     for (const auto& name : g.matrices) scaling.column_scale[name] = result.scales;
     if (!g.fold_vector.empty()) scaling.vector_divisor[g.fold_vector] = result.scales;

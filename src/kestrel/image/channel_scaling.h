@@ -57,11 +57,16 @@ std::vector<ScalingGroup> scaling_groups(const gguf::File& file);
 
 /// Runs AWQ's search (quant::search_awq_scales with s ~ E|x|^alpha) for every group whose
 /// first matrix has calibration statistics with a row sample, dequantizing the group's
-/// matrices from `file`, and returns the scales as a ChannelScaling. `progress` (optional)
-/// gets (group done, groups, the group's first matrix, the search's result).
+/// matrices from `file`, and returns the scales as a ChannelScaling. `is_int4` (optional;
+/// default: every matrix) says which matrices the image stores as INT4: only those are
+/// quantized and scored by the search, a group without any is left unscaled, and the scales
+/// found still apply to every matrix of the group (the caller writes the others, e.g. Q8_0 or
+/// BF16, from the scaled weights, so the fold stays exact). `progress` (optional) gets (group
+/// done, groups, the group's first INT4 matrix, the search's result).
 ChannelScaling search_channel_scaling(
     const gguf::File& file, const quant::ActivationStatsMap& stats, const quant::W4Params& params,
     size_t grid_points, ThreadPool& pool,
-    const std::function<void(size_t, size_t, const std::string&, const quant::AwqSearchResult&)>& progress = {});
+    const std::function<void(size_t, size_t, const std::string&, const quant::AwqSearchResult&)>& progress = {},
+    const std::function<bool(const std::string&)>& is_int4 = {});
 
 }  // namespace kestrel::image

@@ -22,6 +22,9 @@ inline constexpr const char* kGroupSize = "kestrel.quant.group_size";
 inline constexpr const char* kQuantMethod = "kestrel.quant.method";
 inline constexpr const char* kZeroPoints = "kestrel.quant.zero_points";
 inline constexpr const char* kEmbeddingType = "kestrel.quant.embedding_type";
+/// w4a16 with --tensor-type overrides: "PATTERN=TYPE,..." as given (image/tensor_types.h);
+/// matched layer matrices are stored under their plain name as Q8_0 or BF16.
+inline constexpr const char* kTensorTypes = "kestrel.quant.tensor_types";
 inline constexpr const char* kContentHash = "kestrel.content_xxh3";
 inline constexpr const char* kKestrelVersion = "kestrel.build.kestrel_version";
 inline constexpr const char* kBuildDate = "kestrel.build.date";

@@ -63,7 +63,21 @@ kernels::Matrix WeightStore::image_matrix(const std::string& name, size_t rows, 
   kernels::Matrix m;
   m.rows = rows;
   m.cols = cols;
-  if (image_->precision == Precision::kW4A16) {
+  const gguf::TensorInfo* plain = nullptr;
+  if (image_->precision == Precision::kW4A16 && !has(name + image::kQ4Suffix) &&
+      (plain = file_->find_tensor(name)) != nullptr) {
+    // A matrix a --tensor-type override kept at Q8_0 or BF16 (image/tensor_types.h), in place.
+    if (plain->type != gguf::TensorType::kQ8_0 && plain->type != gguf::TensorType::kBF16) {
+      throw Error("image tensor '" + name + "' has type " + gguf::tensor_type_name(plain->type) +
+                  "; a w4a16 image stores layer matrices as INT4, Q8_0 or BF16");
+    }
+    const auto& t = image_tensor(name, plain->type, {cols, rows});
+    if (t.type == gguf::TensorType::kQ8_0 && cols % 32 != 0) {
+      throw Error("image tensor '" + name + "': Q8_0 rows of " + std::to_string(cols) + ", not a multiple of 32");
+    }
+    m.type = t.type == gguf::TensorType::kQ8_0 ? kernels::WeightType::kQ8_0 : kernels::WeightType::kBF16;
+    m.data = file_->tensor_data(t).data();
+  } else if (image_->precision == Precision::kW4A16) {
     const size_t g = image_->group_size;
     if (cols % g != 0) throw Error("image tensor '" + name + "': rows not a multiple of the group size");
     const auto& q = image_tensor(name + image::kQ4Suffix, gguf::TensorType::kI8, {cols / 2, rows});
