@@ -184,10 +184,18 @@ def test_build_usage_and_output_errors(tmp_path):
     assert "--group-size" in error_of(kestrel("build", "x.gguf", "-o", tmp_path / "o", "--group-size", 48), code=2)
     missing = tmp_path / "missing.gguf"
     assert "missing.gguf" in error_of(kestrel("build", missing, "-o", tmp_path / "o.kimg"))
-    # AWQ / GPTQ options need calibration data.
-    for flag in (["--no-awq"], ["--gptq"], ["--awq-grid", 10], ["--calib-sample", 512]):
-        assert "calibrated builds" in error_of(kestrel("build", "x.gguf", "-o", tmp_path / "o", *flag))
-    assert "--symmetric" in error_of(kestrel("build", "x.gguf", "-o", tmp_path / "o", "--calib", "c.txt", "--gptq", "--symmetric"))
+    # Options that mean something only together are usage errors (exit 2), found before any work
+    # (x.gguf does not exist): AWQ / GPTQ options and --calib-tokens need calibration data, ...
+    for flag in (["--no-awq"], ["--gptq"], ["--awq-grid", 10], ["--calib-sample", 512], ["--calib-tokens", 1000]):
+        assert "calibrated builds" in error_of(kestrel("build", "x.gguf", "-o", tmp_path / "o", *flag), code=2)
+    assert "--symmetric" in error_of(
+        kestrel("build", "x.gguf", "-o", tmp_path / "o", "--calib", "c.txt", "--gptq", "--symmetric"), code=2)
+    assert "no effect with --no-awq" in error_of(
+        kestrel("build", "x.gguf", "-o", tmp_path / "o", "--calib", "c.txt", "--no-awq", "--awq-grid", 5), code=2)
+    # ... FlashHead options need --flashhead, and W4A16 options a w4a16 build.
+    assert "--flashhead builds only" in error_of(kestrel("build", "x.gguf", "-o", tmp_path / "o", "--probes", 8), code=2)
+    assert "--precision w4a16 only" in error_of(
+        kestrel("build", "x.gguf", "-o", tmp_path / "o", "--precision", "bf16", "--group-size", 64), code=2)
     # --tensor-type PATTERN=TYPE: malformed specs, unknown types and non-w4a16 builds are usage errors.
     for spec, message in (("attn_v", "expected PATTERN=TYPE"), ("attn_v=q4_k", "unknown type 'q4_k' (w4, q8_0 or bf16)"),
                           ("attn v=q8_0", "dot-separated name components"), ("=bf16", "pattern before '=' is empty")):

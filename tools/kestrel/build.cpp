@@ -108,10 +108,6 @@ int build(const BuildCommandOptions& o) {
   for (const auto& l : o.licenses) options.license_files.emplace_back(l);
   for (const auto& spec : o.tensor_types) options.tensor_types.push_back(image::parse_tensor_type(spec));
   options.progress = progress_bar;
-  if (!o.flashhead && (o.cluster_size != 16 || o.probes != 0 || o.radius_weight != 0.1f ||
-                       o.flashhead_iterations != 8)) {
-    throw Error("--cluster-size, --probes, --radius-weight and --flashhead-iterations apply to --flashhead builds only");
-  }
   options.flashhead = o.flashhead;
   options.flashhead_clustering.cluster_size = o.cluster_size;
   options.flashhead_clustering.iterations = o.flashhead_iterations;
@@ -131,14 +127,6 @@ int build(const BuildCommandOptions& o) {
     // Before the calibration pass: a pattern that matches nothing is refused at once.
     image::check_overrides_match(gguf::File::open(source), options.tensor_types);
   }
-  if (options.precision != quant::Precision::kW4A16 &&
-      (!o.calib.empty() || o.group_size != 32 || o.symmetric || o.embedding != "source")) {
-    throw Error("--calib, --group-size, --symmetric and --embedding apply to --precision w4a16 only");
-  }
-  if (o.calib.empty() && (o.no_awq || o.gptq || o.awq_grid != 20 || o.calib_sample != 256)) {
-    throw Error("--no-awq, --gptq, --awq-grid and --calib-sample apply to calibrated builds (--calib) only");
-  }
-  if (o.gptq && o.symmetric) throw Error("--gptq fits affine groups; it cannot be combined with --symmetric");
   options.awq_scaling = !o.no_awq;
   options.awq_grid = o.awq_grid;
   options.gptq = o.gptq;
@@ -256,7 +244,29 @@ Command add_build_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("-t,--threads", o->threads, "Threads (default: every core)")
       ->check(CLI::Range(0, ThreadPool::kMaxThreads));
-  cmd->callback([o] {
+  // Options that only mean something together: usage errors (exit 2) before any work.
+  cmd->callback([o, cmd] {
+    const auto given = [cmd](const char* name) { return cmd->get_option(name)->count() > 0; };
+    if (!o->flashhead && (given("--cluster-size") || given("--probes") || given("--radius-weight") ||
+                          given("--flashhead-iterations"))) {
+      throw CLI::ValidationError("--cluster-size, --probes, --radius-weight and --flashhead-iterations",
+                                 "apply to --flashhead builds only");
+    }
+    if (o->precision != "w4a16" && (!o->calib.empty() || given("--group-size") || o->symmetric ||
+                                    given("--embedding"))) {
+      throw CLI::ValidationError("--calib, --group-size, --symmetric and --embedding", "apply to --precision w4a16 only");
+    }
+    if (o->calib.empty() && (o->no_awq || o->gptq || given("--awq-grid") || given("--calib-sample") ||
+                             given("--calib-tokens"))) {
+      throw CLI::ValidationError("--no-awq, --gptq, --awq-grid, --calib-sample and --calib-tokens",
+                                 "apply to calibrated builds (--calib) only");
+    }
+    if (o->gptq && o->symmetric) {
+      throw CLI::ValidationError("--gptq", "fits affine groups; it cannot be combined with --symmetric");
+    }
+    if (o->no_awq && given("--awq-grid")) {
+      throw CLI::ValidationError("--awq-grid", "has no effect with --no-awq");
+    }
     if (!o->tensor_types.empty() && o->precision != "w4a16") {
       throw CLI::ValidationError("--tensor-type", "applies to --precision w4a16 only (a " + o->precision +
                                                       " build stores every layer matrix as " + o->precision + ")");
