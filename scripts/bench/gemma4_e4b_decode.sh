@@ -9,10 +9,12 @@ cd "$(dirname "$0")/../.."
 W=${1:-/tmp/e4b}
 N_OUT=${2:-32}
 ROUNDS=${3:-3}
+[[ $N_OUT =~ ^[1-9][0-9]*$ && $ROUNDS =~ ^[1-9][0-9]*$ ]] || { echo "N_OUT and ROUNDS must be positive integers" >&2; exit 2; }
 for f in e4b-fh.kimg e4b-q4_k_m.gguf prompt.ids; do
   [[ -f $W/$f ]] || { echo "missing $W/$f: run scripts/bench/gemma4_e4b_bench.sh $W first" >&2; exit 2; }
 done
 out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
 for ((i = 1; i <= ROUNDS; i++)); do
   echo "round $i, load $(cut -d' ' -f1-3 /proc/loadavg)"
   build/kestrel run -m "$W/e4b-fh.kimg" --token-ids "$W/prompt.ids" -n "$N_OUT" --temp 0 --ignore-eos \
@@ -42,4 +44,3 @@ print(f"median of {rounds}: kestrel prefill {kp:.2f} decode {kd:.2f} tok/s; "
       f"llama.cpp prefill {lp:.2f} decode {ld:.2f} tok/s; decode ratio {kd / ld:.2f}x, prefill ratio {kp / lp:.2f}x")
 PY
 echo "load at end $(cut -d' ' -f1-3 /proc/loadavg)"
-rm -rf "$out"

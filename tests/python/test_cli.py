@@ -38,6 +38,7 @@ def error_of(result, code=1):
 @pytest.mark.parametrize("args, message", [
     (("run", "-p", "x", "-n", "-1"), "--n-predict: Value -1 not in range"),
     (("run", "-p", "x", "-c", "-1"), "--ctx: Value -1 not in range"),
+    (("perplexity", "-f", "README.md", "--chunks", "-1"), "--chunks: Value -1 not in range"),
     (("run", "-p", "x", "--temp", "nan"), "must be a finite number"),
     (("run", "-p", "x", "-t", "100000"), "--threads: Value 100000 not in range 0 to 256"),
     (("run", "-p", "x", "--bogus"), "--bogus"),
@@ -177,6 +178,8 @@ def test_build_inspect_and_run_an_image(tmp_path):
     # Rebuilding from an image is refused and leaves nothing behind.
     again = tmp_path / "again.kimg"
     assert "already a Kestrel image" in error_of(kestrel("build", image, "-o", again))
+    # The same reason with --tensor-type (its pattern check must not hide it).
+    assert "already a Kestrel image" in error_of(kestrel("build", image, "-o", again, "--tensor-type", "attn_v=q8_0"))
     assert not again.exists() and not (tmp_path / "again.kimg.partial").exists()
 
 

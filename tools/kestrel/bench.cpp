@@ -64,7 +64,7 @@ ModelArg parse_model_arg(const std::string& arg) {
   if (eq != std::string::npos && eq > 0 && !std::filesystem::exists(arg, ec)) {
     return {arg.substr(0, eq), arg.substr(eq + 1)};
   }
-  const std::filesystem::path path = arg.empty() ? runtime::default_model_path() : std::filesystem::path(arg);
+  const std::filesystem::path path = runtime::model_path_argument(arg);
   return {path.filename().string(), path};
 }
 

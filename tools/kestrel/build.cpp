@@ -1,10 +1,11 @@
 // kestrel build: a source checkpoint in, a Kestrel image out.
 #include <unistd.h>
 
-#include <csignal>
+#include <chrono>
 #include <cmath>
-#include <cstring>
+#include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -98,6 +99,7 @@ void remove_partial_on_signal(const std::string& out) {
 }
 
 int build(const BuildCommandOptions& o) {
+  const auto t0 = std::chrono::steady_clock::now();  // the printed time includes calibration
   remove_partial_on_signal(o.out);
   image::BuildOptions options;
   options.precision = quant::parse_precision(o.precision);
@@ -115,17 +117,19 @@ int build(const BuildCommandOptions& o) {
   options.flashhead_clustering.progress = clustering_progress;
   options.flashhead_probes = o.probes;
   options.flashhead_radius_weight = o.radius_weight;
-  const std::filesystem::path source = o.source == "default" ? runtime::default_model_path()
-                                                             : std::filesystem::path(o.source);
+  const std::filesystem::path source = runtime::model_path_argument(o.source);
   // A directory with config.json: a Hugging Face checkpoint (image/hf_gemma3.h).
   const bool hf = image::is_hf_checkpoint(source);
   if (hf && !o.calib.empty()) {
     throw Error("--calib needs a GGUF source (the calibration pass runs the model, which kestrel "
                 "cannot load from a Hugging Face directory); build a bf16 image first and calibrate from a GGUF");
   }
-  if (!hf && !options.tensor_types.empty()) {
-    // Before the calibration pass: a pattern that matches nothing is refused at once.
-    image::check_overrides_match(gguf::File::open(source), options.tensor_types);
+  if (!hf) {
+    // Before the calibration pass: an image as the source, or a pattern that matches nothing, is
+    // refused at once.
+    const gguf::File file = gguf::File::open(source);
+    image::check_not_an_image(file, source);
+    if (!options.tensor_types.empty()) image::check_overrides_match(file, options.tensor_types);
   }
   options.awq_scaling = !o.no_awq;
   options.awq_grid = o.awq_grid;
@@ -158,7 +162,7 @@ int build(const BuildCommandOptions& o) {
   std::printf("built %s: %s, %.1f MiB from %.1f MiB source (sha256 %s), %zu tensors, %.1f s\n",
               o.out.c_str(), o.precision.c_str(), static_cast<double>(report.image_bytes) / (1 << 20),
               static_cast<double>(report.source_bytes) / (1 << 20), report.source_sha256.c_str(),
-              report.n_tensors, report.seconds);
+              report.n_tensors, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   if (o.flashhead) {
     std::printf("FlashHead: clusters of %zu, clustering %.1f s, mean cosine of a row to its cluster %.3f\n",
                 o.cluster_size, report.flashhead_seconds, report.flashhead_mean_cosine);

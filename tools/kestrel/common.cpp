@@ -21,7 +21,7 @@ const CLI::Validator kFinite(
 }  // namespace
 
 void ModelOptions::add_to(CLI::App& cmd) {
-  cmd.add_option("-m,--model", model, "GGUF model file (default: $KESTREL_MODEL or Gemma 3 270M)");
+  cmd.add_option("-m,--model", model, "GGUF model file or Kestrel image (default or 'default': $KESTREL_MODEL or Gemma 3 270M)");
   cmd.add_option("-t,--threads", threads, "Threads (default: every core)")->check(CLI::Range(0, ThreadPool::kMaxThreads));
   cmd.add_option("-c,--ctx", ctx,
                  "Context size in tokens (default 4096, or the model's maximum if smaller; 0: the "
@@ -55,7 +55,7 @@ runtime::EngineOptions ModelOptions::engine_options() const {
 namespace {
 
 std::filesystem::path checked_model_path(const std::string& model) {
-  const std::filesystem::path path = model.empty() ? runtime::default_model_path() : std::filesystem::path(model);
+  const std::filesystem::path path = runtime::model_path_argument(model);
   if (std::filesystem::is_directory(path)) {
     throw Error(path.string() + " is a directory (a Hugging Face checkpoint?); build an image from "
                 "it first: kestrel build " + path.string() + " -o model.kimg");

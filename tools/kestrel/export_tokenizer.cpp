@@ -19,7 +19,7 @@ struct ExportOptions {
 
 int export_tokenizer(const ExportOptions& o) {
   const std::filesystem::path path =
-      o.model == "default" ? runtime::default_model_path() : std::filesystem::path(o.model);
+      runtime::model_path_argument(o.model);
   const gguf::File file = gguf::File::open(path);
   size_t max_length = o.max_length;
   if (max_length == 0) {

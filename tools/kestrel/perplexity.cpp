@@ -118,7 +118,9 @@ Command add_perplexity_command(CLI::App& app) {
   cmd->add_option("-c,--ctx", opts->ctx, "Tokens per chunk (at least 4); the second half of each is scored")
       ->check(CLI::Range(size_t{4}, size_t{1} << 24))
       ->capture_default_str();
-  cmd->add_option("--chunks", opts->chunks, "Chunks to evaluate at most (0: all)")->capture_default_str();
+  cmd->add_option("--chunks", opts->chunks, "Chunks to evaluate at most (0: all)")
+      ->check(CLI::Range(size_t{0}, size_t{1} << 24))
+      ->capture_default_str();
   cmd->add_option("-t,--threads", opts->threads, "Threads (default: every core)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--json", opts->json, "Print one JSON object with the results");

@@ -267,6 +267,12 @@ std::string sha256_file(const std::filesystem::path& path) {
   return to_hex(digest, len);
 }
 
+void check_not_an_image(const gguf::File& file, const std::filesystem::path& source) {
+  if (file.has(keys::kFormatVersion)) {
+    throw Error(source.string() + " is already a Kestrel image; build from the original checkpoint");
+  }
+}
+
 BuildReport build_image(const std::filesystem::path& source, const std::filesystem::path& out,
                         const BuildOptions& options, ThreadPool& pool) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -275,9 +281,7 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
   }
   check_output_path(out);
   const gguf::File src = gguf::File::open(source);
-  if (src.has(keys::kFormatVersion)) {
-    throw Error(source.string() + " is already a Kestrel image; build from the original checkpoint");
-  }
+  check_not_an_image(src, source);
   const bool w4 = options.precision == quant::Precision::kW4A16;
   const size_t group = options.group_size;
   if (w4 && (group == 0 || group % 32 != 0)) {

@@ -86,6 +86,10 @@ struct BuildReport {
 BuildReport build_image(const std::filesystem::path& source, const std::filesystem::path& out,
                         const BuildOptions& options, ThreadPool& pool);
 
+/// Throws kestrel::Error when `source` (opened as `file`) is already a Kestrel image: images are
+/// built from the original checkpoint, never from another image.
+void check_not_an_image(const gguf::File& file, const std::filesystem::path& source);
+
 /// SHA-256 of a file / of bytes, as lowercase hex.
 std::string sha256_file(const std::filesystem::path& path);
 std::string sha256_hex(std::string_view bytes);

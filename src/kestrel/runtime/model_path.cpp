@@ -29,4 +29,8 @@ std::filesystem::path default_model_path() {
   return path;
 }
 
+std::filesystem::path model_path_argument(const std::string& arg) {
+  return arg.empty() || arg == "default" ? default_model_path() : std::filesystem::path(arg);
+}
+
 }  // namespace kestrel::runtime

