@@ -4,20 +4,12 @@
 
 #include "kestrel/formats/dequant.h"
 
-#if defined(__x86_64__) && defined(__GNUC__)
-// GCC 12 warns inside its own avx512fintrin.h (_mm512_reduce_add_ps) about an operand it
-// deliberately leaves undefined.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#define KESTREL_HAVE_BF16_DOT 1
-#endif
+#include "kestrel/kernels/x86_bf16.h"
 
 namespace kestrel::kernels {
 
 #ifdef KESTREL_HAVE_BF16_DOT
 namespace {
-
-#define KESTREL_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 
 KESTREL_BF16_TARGET inline __m512bh load_bh(const uint16_t* p) {
   return reinterpret_cast<__m512bh>(_mm512_loadu_si512(p));

@@ -5,14 +5,7 @@
 #include "kestrel/formats/dequant.h"
 #include "kestrel/kernels/gemm_bf16.h"
 
-#if defined(__x86_64__) && defined(__GNUC__)
-// GCC 12 warns inside its own avx512fintrin.h (_mm512_reduce_add_ps) about an operand it
-// deliberately leaves undefined.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#include <immintrin.h>
-#define KESTREL_HAVE_BF16_DOT 1
-#endif
+#include "kestrel/kernels/x86_bf16.h"
 
 namespace kestrel::kernels {
 namespace {
@@ -27,8 +20,8 @@ constexpr size_t kChunk = 128;
 constexpr size_t kPrefetchBytes = 1024;
 constexpr size_t kPrefetchRows = 2;
 
-// Row-relative byte of word `word` (0..31) of vector j (0..3) in chunk c, and whether it is the
-// high nibble.
+// Row-relative byte of word `word` (0..31) of vector j (0..3) in chunk c (vectors 2 and 3 take
+// its high nibble).
 size_t chunk_byte(size_t c, size_t j, size_t word) { return 64 * c + 16 * (word / 8) + word % 8 + 8 * (j & 1); }
 
 // Column of the weight that a byte's low (or high) nibble holds: byte b of a group holds weights
@@ -39,8 +32,6 @@ size_t nibble_column(size_t byte, bool high, size_t group_size) {
 }
 
 #ifdef KESTREL_HAVE_BF16_DOT
-
-#define KESTREL_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 
 KESTREL_BF16_TARGET inline __m512bh as_bh(__m512i v) { return reinterpret_cast<__m512bh>(v); }
 
