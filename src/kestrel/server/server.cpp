@@ -4,6 +4,8 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <exception>
 #include <thread>
@@ -33,12 +35,21 @@ int serve(const ServerOptions& options, const EngineLoader& load) {
   } else if (!http.bind_to_port(options.host, port)) {
     throw Error("cannot listen on " + options.host + ":" + std::to_string(port) + " (in use, or not an address here)");
   }
-  std::thread listener([&] { http.listen_after_bind(); });
+  std::atomic<bool> listener_done{false};
+  std::thread listener([&] {
+    http.listen_after_bind();
+    listener_done = true;
+  });
   std::thread signal_waiter([&] {
     int sig = 0;
     sigwait(&signals, &sig);
     app.stop_generating();
-    http.stop();
+    // httplib's stop() does nothing until listen has started; a model that fails to load at once
+    // can get here first, so stop until the listener has returned.
+    while (!listener_done) {
+      http.stop();
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
   });
   std::fprintf(stderr, "kestrel serve: listening on http://%s:%d\n", options.host.c_str(), port);
   std::exception_ptr failure;
