@@ -31,6 +31,9 @@ class Images : public ::testing::Test {
     ThreadPool pool(0);
     image::BuildOptions w4;
     image::build_image(source_, dir_ / "w4.kimg", w4, pool);
+    image::BuildOptions w4_scales8;
+    w4_scales8.scale_bits = 8;
+    image::build_image(source_, dir_ / "w4-s8.kimg", w4_scales8, pool);
     image::BuildOptions bf16;
     bf16.precision = quant::Precision::kBF16;
     image::build_image(source_, dir_ / "bf16.kimg", bf16, pool);
@@ -41,8 +44,8 @@ class Images : public ::testing::Test {
   void SetUp() override {
     if (source_.empty()) GTEST_SKIP() << "default model not installed";
   }
-  static std::vector<float> logits(const fs::path& path, quant::Precision precision) {
-    runtime::Engine engine(path, {2, 64, {precision, 32, true}});
+  static std::vector<float> logits(const fs::path& path, quant::Precision precision, int scale_bits = 16) {
+    runtime::Engine engine(path, {2, 64, {precision, 32, true, scale_bits}});
     const auto l = engine.eval(kPrompt);
     return {l.begin(), l.end()};
   }
@@ -61,6 +64,33 @@ TEST_F(Images, W4A16ImageComputesWhatTheInMemoryBuildComputes) {
   const auto from_image = logits(dir_ / "w4.kimg", quant::Precision::kSource);
   const auto in_memory = logits(source_, quant::Precision::kW4A16);
   EXPECT_EQ(max_abs_diff(from_image, in_memory), 0.0f);
+}
+
+TEST_F(Images, W4A16ImageWith8BitScalesComputesWhatTheInMemoryBuildComputes) {
+  const auto from_image = logits(dir_ / "w4-s8.kimg", quant::Precision::kSource);
+  const auto in_memory = logits(source_, quant::Precision::kW4A16, 8);
+  EXPECT_EQ(max_abs_diff(from_image, in_memory), 0.0f);
+  // Not the fp16-scale image under another name: the weights differ, a little.
+  const auto fp16_scales = logits(dir_ / "w4.kimg", quant::Precision::kSource);
+  const float diff = max_abs_diff(from_image, fp16_scales);
+  EXPECT_GT(diff, 0.0f);
+  EXPECT_LT(diff, 2.0f);
+  EXPECT_EQ(std::max_element(from_image.begin(), from_image.end()) - from_image.begin(),
+            std::max_element(fp16_scales.begin(), fp16_scales.end()) - fp16_scales.begin());
+
+  const auto f = gguf::File::open(dir_ / "w4-s8.kimg");
+  const auto info = image::read_image_info(f);
+  ASSERT_TRUE(info.has_value());
+  EXPECT_EQ(info->scale_bits, 8);
+  const auto* scales = f.find_tensor("blk.0.ffn_down.weight.scales");
+  const auto* row_scales = f.find_tensor("blk.0.ffn_down.weight.row_scales");
+  ASSERT_NE(scales, nullptr);
+  ASSERT_NE(row_scales, nullptr);
+  EXPECT_EQ(scales->type, gguf::TensorType::kI8);
+  EXPECT_EQ(row_scales->type, gguf::TensorType::kF16);
+  EXPECT_EQ(row_scales->shape, (std::vector<uint64_t>{2, 640}));
+  // Group parameters: 4 instead of 8 bytes per 64 weights (the row pairs aside).
+  EXPECT_LT(fs::file_size(dir_ / "w4-s8.kimg"), fs::file_size(dir_ / "w4.kimg") - (5u << 20));
 }
 
 TEST_F(Images, BF16BaselineStaysCloseToTheSource) {

@@ -82,8 +82,10 @@ TEST(W4, MatmulMatchesDequantizedReference) {
            {1, 32, 32, 1}, {37, 96, 32, 5}, {19, 128, 64, 3}, {64, 640, 32, 9}, {33, 256, 128, 4}}) {
     const auto w = gaussian(rows * cols, 21);
     const auto x = gaussian(n * cols, 22);
-    for (bool zero_points : {false, true}) {
-      const auto m = q::quantize_w4(w.data(), rows, cols, group, nullptr, zero_points, pool);
+    for (int variant : {0, 1, 2}) {  // symmetric, affine, affine with 8-bit group parameters
+      const bool zero_points = variant != 0;
+      auto m = q::quantize_w4(w.data(), rows, cols, group, nullptr, zero_points, pool);
+      if (variant == 2) q::compress_group_params(m, w.data(), nullptr, pool);
       std::vector<float> y(n * rows), ref(n * rows), row(cols);
       k::matmul(m.view(), x.data(), n, cols, y.data(), rows, pool);
       k::matmul_reference(m.view(), x.data(), n, cols, ref.data(), rows);
@@ -99,7 +101,7 @@ TEST(W4, MatmulMatchesDequantizedReference) {
           for (size_t i = 0; i < cols; ++i) magnitude += std::fabs(row[i] * x[t * cols + i]);
           const double tol = bf16 ? magnitude / 128 : 2e-5 * std::sqrt(static_cast<double>(cols)) * 4;
           EXPECT_NEAR(y[t * rows + r], ref[t * rows + r], tol)
-              << rows << "x" << cols << "/" << group << " zp=" << zero_points << " r=" << r << " t=" << t;
+              << rows << "x" << cols << "/" << group << " variant " << variant << " r=" << r << " t=" << t;
         }
       }
     }
@@ -118,8 +120,10 @@ TEST(W4, Bf16GemvMatchesRoundedReference) {
     auto x = gaussian(cols, 62);
     x[3] = 1e-3f;  // small and large activations in one group
     x[cols - 1] = 40.0f;
-    for (bool zero_points : {false, true}) {
-      const auto m = q::quantize_w4(w.data(), rows, cols, group, nullptr, zero_points, pool);
+    for (int variant : {0, 1, 2}) {  // symmetric, affine, affine with 8-bit group parameters
+      const bool zero_points = variant != 0;
+      auto m = q::quantize_w4(w.data(), rows, cols, group, nullptr, zero_points, pool);
+      if (variant == 2) q::compress_group_params(m, w.data(), nullptr, pool);
       if (!k::gemv_w4_bf16_supported(m.view())) continue;
       ran = true;
       k::W4GemvInput input;
@@ -137,7 +141,7 @@ TEST(W4, Bf16GemvMatchesRoundedReference) {
           magnitude += std::fabs(row[i] * xi);
         }
         EXPECT_NEAR(y[r], ref, 2e-5 * magnitude)
-            << rows << "x" << cols << "/" << group << " zp=" << zero_points << " r=" << r;
+            << rows << "x" << cols << "/" << group << " variant " << variant << " r=" << r;
       }
     }
   }
@@ -319,6 +323,22 @@ TEST(W4Rows, BlocksOfRowsEqualTheWholeMatrixByteForByte) {
           EXPECT_EQ(groups.mins, whole.mins) << "block " << block << " zp " << zp;
           EXPECT_EQ(groups.mins.size(), zp ? rows * cols / group : 0u);
         }
+        if (!zp) continue;
+        // scale_bits 8: the block-wise compression equals compressing the whole matrix.
+        auto whole8 = whole;
+        q::compress_group_params(whole8, src.values, imp, pool);
+        for (size_t block : {size_t{1}, size_t{7}, rows}) {
+          std::vector<uint8_t> codes;
+          const auto groups = q::quantize_w4_rows(
+              src.type, src.bytes, rows, cols, group, imp, zp, block,
+              [&](std::span<const uint8_t> c) { codes.insert(codes.end(), c.begin(), c.end()); }, pool, 8);
+          EXPECT_EQ(codes, whole8.qs) << "block " << block;
+          EXPECT_NE(codes, whole.qs) << "block " << block;  // codes are re-rounded on the 8-bit grid
+          EXPECT_TRUE(groups.scales.empty());
+          EXPECT_EQ(groups.scales8, whole8.scales8) << "block " << block;
+          EXPECT_EQ(groups.mins8, whole8.mins8) << "block " << block;
+          EXPECT_EQ(groups.row_scales, whole8.row_scales) << "block " << block;
+        }
       }
     }
   }
@@ -336,4 +356,79 @@ TEST(W4Rows, RefusesBadArguments) {
                kestrel::Error);  // too few bytes
   EXPECT_THROW(q::quantize_w4_rows(TensorType::kBF16, bytes, 4, 64, 48, nullptr, true, 2, sink, pool),
                kestrel::Error);  // group size
+  EXPECT_THROW(q::quantize_w4_rows(TensorType::kBF16, bytes, 4, 64, 32, nullptr, false, 2, sink, pool, 8),
+               kestrel::Error);  // 8-bit scales of symmetric groups
+  EXPECT_THROW(q::quantize_w4_rows(TensorType::kBF16, bytes, 4, 64, 32, nullptr, true, 2, sink, pool, 4),
+               kestrel::Error);  // 4-bit scales
+}
+
+TEST(W4Scales8, StoredFieldsDecodeAsDocumentedAndCostLittleAccuracy) {
+  // The 8-bit form read back from its raw fields by the formula of kernels/matmul.h
+  // (d_g = d_row s_g, m_g = -m_row n_g), independently of matrix_row; and its error against the
+  // source weights stays within a few percent of the fp16 form's. Rows with one large-scale
+  // group (an outlier channel) are the hard case for one fp16 pair per row.
+  kestrel::ThreadPool pool(2);
+  const size_t rows = 24, cols = 640, group = 32, n_groups = cols / group;
+  auto w = gaussian(rows * cols, 71);
+  for (size_t r = 0; r < rows; r += 3) {
+    for (size_t i = 0; i < group; ++i) w[r * cols + 5 * group + i] *= 12.0f;
+  }
+  const auto fp16 = q::quantize_w4(w.data(), rows, cols, group, nullptr, true, pool);
+  auto q8 = fp16;
+  q::compress_group_params(q8, w.data(), nullptr, pool);
+  EXPECT_TRUE(q8.scales.empty());
+  EXPECT_TRUE(q8.mins.empty());
+  ASSERT_EQ(q8.scales8.size(), rows * n_groups);
+  ASSERT_EQ(q8.mins8.size(), rows * n_groups);
+  ASSERT_EQ(q8.row_scales.size(), rows * 2);
+  std::vector<float> row(cols);
+  double err8 = 0, err16 = 0;
+  size_t max_s = 0, max_n = 0;
+  for (size_t r = 0; r < rows; ++r) {
+    k::matrix_row(q8.view(), r, row.data());
+    const double d_row = kestrel::gguf::fp16_to_fp32(q8.row_scales[2 * r]);
+    const double m_row = kestrel::gguf::fp16_to_fp32(q8.row_scales[2 * r + 1]);
+    for (size_t i = 0; i < cols; ++i) {
+      const size_t g = i / group, j = i % group;
+      const uint8_t byte = q8.qs[r * cols / 2 + g * group / 2 + j % (group / 2)];
+      const int code = j < group / 2 ? byte & 0x0F : byte >> 4;
+      const double expected =
+          d_row * q8.scales8[r * n_groups + g] * code - m_row * q8.mins8[r * n_groups + g];
+      ASSERT_NEAR(row[i], expected, 1e-5 * (std::fabs(expected) + 1)) << "r=" << r << " i=" << i;
+      err8 += (row[i] - w[r * cols + i]) * (row[i] - w[r * cols + i]);
+    }
+    for (size_t g = 0; g < n_groups; ++g) {
+      max_s = std::max<size_t>(max_s, q8.scales8[r * n_groups + g]);
+      max_n = std::max<size_t>(max_n, q8.mins8[r * n_groups + g]);
+    }
+  }
+  EXPECT_GE(max_s, 250u);  // the row scale is set by the largest group: its s_g is ~255
+  EXPECT_GE(max_n, 250u);
+  err16 = q::w4_rms_error(fp16, w.data());
+  err8 = std::sqrt(err8 / static_cast<double>(rows * cols));
+  EXPECT_NEAR(err8, q::w4_rms_error(q8, w.data()), 1e-9);
+  EXPECT_LT(err8, 1.06 * err16) << "fp16 " << err16 << " 8-bit " << err8;
+  EXPECT_GT(err8, 0.9 * err16);  // not a copy of the fp16 form
+}
+
+TEST(W4Scales8, SliceAndRefusals) {
+  kestrel::ThreadPool pool(1);
+  const size_t rows = 9, cols = 256;
+  const auto w = gaussian(rows * cols, 72);
+  auto q8 = q::quantize_w4(w.data(), rows, cols, 64, nullptr, true, pool);
+  q::compress_group_params(q8, w.data(), nullptr, pool);
+  const auto slice = k::row_slice(q8.view(), 4, 3);
+  std::vector<float> a(cols), b(cols);
+  for (size_t r = 0; r < 3; ++r) {
+    k::matrix_row(slice, r, a.data());
+    k::matrix_row(q8.view(), 4 + r, b.data());
+    EXPECT_EQ(a, b);
+  }
+  EXPECT_THROW(q::compress_group_params(q8, w.data(), nullptr, pool), kestrel::Error);
+  auto symmetric = q::quantize_w4(w.data(), rows, cols, 64, nullptr, false, pool);
+  EXPECT_THROW(q::compress_group_params(symmetric, w.data(), nullptr, pool), kestrel::Error);
+  k::Matrix broken = q8.view();
+  broken.row_scales = nullptr;
+  std::vector<float> x(cols, 1.0f), y(rows);
+  EXPECT_THROW(k::matmul(broken, x.data(), 1, cols, y.data(), rows, pool), kestrel::Error);
 }

@@ -32,6 +32,7 @@ struct BuildCommandOptions {
   int threads = 0;
   std::string embedding = "source";
   bool symmetric = false;
+  int scale_bits = 16;
   std::string calib;
   size_t calib_tokens = 32768;
   size_t calib_sample = 256;
@@ -107,6 +108,7 @@ int build(const BuildCommandOptions& o) {
   options.seed = o.seed;
   options.int4_embedding = o.embedding == "int4";
   options.zero_points = !o.symmetric;
+  options.scale_bits = o.scale_bits;
   for (const auto& l : o.licenses) options.license_files.emplace_back(l);
   for (const auto& spec : o.tensor_types) options.tensor_types.push_back(image::parse_tensor_type(spec));
   options.progress = progress_bar;
@@ -223,6 +225,11 @@ Command add_build_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--symmetric", o->symmetric,
                 "w4a16: symmetric groups (scale only) instead of affine groups (scale and min)");
+  cmd->add_option("--scale-bits", o->scale_bits,
+                  "w4a16: bits of each group's scale and minimum: 16 (fp16) or 8 (u8 under an fp16 "
+                  "pair per row: 4.5 instead of 5 bits per weight at group size 32; affine groups only)")
+      ->check(CLI::IsMember({8, 16}))
+      ->capture_default_str();
   cmd->add_option("--seed", o->seed, "Seed recorded in the image (for calibrated builds)");
   cmd->add_option("--license", o->licenses,
                   "Licence/NOTICE file to carry (repeatable; LICENSE*, NOTICE*, *TERMS* files "
@@ -264,6 +271,9 @@ Command add_build_command(CLI::App& app) {
                              given("--calib-tokens"))) {
       throw CLI::ValidationError("--no-awq, --gptq, --awq-grid, --calib-sample and --calib-tokens",
                                  "apply to calibrated builds (--calib) only");
+    }
+    if (o->scale_bits == 8 && (o->symmetric || o->gptq || o->precision != "w4a16")) {
+      throw CLI::ValidationError("--scale-bits 8", "needs --precision w4a16 with affine groups, without --symmetric or --gptq");
     }
     if (o->gptq && o->symmetric) {
       throw CLI::ValidationError("--gptq", "fits affine groups; it cannot be combined with --symmetric");

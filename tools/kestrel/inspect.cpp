@@ -35,7 +35,8 @@ void print_layer_storage(const gguf::File& f) {
       ++by_storage["INT4"].first;
       by_storage["INT4"].second += t.n_bytes;
     } else if (ends_with(t.name, std::string(".weight") + image::kScalesSuffix) ||
-               ends_with(t.name, std::string(".weight") + image::kMinsSuffix)) {
+               ends_with(t.name, std::string(".weight") + image::kMinsSuffix) ||
+               ends_with(t.name, std::string(".weight") + image::kRowScalesSuffix)) {
       by_storage["INT4"].second += t.n_bytes;
     } else if (ends_with(t.name, ".weight")) {
       auto& [count, bytes] = by_storage[gguf::tensor_type_name(t.type)];
@@ -78,7 +79,9 @@ int inspect(const std::string& path) {
     std::printf("precision     %s", quant::precision_name(info->precision));
     if (info->precision == quant::Precision::kW4A16) {
       std::printf(" (group size %zu, %s, %s, embedding/head %s)", info->group_size,
-                  info->zero_points ? "affine: scale + min" : "symmetric: scale only",
+                  info->scale_bits == 8 ? "affine: 8-bit scale + min under fp16 per row"
+                  : info->zero_points   ? "affine: scale + min"
+                                        : "symmetric: scale only",
                   text_or(f, k::kQuantMethod).c_str(), text_or(f, k::kEmbeddingType).c_str());
     }
     std::printf("\n");

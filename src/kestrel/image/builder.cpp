@@ -98,6 +98,18 @@ std::span<const std::byte> as_bytes(const void* data, size_t n) {
   return {static_cast<const std::byte*>(data), n};
 }
 
+// An INT4 matrix's group parameters in tensor order (.scales, .mins, .row_scales): fp16 scales
+// and mins, or their 8-bit form (one pair of vectors is empty).
+void write_group_params(gguf::Writer& w, const std::vector<uint16_t>& scales, const std::vector<uint16_t>& mins,
+                        const std::vector<uint8_t>& scales8, const std::vector<uint8_t>& mins8,
+                        const std::vector<uint16_t>& row_scales) {
+  w.write(as_bytes(scales.data(), scales.size() * sizeof(uint16_t)));
+  w.write(as_bytes(mins.data(), mins.size() * sizeof(uint16_t)));
+  w.write(as_bytes(scales8.data(), scales8.size()));
+  w.write(as_bytes(mins8.data(), mins8.size()));
+  w.write(as_bytes(row_scales.data(), row_scales.size() * sizeof(uint16_t)));
+}
+
 // Writes a tensor's values (`bytes`, in t.type) as `type` (F32, F16 or BF16), a block of rows
 // at a time.
 void write_converted(gguf::Writer& w, const gguf::TensorInfo& t, std::span<const std::byte> bytes,
@@ -287,6 +299,10 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
   if (w4 && (group == 0 || group % 32 != 0)) {
     throw Error("--group-size must be a multiple of 32 (32, 64 or 128)");
   }
+  if (w4 && options.scale_bits != 16 && (options.scale_bits != 8 || !options.zero_points || options.gptq)) {
+    throw Error("--scale-bits must be 16, or 8 with affine groups and without --gptq (got " +
+                std::to_string(options.scale_bits) + ")");
+  }
   if (!w4 && !options.tensor_types.empty()) {
     throw Error("--tensor-type applies to --precision w4a16 only (a " +
                 std::string(quant::precision_name(options.precision)) + " build stores every layer matrix the same way)");
@@ -334,6 +350,7 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
     if (options.calibration && options.gptq && options.zero_points) method += "-gptq";
     w.add_string(keys::kQuantMethod, method);
     w.add_uint32(keys::kZeroPoints, options.zero_points ? 1 : 0);
+    if (options.scale_bits != 16) w.add_uint32(keys::kScaleBits, static_cast<uint32_t>(options.scale_bits));
     if (!options.tensor_types.empty()) w.add_string(keys::kTensorTypes, overrides_string(options.tensor_types));
   }
   w.add_string(keys::kKestrelVersion, KESTREL_VERSION);
@@ -397,6 +414,12 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
     switch (p) {
       case Plan::kInt4:
         w.add_tensor(t.name + kQ4Suffix, TensorType::kI8, {t.shape[0] / 2, t.shape[1]});
+        if (options.scale_bits == 8) {
+          w.add_tensor(t.name + kScalesSuffix, TensorType::kI8, {t.shape[0] / group, t.shape[1]});
+          w.add_tensor(t.name + kMinsSuffix, TensorType::kI8, {t.shape[0] / group, t.shape[1]});
+          w.add_tensor(t.name + kRowScalesSuffix, TensorType::kF16, {2, t.shape[1]});
+          break;
+        }
         w.add_tensor(t.name + kScalesSuffix, TensorType::kF16, {t.shape[0] / group, t.shape[1]});
         if (options.zero_points) {
           w.add_tensor(t.name + kMinsSuffix, TensorType::kF16, {t.shape[0] / group, t.shape[1]});
@@ -451,9 +474,8 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
           const auto groups = quant::quantize_w4_rows(
               t.type, data, static_cast<size_t>(t.shape[1]), cols, group, importance, options.zero_points,
               block_rows, [&](std::span<const uint8_t> codes) { w.write(as_bytes(codes.data(), codes.size())); },
-              pool);
-          w.write(as_bytes(groups.scales.data(), groups.scales.size() * sizeof(uint16_t)));
-          w.write(as_bytes(groups.mins.data(), groups.mins.size() * sizeof(uint16_t)));
+              pool, options.scale_bits);
+          write_group_params(w, groups.scales, groups.mins, groups.scales8, groups.mins8, groups.row_scales);
           break;
         }
         // AWQ's scales or GPTQ need the whole matrix (a layer matrix: small next to the source).
@@ -470,10 +492,10 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
           q = quant::quantize_w4_gptq(dense.data(), t.shape[1], t.shape[0], group, x.data(), stats->n_sample(), 0.01, pool);
         } else {
           q = quant::quantize_w4(dense.data(), t.shape[1], t.shape[0], group, importance, options.zero_points, pool);
+          if (options.scale_bits == 8) quant::compress_group_params(q, dense.data(), importance, pool);
         }
         w.write(as_bytes(q.qs.data(), q.qs.size()));
-        w.write(as_bytes(q.scales.data(), q.scales.size() * sizeof(uint16_t)));
-        w.write(as_bytes(q.mins.data(), q.mins.size() * sizeof(uint16_t)));
+        write_group_params(w, q.scales, q.mins, q.scales8, q.mins8, q.row_scales);
         break;
       }
       case Plan::kHalf:

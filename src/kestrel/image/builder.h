@@ -29,6 +29,9 @@ struct BuildOptions {
   size_t int4_block_values = size_t{1} << 24;
   /// w4a16: affine groups (an fp16 scale and minimum each) instead of symmetric ones.
   bool zero_points = true;
+  /// w4a16: bits of each group's scale and minimum: 16 (fp16) or 8 (u8 under an fp16 pair per
+  /// row, quant::compress_group_params; affine groups only, not with gptq).
+  int scale_bits = 16;
   /// Activation-aware quantization (runtime/calibration.h): per layer matrix (GGUF name), the
   /// statistics of its input. Each group's scale (and minimum) then minimizes the error
   /// weighted by the mean squared input per channel, and, with awq_scaling, AWQ's per-channel

@@ -25,6 +25,12 @@ std::optional<ImageInfo> read_image_info(const gguf::File& file) {
       throw Error("image: bad " + std::string(keys::kGroupSize) + " " + std::to_string(info.group_size));
     }
     info.zero_points = file.find_uint(keys::kZeroPoints).value_or(0) != 0;
+    const uint64_t bits = file.find_uint(keys::kScaleBits).value_or(16);
+    if (bits != 16 && (bits != 8 || !info.zero_points)) {
+      throw Error("image: bad " + std::string(keys::kScaleBits) + " " + std::to_string(bits) +
+                  " (16, or 8 with zero points)");
+    }
+    info.scale_bits = static_cast<int>(bits);
   }
   return info;
 }

@@ -21,6 +21,9 @@ inline constexpr const char* kPrecision = "kestrel.precision";
 inline constexpr const char* kGroupSize = "kestrel.quant.group_size";
 inline constexpr const char* kQuantMethod = "kestrel.quant.method";
 inline constexpr const char* kZeroPoints = "kestrel.quant.zero_points";
+/// w4a16: bits of a group's scale and minimum, 16 (fp16, the default when absent) or 8 (u8
+/// under an fp16 pair per row, quant::compress_group_params).
+inline constexpr const char* kScaleBits = "kestrel.quant.scale_bits";
 inline constexpr const char* kEmbeddingType = "kestrel.quant.embedding_type";
 /// w4a16 with --tensor-type overrides: "PATTERN=TYPE,..." as given (image/tensor_types.h);
 /// matched layer matrices are stored under their plain name as Q8_0 or BF16.
@@ -41,12 +44,16 @@ inline constexpr const char* kQ4Suffix = ".q4";
 inline constexpr const char* kScalesSuffix = ".scales";
 /// With zero points: fp16 group minimums (F16, {cols/group_size, rows}).
 inline constexpr const char* kMinsSuffix = ".mins";
+/// With 8-bit group parameters (kScaleBits 8) ".scales" and ".mins" are I8 {cols/group_size,
+/// rows} holding u8 s_g and n_g, and this F16 {2, rows} tensor holds each row's d_row, m_row.
+inline constexpr const char* kRowScalesSuffix = ".row_scales";
 
 struct ImageInfo {
   uint32_t format_version = 0;
   quant::Precision precision = quant::Precision::kSource;
   size_t group_size = 0;
   bool zero_points = false;  // w4a16: affine groups (".mins" tensors present)
+  int scale_bits = 16;       // w4a16: 16 or 8 (kScaleBits)
 };
 
 /// nullopt for a plain GGUF (no kestrel.format_version). Throws kestrel::Error for an image of

@@ -35,11 +35,35 @@ size_t nibble_column(size_t byte, bool high, size_t group_size) {
 
 KESTREL_BF16_TARGET inline __m512bh as_bh(__m512i v) { return reinterpret_cast<__m512bh>(v); }
 
+// row_scales for 8-bit group parameters: d_g = d_row * s_g, m_g = -m_row * n_g.
+KESTREL_BF16_TARGET __m512 row_scales8(const Matrix& w, const W4GemvInput& in, size_t r, float* scales) {
+  const size_t n_groups = w.cols / w.group_size;
+  const uint8_t* s8 = w.scales8 + r * n_groups;
+  const uint8_t* n8 = w.mins8 + r * n_groups;
+  for (size_t b = 0; b < n_groups; b += 64) {  // as in row_scales: two streams read in bursts
+    _mm_prefetch(reinterpret_cast<const char*>(s8 + kPrefetchRows * n_groups) + b, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(n8 + kPrefetchRows * n_groups) + b, _MM_HINT_T0);
+  }
+  const __m512 d_row = _mm512_set1_ps(gguf::fp16_to_fp32(w.row_scales[2 * r]));
+  const __m512 neg_m_row = _mm512_set1_ps(-gguf::fp16_to_fp32(w.row_scales[2 * r + 1]));
+  __m512 offset_acc = _mm512_setzero_ps();
+  for (size_t g = 0; g < n_groups; g += 16) {
+    const __mmask16 mask = n_groups - g >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n_groups - g)) - 1);
+    const __m512 d = _mm512_mul_ps(d_row, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mask, s8 + g))));
+    const __m512 m = _mm512_mul_ps(neg_m_row, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mask, n8 + g))));
+    _mm512_mask_storeu_ps(&scales[g], mask, d);
+    const __m512 offset = _mm512_fnmadd_ps(d, _mm512_set1_ps(128.0f), m);
+    offset_acc = _mm512_fmadd_ps(offset, _mm512_maskz_loadu_ps(mask, &in.group_sums[g]), offset_acc);
+  }
+  return offset_acc;
+}
+
 // Row r's scales as float32 into `scales` ([n_groups] + 16 floats of slack), and the float32
 // lanes of sum_g (m_g - 128 d_g) * sum_g(x) (m_g = -8 d_g for symmetric groups): the offsets that
 // turn the dot products with 128 + q into the dot products with the weights.
 KESTREL_BF16_TARGET __m512 row_scales(const Matrix& w, const W4GemvInput& in, size_t r, float* scales) {
   const size_t n_groups = w.cols / w.group_size;
+  if (w.scales8 != nullptr) return row_scales8(w, in, r, scales);
   const uint16_t* scales16 = w.scales + r * n_groups;
   const uint16_t* mins16 = w.mins != nullptr ? w.mins + r * n_groups : nullptr;
   // The scales and minimums are two more streams, read in short bursts between rows of codes:

@@ -200,6 +200,10 @@ void HalvesToFloats(const uint16_t* in, size_t n, float* out) {
 // Row r's group scales and offsets as float32: w = q * scale + offset.
 void RowScales(const Matrix& w, size_t r, float* scales, float* offsets) {
   const size_t n_groups = w.cols / w.group_size;
+  if (w.scales8 != nullptr) {
+    w4_group_params(w, r, scales, offsets);
+    return;
+  }
   HalvesToFloats(w.scales + r * n_groups, n_groups, scales);
   if (w.mins != nullptr) {
     HalvesToFloats(w.mins + r * n_groups, n_groups, offsets);
@@ -487,7 +491,8 @@ void check_matmul(const Matrix& w) {
     throw Error("matmul: Q8_0 matrix with a row length that is not a multiple of 32");
   }
   if (w.type == WeightType::kW4 &&
-      (w.group_size == 0 || w.group_size % 32 != 0 || w.cols % w.group_size != 0 || !w.scales)) {
+      (w.group_size == 0 || w.group_size % 32 != 0 || w.cols % w.group_size != 0 ||
+       (w.scales == nullptr && (w.scales8 == nullptr || w.mins8 == nullptr || w.row_scales == nullptr)))) {
     throw Error("matmul: INT4 matrix with group size " + std::to_string(w.group_size) +
                 " for rows of " + std::to_string(w.cols));
   }
@@ -544,10 +549,30 @@ Matrix row_slice(const Matrix& w, size_t begin, size_t count) {
   m.data = w.row(begin);
   if (w.type == WeightType::kW4) {
     const size_t n_groups = w.cols / w.group_size;
-    m.scales = w.scales + begin * n_groups;
+    if (w.scales) m.scales = w.scales + begin * n_groups;
     if (w.mins) m.mins = w.mins + begin * n_groups;
+    if (w.scales8) m.scales8 = w.scales8 + begin * n_groups;
+    if (w.mins8) m.mins8 = w.mins8 + begin * n_groups;
+    if (w.row_scales) m.row_scales = w.row_scales + 2 * begin;
   }
   return m;
+}
+
+void w4_group_params(const Matrix& w, size_t r, float* d, float* m) {
+  const size_t n_groups = w.cols / w.group_size;
+  if (w.scales8 != nullptr) {
+    const float d_row = gguf::fp16_to_fp32(w.row_scales[2 * r]);
+    const float m_row = gguf::fp16_to_fp32(w.row_scales[2 * r + 1]);
+    for (size_t g = 0; g < n_groups; ++g) {
+      d[g] = d_row * static_cast<float>(w.scales8[r * n_groups + g]);
+      m[g] = -m_row * static_cast<float>(w.mins8[r * n_groups + g]);
+    }
+    return;
+  }
+  for (size_t g = 0; g < n_groups; ++g) {
+    d[g] = gguf::fp16_to_fp32(w.scales[r * n_groups + g]);
+    m[g] = w.mins ? gguf::fp16_to_fp32(w.mins[r * n_groups + g]) : -8.0f * d[g];
+  }
 }
 
 void matrix_row(const Matrix& w, size_t r, float* out) {
@@ -567,9 +592,10 @@ void matrix_row(const Matrix& w, size_t r, float* out) {
     case WeightType::kW4: {
       const uint8_t* q = w.row(r);
       const size_t n_groups = w.cols / w.group_size, half = w.group_size / 2;
+      std::vector<float> ds(n_groups), ms(n_groups);
+      w4_group_params(w, r, ds.data(), ms.data());
       for (size_t g = 0; g < n_groups; ++g) {
-        const float d = gguf::fp16_to_fp32(w.scales[r * n_groups + g]);
-        const float m = w.mins ? gguf::fp16_to_fp32(w.mins[r * n_groups + g]) : -8.0f * d;
+        const float d = ds[g], m = ms[g];
         for (size_t j = 0; j < half; ++j) {
           const uint8_t b = q[g * half + j];
           out[g * w.group_size + j] = d * static_cast<float>(b & 0x0F) + m;

@@ -27,6 +27,10 @@ enum class WeightType {
 /// `scales` holds rows * (cols / group_size) fp16 scales d_g, row-major. With `mins` (same
 /// shape, fp16) a group is affine, w = d_g * q + m_g (zero points); without, symmetric,
 /// w = d_g * (q - 8). group_size is a multiple of 32 and divides cols.
+/// With 8-bit group parameters (quant::compress_group_params) `scales` and `mins` are null and
+/// an affine group's d_g = d_row * s_g, m_g = -m_row * n_g (float32 products), from `scales8`
+/// (u8 s_g), `mins8` (u8 n_g), both [rows, cols / group_size], and `row_scales` ([rows, 2] fp16
+/// d_row, m_row).
 struct Matrix {
   WeightType type = WeightType::kF32;
   const void* data = nullptr;
@@ -35,6 +39,9 @@ struct Matrix {
   const uint16_t* scales = nullptr;  // kW4 only
   const uint16_t* mins = nullptr;    // kW4 only; null: symmetric
   size_t group_size = 0;             // kW4 only
+  const uint8_t* scales8 = nullptr;     // kW4 with 8-bit group parameters
+  const uint8_t* mins8 = nullptr;       // kW4 with 8-bit group parameters
+  const uint16_t* row_scales = nullptr; // kW4 with 8-bit group parameters
   size_t row_bytes() const;
   const uint8_t* row(size_t r) const { return static_cast<const uint8_t*>(data) + r * row_bytes(); }
 };
@@ -68,6 +75,10 @@ void matmul_rows(const Matrix& w, const float* x, size_t n_tokens, size_t x_stri
 /// Rows [begin, begin + count) of W as a matrix of their own (same storage, non-owning).
 /// Throws kestrel::Error when the range is outside W.
 Matrix row_slice(const Matrix& w, size_t begin, size_t count);
+
+/// Row r's INT4 group parameters as float32 [cols / group_size]: w = d[g] * q + m[g] (for
+/// symmetric groups m[g] = -8 d[g]). W must be kW4.
+void w4_group_params(const Matrix& w, size_t r, float* d, float* m);
 
 /// Row r of W as float32 [cols] (dequantized for quantized types).
 void matrix_row(const Matrix& w, size_t r, float* out);

@@ -81,11 +81,20 @@ kernels::Matrix WeightStore::image_matrix(const std::string& name, size_t rows, 
     const size_t g = image_->group_size;
     if (cols % g != 0) throw Error("image tensor '" + name + "': rows not a multiple of the group size");
     const auto& q = image_tensor(name + image::kQ4Suffix, gguf::TensorType::kI8, {cols / 2, rows});
-    const auto& s = image_tensor(name + image::kScalesSuffix, gguf::TensorType::kF16, {cols / g, rows});
     m.type = kernels::WeightType::kW4;
     m.data = file_->tensor_data(q).data();
-    m.scales = reinterpret_cast<const uint16_t*>(file_->tensor_data(s).data());
-    if (image_->zero_points) {
+    if (image_->scale_bits == 8) {
+      const auto& s = image_tensor(name + image::kScalesSuffix, gguf::TensorType::kI8, {cols / g, rows});
+      const auto& z = image_tensor(name + image::kMinsSuffix, gguf::TensorType::kI8, {cols / g, rows});
+      const auto& rs = image_tensor(name + image::kRowScalesSuffix, gguf::TensorType::kF16, {2, rows});
+      m.scales8 = reinterpret_cast<const uint8_t*>(file_->tensor_data(s).data());
+      m.mins8 = reinterpret_cast<const uint8_t*>(file_->tensor_data(z).data());
+      m.row_scales = reinterpret_cast<const uint16_t*>(file_->tensor_data(rs).data());
+    } else {
+      const auto& s = image_tensor(name + image::kScalesSuffix, gguf::TensorType::kF16, {cols / g, rows});
+      m.scales = reinterpret_cast<const uint16_t*>(file_->tensor_data(s).data());
+    }
+    if (image_->zero_points && image_->scale_bits == 16) {
       const auto& z = image_tensor(name + image::kMinsSuffix, gguf::TensorType::kF16, {cols / g, rows});
       m.mins = reinterpret_cast<const uint16_t*>(file_->tensor_data(z).data());
     }
@@ -109,6 +118,7 @@ kernels::Matrix WeightStore::matrix(const std::string& name, size_t rows, size_t
   if (options_.precision == Precision::kW4A16) {
     owned_w4_.push_back(quant::quantize_w4(dense.data(), rows, cols, options_.group_size, nullptr,
                                                    options_.zero_points, *pool_));
+    if (options_.scale_bits == 8) quant::compress_group_params(owned_w4_.back(), dense.data(), nullptr, *pool_);
     return owned_w4_.back().view();
   }
   const bool fp16 = options_.precision == Precision::kFP16;

@@ -20,6 +20,7 @@ struct LoadOptions {
   Precision precision = Precision::kSource;
   size_t group_size = 32;  // kW4A16: weights per fp16 scale
   bool zero_points = true; // kW4A16: affine groups (scale and min) instead of symmetric
+  int scale_bits = 16;     // kW4A16: 16, or 8 (quant::compress_group_params; affine groups)
 };
 
 /// Weight matrices and vectors of a model, converted to the precision asked for. A Kestrel

@@ -123,8 +123,14 @@ kernels::Matrix W4Matrix::view() const {
   m.data = qs.data();
   m.rows = rows;
   m.cols = cols;
-  m.scales = scales.data();
-  m.mins = mins.empty() ? nullptr : mins.data();
+  if (!scales8.empty()) {
+    m.scales8 = scales8.data();
+    m.mins8 = mins8.data();
+    m.row_scales = row_scales.data();
+  } else {
+    m.scales = scales.data();
+    m.mins = mins.empty() ? nullptr : mins.data();
+  }
   m.group_size = group_size;
   return m;
 }
@@ -163,6 +169,71 @@ W4Matrix quantize_w4(const float* w, size_t rows, size_t cols, size_t group_size
   return q;
 }
 
+namespace {
+
+// compress_group_params for row r.
+void compress_row(W4Matrix& q, const float* w_row, const float* importance, size_t r) {
+  const size_t G = q.group_size, n_groups = q.cols / G;
+  const uint16_t* d16 = &q.scales[r * n_groups];
+  const uint16_t* m16 = &q.mins[r * n_groups];
+  float d_max = 0.0f, neg_m_max = 0.0f;
+  for (size_t g = 0; g < n_groups; ++g) {
+    d_max = std::max(d_max, gguf::fp16_to_fp32(d16[g]));
+    neg_m_max = std::max(neg_m_max, -gguf::fp16_to_fp32(m16[g]));
+  }
+  // The row scales as stored (fp16), so that s_g and n_g are rounded against what is read.
+  const uint16_t d_row16 = gguf::fp32_to_fp16(d_max / 255.0f), m_row16 = gguf::fp32_to_fp16(neg_m_max / 255.0f);
+  const float d_row = gguf::fp16_to_fp32(d_row16), m_row = gguf::fp16_to_fp32(m_row16);
+  q.row_scales[2 * r] = d_row16;
+  q.row_scales[2 * r + 1] = m_row16;
+  std::vector<uint8_t> codes(G), best_codes(G);
+  for (size_t g = 0; g < n_groups; ++g) {
+    const float* wg = w_row + g * G;
+    const float* ig = importance ? importance + g * G : nullptr;
+    const float s = d_row > 0.0f ? std::max(0.0f, gguf::fp16_to_fp32(d16[g])) / d_row : 0.0f;
+    const float n = m_row > 0.0f ? std::max(0.0f, -gguf::fp16_to_fp32(m16[g])) / m_row : 0.0f;
+    double best_err = INFINITY;
+    uint8_t best_s = 0, best_n = 0;
+    for (const float sc : {std::floor(s), std::ceil(s)}) {
+      for (const float nc : {std::floor(n), std::ceil(n)}) {
+        const auto si = static_cast<uint8_t>(std::clamp(sc, 0.0f, 255.0f));
+        const auto ni = static_cast<uint8_t>(std::clamp(nc, 0.0f, 255.0f));
+        const double err = affine_error(wg, ig, G, d_row * si, -m_row * ni, codes.data());
+        if (err < best_err) {
+          best_err = err;
+          best_s = si;
+          best_n = ni;
+          best_codes = codes;
+        }
+      }
+    }
+    q.scales8[r * n_groups + g] = best_s;
+    q.mins8[r * n_groups + g] = best_n;
+    uint8_t* out = &q.qs[(r * q.cols + g * G) / 2];
+    for (size_t j = 0; j < G / 2; ++j) out[j] = static_cast<uint8_t>(best_codes[j] | (best_codes[j + G / 2] << 4));
+  }
+}
+
+}  // namespace
+
+void compress_group_params(W4Matrix& q, const float* w, const float* importance, ThreadPool& pool) {
+  if (q.mins.empty()) {
+    throw Error("8-bit group scales need affine groups (zero points): symmetric INT4 keeps fp16 scales");
+  }
+  if (!q.scales8.empty()) throw Error("INT4 group parameters are already at 8 bits");
+  const size_t n_groups = q.cols / q.group_size;
+  q.scales8.resize(q.rows * n_groups);
+  q.mins8.resize(q.rows * n_groups);
+  q.row_scales.resize(q.rows * 2);
+  pool.parallel_for(q.rows, 8, [&](size_t begin, size_t end) {
+    for (size_t r = begin; r < end; ++r) compress_row(q, w + r * q.cols, importance, r);
+  });
+  q.scales.clear();
+  q.scales.shrink_to_fit();
+  q.mins.clear();
+  q.mins.shrink_to_fit();
+}
+
 void fit_affine_group(const float* w, const float* importance, size_t n, uint16_t& d, uint16_t& m) {
   std::vector<uint8_t> packed(n / 2 + 1);
   const Affine a = quantize_group_affine(w, importance, n, packed.data(), false);
@@ -174,7 +245,11 @@ W4Groups quantize_w4_rows(gguf::TensorType type, std::span<const std::byte> data
                           size_t cols, size_t group_size, const float* importance, bool zero_points,
                           size_t block_rows,
                           const std::function<void(std::span<const uint8_t>)>& write_codes,
-                          ThreadPool& pool) {
+                          ThreadPool& pool, int scale_bits) {
+  if (scale_bits != 16 && (scale_bits != 8 || !zero_points)) {
+    throw Error("INT4 quantization: group scales of " + std::to_string(scale_bits) +
+                " bits (16, or 8 with zero points)");
+  }
   if (block_rows == 0) throw Error("INT4 quantization: a block of rows must hold at least one row");
   if (!gguf::is_supported(type)) {
     throw Error(std::string("INT4 quantization: cannot read tensor type ") + gguf::tensor_type_name(type));
@@ -189,10 +264,14 @@ W4Groups quantize_w4_rows(gguf::TensorType type, std::span<const std::byte> data
   for (size_t r = 0; r < rows; r += block_rows) {
     const size_t n_rows = std::min(block_rows, rows - r);
     gguf::dequantize(type, data.data() + r * src_row, dense.data(), n_rows * cols);
-    const W4Matrix q = quantize_w4(dense.data(), n_rows, cols, group_size, importance, zero_points, pool);
+    W4Matrix q = quantize_w4(dense.data(), n_rows, cols, group_size, importance, zero_points, pool);
+    if (scale_bits == 8) compress_group_params(q, dense.data(), importance, pool);
     write_codes(q.qs);
     groups.scales.insert(groups.scales.end(), q.scales.begin(), q.scales.end());
     groups.mins.insert(groups.mins.end(), q.mins.begin(), q.mins.end());
+    groups.scales8.insert(groups.scales8.end(), q.scales8.begin(), q.scales8.end());
+    groups.mins8.insert(groups.mins8.end(), q.mins8.begin(), q.mins8.end());
+    groups.row_scales.insert(groups.row_scales.end(), q.row_scales.begin(), q.row_scales.end());
   }
   return groups;
 }

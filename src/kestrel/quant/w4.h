@@ -21,6 +21,10 @@ struct W4Matrix {
   std::vector<uint8_t> qs;        // rows * cols / 2 bytes
   std::vector<uint16_t> scales;   // rows * cols / group_size fp16
   std::vector<uint16_t> mins;     // same shape, fp16; empty for symmetric groups
+  // 8-bit group parameters (compress_group_params), in place of scales and mins:
+  std::vector<uint8_t> scales8;     // rows * cols / group_size s_g
+  std::vector<uint8_t> mins8;       // rows * cols / group_size n_g
+  std::vector<uint16_t> row_scales; // rows * 2 fp16: d_row, m_row
   kernels::Matrix view() const;
 };
 
@@ -49,10 +53,27 @@ W4Matrix quantize_w4(const float* w, size_t rows, size_t cols, size_t group_size
 /// (w ~ d * q + m, q in 0..15), minimizing the error weighted by `importance` (null: uniform).
 void fit_affine_group(const float* w, const float* importance, size_t n, uint16_t& d, uint16_t& m);
 
-/// The per-group parameters of a matrix quantized block by block (quantize_w4_rows).
+/// Re-expresses the affine fp16 group parameters of `q` at 8 bits under one fp16 pair per row,
+/// a double quantization of the quantization constants (QLoRA, Dettmers et al. 2023, sec. 3;
+/// ggml's Q4_K keeps 6-bit ones per 256 weights, ggml-quants.c): d_g = d_row * s_g and
+/// m_g = -m_row * n_g with s_g, n_g in 0..255, d_row = max_g d_g / 255 and
+/// m_row = max_g(-m_g) / 255 (a group whose fitted minimum is positive gets n_g = 0). Each group
+/// takes, of the floor and ceiling roundings of s_g and of n_g, the pair with the least squared
+/// error weighted by `importance`, and its codes are re-rounded against it. At group size 32
+/// the parameters shrink from 32 to 16 bits per group (5 to 4.5 bits per weight), which is what
+/// memory-bound decode reads less of.
+/// `w`: the float32 [q.rows, q.cols] matrix q was quantized from; `importance` as in quantize_w4.
+/// Throws kestrel::Error for symmetric groups (no mins) or parameters already at 8 bits.
+void compress_group_params(W4Matrix& q, const float* w, const float* importance, ThreadPool& pool);
+
+/// The per-group parameters of a matrix quantized block by block (quantize_w4_rows); with
+/// scale_bits 8 the 8-bit fields of W4Matrix instead of scales and mins.
 struct W4Groups {
   std::vector<uint16_t> scales;  // rows * cols / group_size fp16
   std::vector<uint16_t> mins;    // same shape; empty for symmetric groups
+  std::vector<uint8_t> scales8;
+  std::vector<uint8_t> mins8;
+  std::vector<uint16_t> row_scales;
 };
 
 /// quantize_w4 of a [rows, cols] matrix held as GGUF `type` bytes (`data`: rows rows of
@@ -63,13 +84,15 @@ struct W4Groups {
 /// far larger than memory (E4B's per-layer token table: 2.8 G values) can be quantized. The
 /// quantization is row-local, so the codes, scales and mins equal quantize_w4's on the whole
 /// matrix byte for byte, whatever block_rows is.
+/// scale_bits 8 applies compress_group_params to each block (it is row-local too).
 /// Throws kestrel::Error as quantize_w4 does, when block_rows is 0, when `type` is not
-/// readable, or when `data` is not rows * row_bytes(type, cols) long.
+/// readable, when `data` is not rows * row_bytes(type, cols) long, or when scale_bits is not
+/// 16, or 8 with zero points.
 W4Groups quantize_w4_rows(gguf::TensorType type, std::span<const std::byte> data, size_t rows,
                           size_t cols, size_t group_size, const float* importance, bool zero_points,
                           size_t block_rows,
                           const std::function<void(std::span<const uint8_t>)>& write_codes,
-                          ThreadPool& pool);
+                          ThreadPool& pool, int scale_bits = 16);
 
 /// Root-mean-square error of the quantized matrix against `w` (for reports and tests).
 double w4_rms_error(const W4Matrix& q, const float* w);
