@@ -1,26 +1,30 @@
 #!/usr/bin/env bash
 # Decode after a 3,072-token prompt on the E4B-shaped model, Kestrel W4A16 + FlashHead against
-# llama.cpp Q4_K_M, alternating ROUNDS times (Kestrel, llama.cpp, Kestrel, ...) so that both see
-# the same machine; prints each run and the medians. Uses the files scripts/bench/gemma4_e4b_bench.sh
-# leaves in WORKDIR (e4b-fh.kimg, e4b-q4_k_m.gguf, prompt.ids) and the same commands as it does.
-# Usage: scripts/bench/gemma4_e4b_decode.sh [WORKDIR=/tmp/e4b] [N_OUT=32] [ROUNDS=3]
+# llama.cpp Q4_K_M, alternating ROUNDS times (each Kestrel image, then llama.cpp, then again) so
+# that all see the same machine; prints each run and the medians. Uses the files
+# scripts/bench/gemma4_e4b_bench.sh leaves in WORKDIR (the images, e4b-q4_k_m.gguf, prompt.ids)
+# and the same commands as it does.
+# Usage: [IMAGES="e4b-fh.kimg e4b-fh-s8.kimg"] scripts/bench/gemma4_e4b_decode.sh [WORKDIR=/tmp/e4b] [N_OUT=32] [ROUNDS=3]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 W=${1:-/tmp/e4b}
 N_OUT=${2:-32}
 ROUNDS=${3:-3}
+read -r -a IMAGES <<< "${IMAGES:-e4b-fh.kimg}"
 [[ $N_OUT =~ ^[1-9][0-9]*$ && $ROUNDS =~ ^[1-9][0-9]*$ ]] || { echo "N_OUT and ROUNDS must be positive integers" >&2; exit 2; }
-for f in e4b-fh.kimg e4b-q4_k_m.gguf prompt.ids; do
+for f in "${IMAGES[@]}" e4b-q4_k_m.gguf prompt.ids; do
   [[ -f $W/$f ]] || { echo "missing $W/$f: run scripts/bench/gemma4_e4b_bench.sh $W first" >&2; exit 2; }
 done
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 for ((i = 1; i <= ROUNDS; i++)); do
   echo "round $i, load $(cut -d' ' -f1-3 /proc/loadavg)"
-  build/kestrel run -m "$W/e4b-fh.kimg" --token-ids "$W/prompt.ids" -n "$N_OUT" --temp 0 --ignore-eos \
-    -t 2 -c 4096 --head flash --json > "$out/kestrel-$i.json"
-  python3 -c "import json; j = json.load(open('$out/kestrel-$i.json')); print(f\"  kestrel   prefill {j['prefill_tok_s']:.2f} decode {j['decode_tok_s']:.2f} tok/s\")"
-  python3 - "$W" "$N_OUT" > "$out/llama-$i.txt" <<'PY'
+  for img in "${IMAGES[@]}"; do
+    build/kestrel run -m "$W/$img" --token-ids "$W/prompt.ids" -n "$N_OUT" --temp 0 --ignore-eos \
+      -t 2 -c 4096 --head flash --json > "$out/$img-$i.json"
+    python3 -c "import json; j = json.load(open('$out/$img-$i.json')); print(f\"  kestrel $img  prefill {j['prefill_tok_s']:.2f} decode {j['decode_tok_s']:.2f} tok/s\")"
+  done
+  python3 - "$W" "$N_OUT" > "$out/llama-$i.txt" 2> "$out/llama-$i.err" <<'PY'
 import sys, llama_cpp
 w, n_out = sys.argv[1], int(sys.argv[2])
 ids = [int(x) for x in open(f"{w}/prompt.ids").read().split()]
@@ -33,14 +37,16 @@ print(perf.n_p_eval / perf.t_p_eval_ms * 1e3, perf.n_eval / perf.t_eval_ms * 1e3
 PY
   awk '{printf "  llama.cpp prefill %.2f decode %.2f tok/s\n", $1, $2}' "$out/llama-$i.txt"
 done
-python3 - "$out" "$ROUNDS" <<'PY'
+python3 - "$out" "$ROUNDS" "${IMAGES[@]}" <<'PY'
 import json, statistics, sys
-out, rounds = sys.argv[1], int(sys.argv[2])
-k = [json.load(open(f"{out}/kestrel-{i}.json")) for i in range(1, rounds + 1)]
+out, rounds, images = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 l = [list(map(float, open(f"{out}/llama-{i}.txt").read().split())) for i in range(1, rounds + 1)]
-kp, kd = statistics.median(j["prefill_tok_s"] for j in k), statistics.median(j["decode_tok_s"] for j in k)
 lp, ld = statistics.median(x[0] for x in l), statistics.median(x[1] for x in l)
-print(f"median of {rounds}: kestrel prefill {kp:.2f} decode {kd:.2f} tok/s; "
-      f"llama.cpp prefill {lp:.2f} decode {ld:.2f} tok/s; decode ratio {kd / ld:.2f}x, prefill ratio {kp / lp:.2f}x")
+print(f"median of {rounds}: llama.cpp prefill {lp:.2f} decode {ld:.2f} tok/s")
+for img in images:
+    k = [json.load(open(f"{out}/{img}-{i}.json")) for i in range(1, rounds + 1)]
+    kp, kd = statistics.median(j["prefill_tok_s"] for j in k), statistics.median(j["decode_tok_s"] for j in k)
+    print(f"median of {rounds}: kestrel {img} prefill {kp:.2f} decode {kd:.2f} tok/s; "
+          f"decode ratio {kd / ld:.2f}x, prefill ratio {kp / lp:.2f}x")
 PY
 echo "load at end $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -57,7 +57,9 @@ for args in "--symmetric --group-size 32" "--group-size 32" "--group-size 64" "-
             "--symmetric --group-size 32 --calib $CALIB" "--group-size 32 --calib $CALIB --no-awq" \
             "--group-size 32 --calib $CALIB" "--group-size 64 --calib $CALIB" "--group-size 128 --calib $CALIB" \
             "--group-size 32 --calib $CALIB $Q8" "--group-size 32 --calib $CALIB $Q8 $QK" \
-            "--group-size 32 --calib $CALIB $Q8 $GU" "--group-size 32 --calib $CALIB $Q8 $QK $GU"; do
+            "--group-size 32 --calib $CALIB $Q8 $GU" "--group-size 32 --calib $CALIB $Q8 $QK $GU" \
+            "--group-size 32 --scale-bits 8" "--group-size 32 --calib $CALIB --scale-bits 8" \
+            "--group-size 32 --calib $CALIB $Q8 $GU --scale-bits 8"; do
   name="w4a16 ${args/$CALIB/oasst}"
   name=${name//--tensor-type /}
   file="$OUT/w4.kimg"

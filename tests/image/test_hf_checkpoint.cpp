@@ -56,7 +56,7 @@ class HfCheckpoint : public ::testing::Test {
     // w4a16 keeps the embedding in the source's type (Q8_0 in the GGUF, F32 in the checkpoint);
     // as INT4 it is quantized from the same values either way.
     image::BuildOptions w4;
-    w4.int4_embedding = true;
+    w4.embedding = image::BuildOptions::Embedding::kInt4;
     image::build_image(source_, dir_ / "gguf_w4.kimg", w4, pool);
     image::build_image_from_hf(dir_ / "hf", dir_ / "hf_w4.kimg", w4, pool);
   }

@@ -18,6 +18,7 @@
 #include "kestrel/image/builder.h"
 #include "kestrel/image/hf_gemma3.h"
 #include "kestrel/image/hf_gemma4.h"
+#include "kestrel/image/tensor_types.h"
 #include "kestrel/model/gemma4.h"
 #include "kestrel/model/model.h"
 #include "kestrel/text/tokenizer.h"
@@ -172,6 +173,46 @@ TEST_P(Gemma4Tiny, Bf16ImageFromHfCheckpointStaysClose) {
   EXPECT_LE(a.worst, 1.0f);
   EXPECT_GE(static_cast<double>(a.top1_same), 0.95 * static_cast<double>(a.positions));
   fs::remove(out);
+}
+
+// kestrel build of the GGUF as W4A16 with 8-bit group parameters and the 2-D tensors outside
+// the layers (token embedding, per-layer token table and model projection) at Q8_0: the stated
+// tensor types, and logits as close to HF's as those of the W4A16 image with fp16 group
+// parameters and the source's embeddings (INT4 of random weights moves these logits a lot;
+// the point is that the 8-bit parameters and Q8_0 embeddings add little to it).
+TEST_P(Gemma4Tiny, W4A16ImageWith8BitScalesAndQ8EmbeddingsStaysClose) {
+  ThreadPool pool(2);
+  const Goldens g = read_goldens(GetParam());
+  Agreement agreement[2];
+  for (int variant : {0, 1}) {
+    const fs::path out = fs::temp_directory_path() / ("kestrel_test_" + GetParam() + ".w4-" + std::to_string(variant) + ".kimg");
+    image::BuildOptions options;
+    options.tensor_types.push_back(image::parse_tensor_type("proj=bf16"));  // rows of 16 < one group
+    if (variant == 1) {
+      options.scale_bits = 8;
+      options.embedding = image::BuildOptions::Embedding::kQ8_0;
+    }
+    image::build_image(data_dir(GetParam()) / "model.gguf", out, options, pool);
+    const gguf::File file = gguf::File::open(out);
+    if (variant == 1) {
+      for (const char* name : {"token_embd.weight", "per_layer_token_embd.weight", "per_layer_model_proj.weight"}) {
+        const auto* t = file.find_tensor(name);
+        ASSERT_NE(t, nullptr) << name;
+        EXPECT_EQ(t->type, gguf::TensorType::kQ8_0) << name;
+      }
+      const auto* scales = file.find_tensor("blk.0.ffn_up.weight.scales");
+      ASSERT_NE(scales, nullptr);
+      EXPECT_EQ(scales->type, gguf::TensorType::kI8);
+    }
+    const auto model = load_model(file, LoadOptions{}, pool);
+    agreement[variant] = compare(*model, g, pool, /*greedy=*/false);
+    std::cout << GetParam() << (variant == 1 ? " w4a16, 8-bit scales, Q8_0 embeddings" : " w4a16, fp16 scales")
+              << ": max |logit - HF| = " << agreement[variant].worst << ", top-1 agreement "
+              << agreement[variant].top1_same << "/" << agreement[variant].positions << "\n";
+    fs::remove(out);
+  }
+  EXPECT_LE(agreement[1].worst, 1.25f * agreement[0].worst);
+  EXPECT_GE(static_cast<double>(agreement[1].top1_same), 0.9 * static_cast<double>(agreement[0].top1_same));
 }
 
 TEST_P(Gemma4Tiny, TokenizerFromGgufGivesTheGoldenPrompts) {

@@ -106,7 +106,9 @@ int build(const BuildCommandOptions& o) {
   options.precision = quant::parse_precision(o.precision);
   options.group_size = o.group_size;
   options.seed = o.seed;
-  options.int4_embedding = o.embedding == "int4";
+  options.embedding = o.embedding == "int4"   ? image::BuildOptions::Embedding::kInt4
+                      : o.embedding == "q8_0" ? image::BuildOptions::Embedding::kQ8_0
+                                              : image::BuildOptions::Embedding::kSource;
   options.zero_points = !o.symmetric;
   options.scale_bits = o.scale_bits;
   for (const auto& l : o.licenses) options.license_files.emplace_back(l);
@@ -203,8 +205,9 @@ Command add_build_command(CLI::App& app) {
           "PATTERN=TYPE"))
       ->allow_extra_args(false);
   cmd->add_option("--embedding", o->embedding,
-                  "w4a16: the token embedding / tied output head as in the source, or INT4")
-      ->check(CLI::IsMember({"source", "int4"}))
+                  "w4a16: the token embedding / output head (and Gemma 4's per-layer token table and model "
+                  "projection) as in the source, INT4, or Q8_0")
+      ->check(CLI::IsMember({"source", "int4", "q8_0"}))
       ->capture_default_str();
   cmd->add_option("--calib", o->calib,
                   "w4a16: calibration text (plain text, or OpenAssistant .jsonl: the text of its "

@@ -405,8 +405,13 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
                     ", not a multiple of the group size " + std::to_string(group));
       }
     } else if (t.shape.size() == 2) {  // the embedding / output head
-      p = !w4 ? Plan::kHalf : options.int4_embedding ? Plan::kInt4 : Plan::kCopy;
+      using Embedding = BuildOptions::Embedding;
+      p = !w4                                          ? Plan::kHalf
+          : options.embedding == Embedding::kInt4      ? Plan::kInt4
+          : options.embedding == Embedding::kQ8_0      ? Plan::kQ8_0
+                                                       : Plan::kCopy;
       if (p == Plan::kInt4 && t.shape[0] % group != 0) p = Plan::kCopy;
+      if (p == Plan::kQ8_0 && (t.shape[0] % 32 != 0 || t.type == TensorType::kQ8_0)) p = Plan::kCopy;
     } else {
       p = Plan::kF32;
     }
@@ -431,7 +436,9 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
       case Plan::kF32: w.add_tensor(t.name, TensorType::kF32, t.shape); break;
     }
     if (w4 && t.name == "token_embd.weight") {
-      w.add_string(keys::kEmbeddingType, p == Plan::kInt4 ? "INT4" : gguf::tensor_type_name(t.type));
+      w.add_string(keys::kEmbeddingType, p == Plan::kInt4   ? "INT4"
+                                         : p == Plan::kQ8_0 ? "Q8_0"
+                                                            : gguf::tensor_type_name(t.type));
     }
   }
   if (flash) {

@@ -22,8 +22,11 @@ struct BuildOptions {
   quant::Precision precision = quant::Precision::kW4A16;
   size_t group_size = 32;  // w4a16: weights per fp16 scale (32, 64 or 128)
   uint64_t seed = 0;       // recorded; the RTN path is deterministic without it
-  /// w4a16: also store the token embedding / tied output head as INT4 (else the source's type).
-  bool int4_embedding = false;
+  /// w4a16: how the 2-D tensors outside the layers are stored (token embedding / output head,
+  /// Gemma 4's per-layer token table and model projection): as in the source, INT4 (group_size,
+  /// zero_points and scale_bits as the layers), or Q8_0 (rows must be multiples of 32).
+  enum class Embedding { kSource, kInt4, kQ8_0 };
+  Embedding embedding = Embedding::kSource;
   /// w4a16: INT4 tensors are dequantized and quantized this many float32 values (whole rows,
   /// at least one) at a time, so the build holds ~4 bytes x this, not a whole tensor, in RAM.
   size_t int4_block_values = size_t{1} << 24;
