@@ -82,7 +82,8 @@ void progress_bar(size_t done, size_t total, const std::string& name) {
   std::fflush(stderr);
 }
 
-// SIGINT / SIGTERM during a build: remove OUT.partial (unlink is async-signal-safe) and exit
+// SIGINT / SIGTERM / SIGHUP / SIGPIPE (stdout or stderr piped into a reader that quit, e.g.
+// `| head -1`) during a build: remove OUT.partial (unlink is async-signal-safe) and exit
 // with 128 + the signal, so a killed build leaves nothing behind either.
 char g_partial_path[4096];
 
@@ -97,6 +98,8 @@ void remove_partial_on_signal(const std::string& out) {
   std::memcpy(g_partial_path, partial.c_str(), partial.size() + 1);
   std::signal(SIGINT, remove_partial_and_exit);
   std::signal(SIGTERM, remove_partial_and_exit);
+  std::signal(SIGHUP, remove_partial_and_exit);
+  std::signal(SIGPIPE, remove_partial_and_exit);
 }
 
 int build(const BuildCommandOptions& o) {
@@ -163,8 +166,10 @@ int build(const BuildCommandOptions& o) {
       hf ? image::build_image_from_hf(source, o.out, options, pool,
                                       [](const std::string& m) { std::fprintf(stderr, "kestrel build: %s\n", m.c_str()); })
          : image::build_image(source, o.out, options, pool);
+  const std::string precision =
+      o.precision == "w4a16" && o.scale_bits == 8 ? o.precision + " (8-bit group scales)" : o.precision;
   std::printf("built %s: %s, %.1f MiB from %.1f MiB source (sha256 %s), %zu tensors, %.1f s\n",
-              o.out.c_str(), o.precision.c_str(), static_cast<double>(report.image_bytes) / (1 << 20),
+              o.out.c_str(), precision.c_str(), static_cast<double>(report.image_bytes) / (1 << 20),
               static_cast<double>(report.source_bytes) / (1 << 20), report.source_sha256.c_str(),
               report.n_tensors, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   if (o.flashhead) {
@@ -267,8 +272,9 @@ Command add_build_command(CLI::App& app) {
                                  "apply to --flashhead builds only");
     }
     if (o->precision != "w4a16" && (!o->calib.empty() || given("--group-size") || o->symmetric ||
-                                    given("--embedding"))) {
-      throw CLI::ValidationError("--calib, --group-size, --symmetric and --embedding", "apply to --precision w4a16 only");
+                                    given("--embedding") || given("--scale-bits"))) {
+      throw CLI::ValidationError("--calib, --group-size, --symmetric, --scale-bits and --embedding",
+                                 "apply to --precision w4a16 only");
     }
     if (o->calib.empty() && (o->no_awq || o->gptq || given("--awq-grid") || given("--calib-sample") ||
                              given("--calib-tokens"))) {
