@@ -205,6 +205,13 @@ def test_build_usage_and_output_errors(tmp_path):
         assert message in error_of(kestrel("build", "x.gguf", "-o", tmp_path / "o", "--tensor-type", spec), code=2)
     assert "applies to --precision w4a16 only" in error_of(
         kestrel("build", "x.gguf", "-o", tmp_path / "o", "--precision", "bf16", "--tensor-type", "attn_v=q8_0"), code=2)
+    # --scale-bits: 8 or 16; 8 needs affine groups without GPTQ; any value needs a w4a16 build.
+    assert "--scale-bits" in error_of(kestrel("build", "x.gguf", "-o", tmp_path / "o", "--scale-bits", 4), code=2)
+    for flags in (["--symmetric"], ["--calib", "c.txt", "--gptq"]):
+        assert "needs --precision w4a16 with affine groups" in error_of(
+            kestrel("build", "x.gguf", "-o", tmp_path / "o", "--scale-bits", 8, *flags), code=2)
+    assert "--precision w4a16 only" in error_of(
+        kestrel("build", "x.gguf", "-o", tmp_path / "o", "--precision", "fp16", "--scale-bits", 16), code=2)
 
 
 @needs_model
@@ -242,9 +249,12 @@ def test_fp16_baseline_image(tmp_path):
     assert json.loads(r.stdout)["tokens"] == item["greedy"][:16]
 
 
-def test_killed_build_leaves_nothing_behind(tmp_path):
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGPIPE"])
+def test_killed_build_leaves_nothing_behind(tmp_path, sig):
+    # SIGPIPE: what a build whose output is piped into `head -1` gets when head exits.
     import signal
     import time
+    number = getattr(signal, sig)
     out = tmp_path / "killed.kimg"
     partial = tmp_path / "killed.kimg.partial"
     proc = subprocess.Popen([str(KESTREL), "build", "default", "-o", str(out), "--flashhead", "-t", "1"],
@@ -254,8 +264,8 @@ def test_killed_build_leaves_nothing_behind(tmp_path):
         while not partial.exists() and time.time() < deadline and proc.poll() is None:
             time.sleep(0.1)
         assert partial.exists(), "the build never started writing"
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+        proc.send_signal(number)
+        assert proc.wait(timeout=30) == 128 + number
     finally:
         if proc.poll() is None:
             proc.kill()
