@@ -7,6 +7,7 @@
 
 #include "kestrel/formats/dequant.h"
 #include "kestrel/kernels/matmul.h"
+#include "kestrel/model/attention.h"
 #include "kestrel/quant/w4.h"
 
 namespace {
@@ -89,6 +90,38 @@ BENCHMARK(Q8_0)->Name("Decode/Q8_0")->Args({2048, 1})->Args({65536, 1})->UseReal
 BENCHMARK(F32)->Name("Prefill/F32")->Args({2048, 256})->UseRealTime();
 BENCHMARK(W4)->Name("Prefill/W4")->Args({2048, 256})->UseRealTime();
 BENCHMARK(BF16)->Name("Prefill/BF16")->Args({2048, 256})->UseRealTime();
+
+// Decode attention of one token at position state.range(0) over a global layer of Gemma 4 E4B's
+// shape (8 query heads, 2 KV heads, head_dim 512, fp16 cache), rotating over 8 layers' caches
+// (8 x 12.6 MB at 3,072 positions, more than the L3) as a decode step's layers do.
+void DecodeAttention(benchmark::State& state) {
+  const size_t pos = static_cast<size_t>(state.range(0));
+  const kestrel::model::AttentionShape shape{8, 2, 512, 0};
+  constexpr size_t kLayers = 8;
+  std::vector<kestrel::model::LayerCache> caches(kLayers);
+  const auto values = gaussian(4096);
+  for (auto& c : caches) {
+    c.capacity = pos + 1;
+    c.stride = shape.n_kv_heads * shape.head_dim;
+    c.k.resize(c.capacity * c.stride);
+    c.v.resize(c.capacity * c.stride);
+    for (size_t i = 0; i < c.k.size(); ++i) {
+      c.k[i] = kestrel::gguf::fp32_to_fp16(0.05f * values[i % values.size()]);
+      c.v[i] = kestrel::gguf::fp32_to_fp16(values[(i * 7) % values.size()]);
+    }
+  }
+  const auto q = gaussian(shape.n_heads * shape.head_dim);
+  std::vector<float> out(q.size());
+  size_t layer = 0;
+  for (auto _ : state) {
+    kestrel::model::cached_attention(shape, q.data(), 1, pos, caches[layer], out.data(), pool());
+    layer = (layer + 1) % kLayers;
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.counters["KV GB/s"] = benchmark::Counter(
+      static_cast<double>(2 * (pos + 1) * caches[0].stride * sizeof(uint16_t)), benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(DecodeAttention)->Name("Decode/Attention/E4B-global")->Arg(3072)->UseRealTime();
 
 // Memory bandwidth: all threads summing disjoint parts of a 1 GiB buffer (read-only, like a
 // decode step streaming weights). The ceiling for decode is this over the bytes read per token.

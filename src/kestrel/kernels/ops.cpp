@@ -81,6 +81,20 @@ float ExpShifted(float* scores, size_t n, float* max_out) {
   return sum;
 }
 
+// Rows of K or V ahead of the one being read whose bytes are prefetched. One head's row is a
+// short run (head_dim halves) inside a longer slot (all KV heads), so the hardware prefetchers,
+// which stop at 4 KiB pages, lose the stream at every page: decode attention over 3,072
+// positions of a global E4B layer read its cache at 6.5-8 GB/s without this
+// (build/bench/kestrel_kernels_bench --benchmark_filter=Attention).
+constexpr size_t kPrefetchRows = 8;
+
+// Prefetches the head_dim halves of cache row `row` (its slot) into L1.
+inline void PrefetchRow(const hwy::float16_t* base, size_t row, size_t capacity, size_t stride,
+                        size_t head_dim) {
+  const auto* p = reinterpret_cast<const char*>(base + (row % capacity) * stride);
+  for (size_t b = 0; b < head_dim * sizeof(uint16_t); b += 64) __builtin_prefetch(p + b);
+}
+
 // The `group` query heads that share one KV head (GQA): each cached K and V row is loaded and
 // converted from fp16 once for all of them. Writes the unnormalized partial result of the
 // range: out = sum_j exp(s_j - max) v_j, with max and sum = sum_j exp(s_j - max) per head.
@@ -110,6 +124,7 @@ void AttendGroup(const float* q, size_t group, const uint16_t* k, const uint16_t
   }
   for (size_t j = 0; j < n; ++j) {
     const hwy::float16_t* krow = kh + ((pos_begin + j) % capacity) * stride;
+    if (j + kPrefetchRows < n) PrefetchRow(kh, pos_begin + j + kPrefetchRows, capacity, stride, head_dim);
     decltype(hn::Zero(d)) acc[kMaxGroup];
     for (size_t h = 0; h < group; ++h) acc[h] = hn::Zero(d);
     for (size_t i = 0; i < head_dim; i += N) {
@@ -122,12 +137,63 @@ void AttendGroup(const float* q, size_t group, const uint16_t* k, const uint16_t
   for (size_t i = 0; i < group * head_dim; ++i) out[i] = 0.0f;
   for (size_t j = 0; j < n; ++j) {
     const hwy::float16_t* vrow = vh + ((pos_begin + j) % capacity) * stride;
+    if (j + kPrefetchRows < n) PrefetchRow(vh, pos_begin + j + kPrefetchRows, capacity, stride, head_dim);
     for (size_t i = 0; i < head_dim; i += N) {
       const auto vv = hn::PromoteTo(d, hn::LoadU(dh, vrow + i));
       for (size_t h = 0; h < group; ++h) {
         float* o = out + h * head_dim + i;
         hn::StoreU(hn::MulAdd(hn::Set(d, scores[h * n + j]), vv, hn::LoadU(d, o)), d, o);
       }
+    }
+  }
+}
+
+// AttendBlock's two passes for a number of queries known at compile time, so that the
+// per-query accumulators stay in registers (with a run-time count the compiler keeps them on
+// the stack: a load and a store per multiply-add). Same operations in the same order as the
+// general code below, so the results are bit-identical. Scores: each K row once for all NQ
+// queries. Values: blocks of kValueRows rows; per 16-lane chunk of head_dim the NQ outputs are
+// loaded once, take the block's rows in order, and are stored once.
+constexpr size_t kValueRows = 16;
+
+template <size_t NQ>
+void BlockScores(const float* const* qs, const hwy::float16_t* kh, size_t lo, size_t n, size_t stride,
+                 size_t capacity, size_t head_dim, float* scores) {
+  const hn::ScalableTag<float> d;
+  const hn::Rebind<hwy::float16_t, decltype(d)> dh;
+  const size_t N = hn::Lanes(d);
+  for (size_t j = 0; j < n; ++j) {
+    const hwy::float16_t* krow = kh + ((lo + j) % capacity) * stride;
+    if (j + kPrefetchRows < n) PrefetchRow(kh, lo + j + kPrefetchRows, capacity, stride, head_dim);
+    decltype(hn::Zero(d)) acc[NQ];
+    for (size_t i = 0; i < NQ; ++i) acc[i] = hn::Zero(d);
+    for (size_t c = 0; c < head_dim; c += N) {
+      const auto kv = hn::PromoteTo(d, hn::LoadU(dh, krow + c));
+      for (size_t i = 0; i < NQ; ++i) acc[i] = hn::MulAdd(hn::LoadU(d, qs[i] + c), kv, acc[i]);
+    }
+    for (size_t i = 0; i < NQ; ++i) scores[i * n + j] = hn::GetLane(hn::SumOfLanes(d, acc[i]));
+  }
+}
+
+template <size_t NQ>
+void BlockValues(const float* scores, const hwy::float16_t* vh, size_t lo, size_t n, size_t stride,
+                 size_t capacity, size_t head_dim, float* const* outs) {
+  const hn::ScalableTag<float> d;
+  const hn::Rebind<hwy::float16_t, decltype(d)> dh;
+  const size_t N = hn::Lanes(d);
+  for (size_t jb = 0; jb < n; jb += kValueRows) {
+    const size_t je = std::min(n, jb + kValueRows);
+    for (size_t j = je; j < std::min(n, je + kValueRows); ++j) PrefetchRow(vh, lo + j, capacity, stride, head_dim);
+    const hwy::float16_t* rows[kValueRows];  // the slot arithmetic (a division) once per row
+    for (size_t j = jb; j < je; ++j) rows[j - jb] = vh + ((lo + j) % capacity) * stride;
+    for (size_t c = 0; c < head_dim; c += N) {
+      decltype(hn::Zero(d)) acc[NQ];
+      for (size_t i = 0; i < NQ; ++i) acc[i] = hn::LoadU(d, outs[i] + c);
+      for (size_t j = jb; j < je; ++j) {
+        const auto vv = hn::PromoteTo(d, hn::LoadU(dh, rows[j - jb] + c));
+        for (size_t i = 0; i < NQ; ++i) acc[i] = hn::MulAdd(hn::Set(d, scores[i * n + j]), vv, acc[i]);
+      }
+      for (size_t i = 0; i < NQ; ++i) hn::StoreU(acc[i], d, outs[i] + c);
     }
   }
 }
@@ -150,8 +216,19 @@ void AttendBlock(const float* const* qs, size_t n_q, const size_t* begins, const
     hi = std::max(hi, ends[i]);
   }
   const size_t n = hi - lo;
-  for (size_t j = 0; j < n; ++j) {
+  // Decode (one token: n_q = the query heads of a KV head) and whole prefill tiles.
+  const bool fixed = n_q == 1 || n_q == 2 || n_q == 4 || n_q == 8 || n_q == 16;
+  switch (n_q) {
+    case 1: BlockScores<1>(qs, kh, lo, n, stride, capacity, head_dim, scores); break;
+    case 2: BlockScores<2>(qs, kh, lo, n, stride, capacity, head_dim, scores); break;
+    case 4: BlockScores<4>(qs, kh, lo, n, stride, capacity, head_dim, scores); break;
+    case 8: BlockScores<8>(qs, kh, lo, n, stride, capacity, head_dim, scores); break;
+    case 16: BlockScores<16>(qs, kh, lo, n, stride, capacity, head_dim, scores); break;
+    default: break;
+  }
+  for (size_t j = 0; j < n && !fixed; ++j) {
     const hwy::float16_t* krow = kh + ((lo + j) % capacity) * stride;
+    if (j + kPrefetchRows < n) PrefetchRow(kh, lo + j + kPrefetchRows, capacity, stride, head_dim);
     decltype(hn::Zero(d)) acc[kMaxQ];
     for (size_t i = 0; i < n_q; ++i) acc[i] = hn::Zero(d);
     for (size_t c = 0; c < head_dim; c += N) {
@@ -170,8 +247,17 @@ void AttendBlock(const float* const* qs, size_t n_q, const size_t* begins, const
     for (size_t j = e; j < n; ++j) s[j] = 0.0f;
     for (size_t c = 0; c < head_dim; ++c) outs[i][c] = 0.0f;
   }
-  for (size_t j = 0; j < n; ++j) {
+  switch (n_q) {
+    case 1: BlockValues<1>(scores, vh, lo, n, stride, capacity, head_dim, outs); break;
+    case 2: BlockValues<2>(scores, vh, lo, n, stride, capacity, head_dim, outs); break;
+    case 4: BlockValues<4>(scores, vh, lo, n, stride, capacity, head_dim, outs); break;
+    case 8: BlockValues<8>(scores, vh, lo, n, stride, capacity, head_dim, outs); break;
+    case 16: BlockValues<16>(scores, vh, lo, n, stride, capacity, head_dim, outs); break;
+    default: break;
+  }
+  for (size_t j = 0; j < n && !fixed; ++j) {
     const hwy::float16_t* vrow = vh + ((lo + j) % capacity) * stride;
+    if (j + kPrefetchRows < n) PrefetchRow(vh, lo + j + kPrefetchRows, capacity, stride, head_dim);
     for (size_t c = 0; c < head_dim; c += N) {
       const auto vv = hn::PromoteTo(d, hn::LoadU(dh, vrow + c));
       for (size_t i = 0; i < n_q; ++i) {
