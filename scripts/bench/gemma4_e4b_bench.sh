@@ -4,7 +4,8 @@
 #   2. kestrel build -> the W4A16 + FlashHead image (size, build time, peak RSS); with
 #      EMB_INT4=1 also the same with --embedding int4 (token embedding and per-layer table INT4);
 #      with SCALE8=1 also the same with --scale-bits 8 (8-bit group scales and minimums), and
-#      with --scale-bits 8 --embedding q8_0 (embedding, per-layer table and projection Q8_0);
+#      with --scale-bits 8 --embedding q8_0 (embedding, per-layer table and projection Q8_0),
+#      and with --scale-bits 8 --embedding int4 (the same INT4);
 #   3. llama.cpp (llama-cpp-python) quantizes the same GGUF to Q4_K_M;
 #   4. each row decodes N_OUT tokens after the same 3,072 random token ids, 2 threads, greedy,
 #      EOS ignored, one process per row, one after the other; peak RSS of each process (GNU time)
@@ -34,7 +35,7 @@ echo "load at start: $(uptime)"
 need_source=0
 [[ -f $W/e4b-fh.kimg && -f $W/e4b-q4_k_m.gguf ]] || need_source=1
 [[ $EMB_INT4 == 1 && ! -f $W/e4b-fh-emb4.kimg ]] && need_source=1
-[[ $SCALE8 == 1 && ! ( -f $W/e4b-fh-s8.kimg && -f $W/e4b-fh-s8q8.kimg ) ]] && need_source=1
+[[ $SCALE8 == 1 && ! ( -f $W/e4b-fh-s8.kimg && -f $W/e4b-fh-s8q8.kimg && -f $W/e4b-fh-s8i4.kimg ) ]] && need_source=1
 if [[ $need_source == 1 ]]; then
   [[ -f $W/e4b-bf16.gguf ]] || python3 scripts/bench/make_e4b_shaped_gguf.py "$W/e4b-bf16.gguf"
   echo "source: $(stat -c %s "$W/e4b-bf16.gguf") bytes"
@@ -42,13 +43,14 @@ fi
 
 IMAGES=(fh)
 if [[ $EMB_INT4 == 1 ]]; then IMAGES+=(fh-emb4); fi
-if [[ $SCALE8 == 1 ]]; then IMAGES+=(fh-s8 fh-s8q8); fi
+if [[ $SCALE8 == 1 ]]; then IMAGES+=(fh-s8 fh-s8q8 fh-s8i4); fi
 for img in "${IMAGES[@]}"; do
   if [[ ! -f $W/e4b-$img.kimg ]]; then
     extra=()
     if [[ $img == fh-emb4 ]]; then extra=(--embedding int4); fi
     if [[ $img == fh-s8 ]]; then extra=(--scale-bits 8); fi
     if [[ $img == fh-s8q8 ]]; then extra=(--scale-bits 8 --embedding q8_0); fi
+    if [[ $img == fh-s8i4 ]]; then extra=(--scale-bits 8 --embedding int4); fi
     echo "load before building $img: $(uptime)"
     timed "build-$img" build/kestrel build "$W/e4b-bf16.gguf" -o "$W/e4b-$img.kimg" --flashhead "${extra[@]}" -t 2
   fi
@@ -89,6 +91,7 @@ if [[ $EMB_INT4 == 1 ]]; then kestrel_row w4a16-flashhead-emb4 e4b-fh-emb4.kimg 
 if [[ $SCALE8 == 1 ]]; then
   kestrel_row w4a16-flashhead-s8 e4b-fh-s8.kimg --head flash
   kestrel_row w4a16-flashhead-s8q8 e4b-fh-s8q8.kimg --head flash
+  kestrel_row w4a16-flashhead-s8i4 e4b-fh-s8i4.kimg --head flash
 fi
 
 echo "load before llama.cpp: $(uptime)"
