@@ -148,52 +148,54 @@ void AttendGroup(const float* q, size_t group, const uint16_t* k, const uint16_t
   }
 }
 
-// AttendBlock's two passes for a number of queries known at compile time, so that the
-// per-query accumulators stay in registers (with a run-time count the compiler keeps them on
-// the stack: a load and a store per multiply-add). Same operations in the same order as the
-// general code below, so the results are bit-identical. Scores: each K row once for all NQ
+// AttendBlock's two passes, for a number of queries known at compile time where it can be, so
+// that the per-query accumulators stay in registers (with a run-time count the compiler keeps
+// them on the stack: a load and a store per multiply-add). Scores: each K row once for all NQ
 // queries. Values: blocks of kValueRows rows; per 16-lane chunk of head_dim the NQ outputs are
 // loaded once, take the block's rows in order, and are stored once.
 constexpr size_t kValueRows = 16;
 
+// NQ = 0: the count is n_q (at most kMaxBlockQueries), known only at run time.
 template <size_t NQ>
-void BlockScores(const float* const* qs, const hwy::float16_t* kh, size_t lo, size_t n, size_t stride,
-                 size_t capacity, size_t head_dim, float* scores) {
+void BlockScores(const float* const* qs, size_t n_q, const hwy::float16_t* kh, size_t lo, size_t n,
+                 size_t stride, size_t capacity, size_t head_dim, float* scores) {
   const hn::ScalableTag<float> d;
   const hn::Rebind<hwy::float16_t, decltype(d)> dh;
   const size_t N = hn::Lanes(d);
+  const size_t count = NQ != 0 ? NQ : n_q;
   for (size_t j = 0; j < n; ++j) {
     const hwy::float16_t* krow = kh + ((lo + j) % capacity) * stride;
     if (j + kPrefetchRows < n) PrefetchRow(kh, lo + j + kPrefetchRows, capacity, stride, head_dim);
-    decltype(hn::Zero(d)) acc[NQ];
-    for (size_t i = 0; i < NQ; ++i) acc[i] = hn::Zero(d);
+    decltype(hn::Zero(d)) acc[NQ != 0 ? NQ : kMaxBlockQueries];
+    for (size_t i = 0; i < count; ++i) acc[i] = hn::Zero(d);
     for (size_t c = 0; c < head_dim; c += N) {
       const auto kv = hn::PromoteTo(d, hn::LoadU(dh, krow + c));
-      for (size_t i = 0; i < NQ; ++i) acc[i] = hn::MulAdd(hn::LoadU(d, qs[i] + c), kv, acc[i]);
+      for (size_t i = 0; i < count; ++i) acc[i] = hn::MulAdd(hn::LoadU(d, qs[i] + c), kv, acc[i]);
     }
-    for (size_t i = 0; i < NQ; ++i) scores[i * n + j] = hn::GetLane(hn::SumOfLanes(d, acc[i]));
+    for (size_t i = 0; i < count; ++i) scores[i * n + j] = hn::GetLane(hn::SumOfLanes(d, acc[i]));
   }
 }
 
 template <size_t NQ>
-void BlockValues(const float* scores, const hwy::float16_t* vh, size_t lo, size_t n, size_t stride,
-                 size_t capacity, size_t head_dim, float* const* outs) {
+void BlockValues(const float* scores, size_t n_q, const hwy::float16_t* vh, size_t lo, size_t n,
+                 size_t stride, size_t capacity, size_t head_dim, float* const* outs) {
   const hn::ScalableTag<float> d;
   const hn::Rebind<hwy::float16_t, decltype(d)> dh;
   const size_t N = hn::Lanes(d);
+  const size_t count = NQ != 0 ? NQ : n_q;
   for (size_t jb = 0; jb < n; jb += kValueRows) {
     const size_t je = std::min(n, jb + kValueRows);
     for (size_t j = je; j < std::min(n, je + kValueRows); ++j) PrefetchRow(vh, lo + j, capacity, stride, head_dim);
     const hwy::float16_t* rows[kValueRows];  // the slot arithmetic (a division) once per row
     for (size_t j = jb; j < je; ++j) rows[j - jb] = vh + ((lo + j) % capacity) * stride;
     for (size_t c = 0; c < head_dim; c += N) {
-      decltype(hn::Zero(d)) acc[NQ];
-      for (size_t i = 0; i < NQ; ++i) acc[i] = hn::LoadU(d, outs[i] + c);
+      decltype(hn::Zero(d)) acc[NQ != 0 ? NQ : kMaxBlockQueries];
+      for (size_t i = 0; i < count; ++i) acc[i] = hn::LoadU(d, outs[i] + c);
       for (size_t j = jb; j < je; ++j) {
         const auto vv = hn::PromoteTo(d, hn::LoadU(dh, rows[j - jb] + c));
-        for (size_t i = 0; i < NQ; ++i) acc[i] = hn::MulAdd(hn::Set(d, scores[i * n + j]), vv, acc[i]);
+        for (size_t i = 0; i < count; ++i) acc[i] = hn::MulAdd(hn::Set(d, scores[i * n + j]), vv, acc[i]);
       }
-      for (size_t i = 0; i < NQ; ++i) hn::StoreU(acc[i], d, outs[i] + c);
+      for (size_t i = 0; i < count; ++i) hn::StoreU(acc[i], d, outs[i] + c);
     }
   }
 }
@@ -205,39 +207,26 @@ void AttendBlock(const float* const* qs, size_t n_q, const size_t* begins, const
                  const uint16_t* k, const uint16_t* v, size_t stride, size_t capacity,
                  size_t head_dim, float* scores, float* const* outs) {
   const hn::ScalableTag<float> d;
-  const hn::Rebind<hwy::float16_t, decltype(d)> dh;
   const size_t N = hn::Lanes(d);
   const auto* kh = reinterpret_cast<const hwy::float16_t*>(k);
   const auto* vh = reinterpret_cast<const hwy::float16_t*>(v);
-  constexpr size_t kMaxQ = 16;
   size_t lo = begins[0], hi = ends[0];
   for (size_t i = 1; i < n_q; ++i) {
     lo = std::min(lo, begins[i]);
     hi = std::max(hi, ends[i]);
   }
   const size_t n = hi - lo;
-  // Decode (one token: n_q = the query heads of a KV head) and whole prefill tiles.
-  const bool fixed = n_q == 1 || n_q == 2 || n_q == 4 || n_q == 8 || n_q == 16;
+  // Decode (one token: n_q = the query heads of a KV head) and whole prefill tiles get a
+  // kernel for their count.
   switch (n_q) {
-    case 1: BlockScores<1>(qs, kh, lo, n, stride, capacity, head_dim, scores); break;
-    case 2: BlockScores<2>(qs, kh, lo, n, stride, capacity, head_dim, scores); break;
-    case 4: BlockScores<4>(qs, kh, lo, n, stride, capacity, head_dim, scores); break;
-    case 8: BlockScores<8>(qs, kh, lo, n, stride, capacity, head_dim, scores); break;
-    case 16: BlockScores<16>(qs, kh, lo, n, stride, capacity, head_dim, scores); break;
-    default: break;
+    case 1: BlockScores<1>(qs, n_q, kh, lo, n, stride, capacity, head_dim, scores); break;
+    case 2: BlockScores<2>(qs, n_q, kh, lo, n, stride, capacity, head_dim, scores); break;
+    case 4: BlockScores<4>(qs, n_q, kh, lo, n, stride, capacity, head_dim, scores); break;
+    case 8: BlockScores<8>(qs, n_q, kh, lo, n, stride, capacity, head_dim, scores); break;
+    case 16: BlockScores<16>(qs, n_q, kh, lo, n, stride, capacity, head_dim, scores); break;
+    default: BlockScores<0>(qs, n_q, kh, lo, n, stride, capacity, head_dim, scores); break;
   }
-  for (size_t j = 0; j < n && !fixed; ++j) {
-    const hwy::float16_t* krow = kh + ((lo + j) % capacity) * stride;
-    if (j + kPrefetchRows < n) PrefetchRow(kh, lo + j + kPrefetchRows, capacity, stride, head_dim);
-    decltype(hn::Zero(d)) acc[kMaxQ];
-    for (size_t i = 0; i < n_q; ++i) acc[i] = hn::Zero(d);
-    for (size_t c = 0; c < head_dim; c += N) {
-      const auto kv = hn::PromoteTo(d, hn::LoadU(dh, krow + c));
-      for (size_t i = 0; i < n_q; ++i) acc[i] = hn::MulAdd(hn::LoadU(d, qs[i] + c), kv, acc[i]);
-    }
-    for (size_t i = 0; i < n_q; ++i) scores[i * n + j] = hn::GetLane(hn::SumOfLanes(d, acc[i]));
-  }
-  float inv_sum[kMaxQ];
+  float inv_sum[kMaxBlockQueries];
   for (size_t i = 0; i < n_q; ++i) {
     float* s = scores + i * n;
     float mx;
@@ -248,24 +237,12 @@ void AttendBlock(const float* const* qs, size_t n_q, const size_t* begins, const
     for (size_t c = 0; c < head_dim; ++c) outs[i][c] = 0.0f;
   }
   switch (n_q) {
-    case 1: BlockValues<1>(scores, vh, lo, n, stride, capacity, head_dim, outs); break;
-    case 2: BlockValues<2>(scores, vh, lo, n, stride, capacity, head_dim, outs); break;
-    case 4: BlockValues<4>(scores, vh, lo, n, stride, capacity, head_dim, outs); break;
-    case 8: BlockValues<8>(scores, vh, lo, n, stride, capacity, head_dim, outs); break;
-    case 16: BlockValues<16>(scores, vh, lo, n, stride, capacity, head_dim, outs); break;
-    default: break;
-  }
-  for (size_t j = 0; j < n && !fixed; ++j) {
-    const hwy::float16_t* vrow = vh + ((lo + j) % capacity) * stride;
-    if (j + kPrefetchRows < n) PrefetchRow(vh, lo + j + kPrefetchRows, capacity, stride, head_dim);
-    for (size_t c = 0; c < head_dim; c += N) {
-      const auto vv = hn::PromoteTo(d, hn::LoadU(dh, vrow + c));
-      for (size_t i = 0; i < n_q; ++i) {
-        const float w = scores[i * n + j];
-        if (w == 0.0f) continue;
-        hn::StoreU(hn::MulAdd(hn::Set(d, w), vv, hn::LoadU(d, outs[i] + c)), d, outs[i] + c);
-      }
-    }
+    case 1: BlockValues<1>(scores, n_q, vh, lo, n, stride, capacity, head_dim, outs); break;
+    case 2: BlockValues<2>(scores, n_q, vh, lo, n, stride, capacity, head_dim, outs); break;
+    case 4: BlockValues<4>(scores, n_q, vh, lo, n, stride, capacity, head_dim, outs); break;
+    case 8: BlockValues<8>(scores, n_q, vh, lo, n, stride, capacity, head_dim, outs); break;
+    case 16: BlockValues<16>(scores, n_q, vh, lo, n, stride, capacity, head_dim, outs); break;
+    default: BlockValues<0>(scores, n_q, vh, lo, n, stride, capacity, head_dim, outs); break;
   }
   for (size_t i = 0; i < n_q; ++i) {
     for (size_t c = 0; c < head_dim; c += N) {
