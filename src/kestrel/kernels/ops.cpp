@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "kestrel/base/error.h"
 #include "kestrel/formats/dequant.h"
@@ -200,6 +201,20 @@ void BlockValues(const float* scores, size_t n_q, const hwy::float16_t* vh, size
   }
 }
 
+// f(std::integral_constant<size_t, n_q>{}) for the query counts with kernels of their own
+// (decode: the query heads of one KV head; whole prefill tiles), else with 0 (a run-time count).
+template <class F>
+void WithQueryCount(size_t n_q, F&& f) {
+  switch (n_q) {
+    case 1: f(std::integral_constant<size_t, 1>{}); break;
+    case 2: f(std::integral_constant<size_t, 2>{}); break;
+    case 4: f(std::integral_constant<size_t, 4>{}); break;
+    case 8: f(std::integral_constant<size_t, 8>{}); break;
+    case 16: f(std::integral_constant<size_t, 16>{}); break;
+    default: f(std::integral_constant<size_t, 0>{}); break;
+  }
+}
+
 // Prefill tile: n_q query vectors (consecutive tokens x the heads of one KV head), query i
 // seeing positions [begins[i], ends[i]). Each K and V row of the union of the ranges is
 // converted once and used by every query that sees it.
@@ -216,16 +231,9 @@ void AttendBlock(const float* const* qs, size_t n_q, const size_t* begins, const
     hi = std::max(hi, ends[i]);
   }
   const size_t n = hi - lo;
-  // Decode (one token: n_q = the query heads of a KV head) and whole prefill tiles get a
-  // kernel for their count.
-  switch (n_q) {
-    case 1: BlockScores<1>(qs, n_q, kh, lo, n, stride, capacity, head_dim, scores); break;
-    case 2: BlockScores<2>(qs, n_q, kh, lo, n, stride, capacity, head_dim, scores); break;
-    case 4: BlockScores<4>(qs, n_q, kh, lo, n, stride, capacity, head_dim, scores); break;
-    case 8: BlockScores<8>(qs, n_q, kh, lo, n, stride, capacity, head_dim, scores); break;
-    case 16: BlockScores<16>(qs, n_q, kh, lo, n, stride, capacity, head_dim, scores); break;
-    default: BlockScores<0>(qs, n_q, kh, lo, n, stride, capacity, head_dim, scores); break;
-  }
+  WithQueryCount(n_q, [&](auto nq) {
+    BlockScores<decltype(nq)::value>(qs, n_q, kh, lo, n, stride, capacity, head_dim, scores);
+  });
   float inv_sum[kMaxBlockQueries];
   for (size_t i = 0; i < n_q; ++i) {
     float* s = scores + i * n;
@@ -236,14 +244,9 @@ void AttendBlock(const float* const* qs, size_t n_q, const size_t* begins, const
     for (size_t j = e; j < n; ++j) s[j] = 0.0f;
     for (size_t c = 0; c < head_dim; ++c) outs[i][c] = 0.0f;
   }
-  switch (n_q) {
-    case 1: BlockValues<1>(scores, n_q, vh, lo, n, stride, capacity, head_dim, outs); break;
-    case 2: BlockValues<2>(scores, n_q, vh, lo, n, stride, capacity, head_dim, outs); break;
-    case 4: BlockValues<4>(scores, n_q, vh, lo, n, stride, capacity, head_dim, outs); break;
-    case 8: BlockValues<8>(scores, n_q, vh, lo, n, stride, capacity, head_dim, outs); break;
-    case 16: BlockValues<16>(scores, n_q, vh, lo, n, stride, capacity, head_dim, outs); break;
-    default: BlockValues<0>(scores, n_q, vh, lo, n, stride, capacity, head_dim, outs); break;
-  }
+  WithQueryCount(n_q, [&](auto nq) {
+    BlockValues<decltype(nq)::value>(scores, n_q, vh, lo, n, stride, capacity, head_dim, outs);
+  });
   for (size_t i = 0; i < n_q; ++i) {
     for (size_t c = 0; c < head_dim; c += N) {
       hn::StoreU(hn::Mul(hn::LoadU(d, outs[i] + c), hn::Set(d, inv_sum[i])), d, outs[i] + c);
