@@ -271,3 +271,13 @@ def test_killed_build_leaves_nothing_behind(tmp_path, sig):
             proc.kill()
     assert not partial.exists()
     assert not out.exists()
+
+
+@needs_model
+def test_perplexity_kl_base_takes_default():
+    # `default` names the default model for --kl-base as for -m: the model against itself.
+    r = kestrel("perplexity", "-m", "default", "--kl-base", "default", "-f", ROOT / "README.md",
+                "-c", 256, "--chunks", 1, "--json", "-t", 2)
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    assert j["kl_mean"] == 0.0 and j["same_top1_pct"] == 100.0 and j["base_ppl"] == j["ppl"]

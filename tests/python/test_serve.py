@@ -85,6 +85,18 @@ def test_health_is_503_while_loading():
         s.stop()
 
 
+def test_second_server_on_a_busy_port_is_refused(server):
+    # llama-server's behaviour: a port another server listens on is an error (exit 1), not a
+    # second listener sharing the connections (what SO_REUSEPORT would allow).
+    import subprocess
+    r = subprocess.run([str(KESTREL), "serve", "--port", str(server.port), "-t", "1"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1, r.stderr
+    assert f"cannot listen on 127.0.0.1:{server.port}" in r.stderr
+    status, _ = server.request("GET", "/health")
+    assert status == 200
+
+
 def test_completion_token_ids_greedy_matches_llamacpp(server, client, model_id):
     item, greedy = greedy_item(0)
     r = client.completions.create(model=model_id, prompt=item["tokens"], max_tokens=24, temperature=0,

@@ -11,6 +11,7 @@
 #include "commands.h"
 #include "common.h"
 #include "kestrel/base/error.h"
+#include "kestrel/runtime/model_path.h"
 #include "kestrel/runtime/perplexity.h"
 
 namespace kestrel::tools {
@@ -54,7 +55,7 @@ int run_perplexity(const PerplexityCliOptions& o) {
     runtime::EngineOptions base_options;
     base_options.n_threads = o.threads;
     base_options.n_ctx = 1;
-    base.emplace(std::filesystem::path(o.base), base_options);
+    base.emplace(runtime::model_path_argument(o.base), base_options);
   }
   const std::vector<runtime::TokenId> tokens = engine.encode(text, /*special=*/false);
 
@@ -114,7 +115,8 @@ Command add_perplexity_command(CLI::App& app) {
   cmd->add_option("-m,--model", opts->model, "GGUF model file (default: $KESTREL_MODEL or Gemma 3 270M)");
   cmd->add_option("-f,--file", opts->file, "Text file to evaluate")->required();
   cmd->add_option("--kl-base", opts->base,
-                  "Base GGUF model: also report KL(base || model), same top-1 and the base perplexity");
+                  "Base model file or image ('default': the default model): also report KL(base || model), "
+                  "same top-1 and the base perplexity");
   cmd->add_option("-c,--ctx", opts->ctx, "Tokens per chunk (at least 4); the second half of each is scored")
       ->check(CLI::Range(size_t{4}, size_t{1} << 24))
       ->capture_default_str();

@@ -1,6 +1,7 @@
 #include "kestrel/server/server.h"
 
 #include <pthread.h>
+#include <sys/socket.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -28,6 +29,12 @@ int serve(const ServerOptions& options, const EngineLoader& load) {
   App app(options);
   app.install_routes();
   httplib::Server& http = app.http();
+  // SO_REUSEADDR only: httplib's default also sets SO_REUSEPORT, with which a second server on
+  // a busy port binds too and the kernel splits the connections between the two.
+  http.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
   int port = options.port;
   if (port == 0) {
     port = http.bind_to_any_port(options.host);
