@@ -26,6 +26,15 @@ inline void spin_pause() {
 // Busy-wait steps before a waiter falls back to sched_yield (a few hundred microseconds).
 constexpr int kPauseSpins = 1 << 14;
 
+// Step `spin` (0, 1, ...) of a wait: the pause hint first, then sched_yield.
+inline void wait_step(int spin) {
+  if (spin < kPauseSpins) {
+    spin_pause();
+  } else {
+    std::this_thread::yield();
+  }
+}
+
 }  // namespace
 
 ThreadPool::ThreadPool(int n_threads) {
@@ -74,13 +83,7 @@ void ThreadPool::parallel_for(size_t n, size_t grain,
   }
   wake_.notify_all();
   run_chunk(0);
-  for (int spin = 0; pending_.load(std::memory_order_acquire) != 0; ++spin) {
-    if (spin < kPauseSpins) {
-      spin_pause();
-    } else {
-      std::this_thread::yield();
-    }
-  }
+  for (int spin = 0; pending_.load(std::memory_order_acquire) != 0; ++spin) wait_step(spin);
 }
 
 void ThreadPool::worker_loop(int index) {
@@ -89,11 +92,7 @@ void ThreadPool::worker_loop(int index) {
     // Spin a little first: decode issues parallel loops back to back.
     uint64_t gen = generation_.load(std::memory_order_acquire);
     for (int spin = 0; gen == seen && spin < kPauseSpins + 20000; ++spin) {
-      if (spin < kPauseSpins) {
-        spin_pause();
-      } else {
-        std::this_thread::yield();
-      }
+      wait_step(spin);
       gen = generation_.load(std::memory_order_acquire);
     }
     if (gen == seen) {

@@ -592,7 +592,9 @@ void matrix_row(const Matrix& w, size_t r, float* out) {
     case WeightType::kW4: {
       const uint8_t* q = w.row(r);
       const size_t n_groups = w.cols / w.group_size, half = w.group_size / 2;
-      std::vector<float> ds(n_groups), ms(n_groups);
+      thread_local std::vector<float> ds, ms;  // one row per token here: no allocation each time
+      ds.resize(n_groups);
+      ms.resize(n_groups);
       w4_group_params(w, r, ds.data(), ms.data());
       for (size_t g = 0; g < n_groups; ++g) {
         const float d = ds[g], m = ms[g];

@@ -93,10 +93,10 @@ kernels::Matrix WeightStore::image_matrix(const std::string& name, size_t rows, 
     } else {
       const auto& s = image_tensor(name + image::kScalesSuffix, gguf::TensorType::kF16, {cols / g, rows});
       m.scales = reinterpret_cast<const uint16_t*>(file_->tensor_data(s).data());
-    }
-    if (image_->zero_points && image_->scale_bits == 16) {
-      const auto& z = image_tensor(name + image::kMinsSuffix, gguf::TensorType::kF16, {cols / g, rows});
-      m.mins = reinterpret_cast<const uint16_t*>(file_->tensor_data(z).data());
+      if (image_->zero_points) {
+        const auto& z = image_tensor(name + image::kMinsSuffix, gguf::TensorType::kF16, {cols / g, rows});
+        m.mins = reinterpret_cast<const uint16_t*>(file_->tensor_data(z).data());
+      }
     }
     m.group_size = g;
   } else {

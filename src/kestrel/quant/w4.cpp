@@ -55,6 +55,12 @@ struct Affine {
   uint16_t d, m;
 };
 
+// Packs a group's n codes (one per byte) into n / 2 bytes: byte j holds code j in its low
+// nibble and code j + n / 2 in its high one (the kW4 layout, kernels/matmul.h).
+void pack_group(const uint8_t* codes, size_t n, uint8_t* out) {
+  for (size_t j = 0; j < n / 2; ++j) out[j] = static_cast<uint8_t>(codes[j] | (codes[j + n / 2] << 4));
+}
+
 // Squared error of the group with stored (fp16) d and m; writes the codes to q.
 double affine_error(const float* w, const float* importance, size_t n, float d, float m,
                     uint8_t* q) {
@@ -110,8 +116,7 @@ Affine quantize_group_affine(const float* w, const float* importance, size_t n, 
     m = static_cast<float>((sqq * sw - sq * sqw) / det);
   }
   }
-  const size_t half = n / 2;
-  for (size_t j = 0; j < half; ++j) out[j] = static_cast<uint8_t>(best_q[j] | (best_q[j + half] << 4));
+  pack_group(best_q.data(), n, out);
   return best;
 }
 
@@ -210,7 +215,7 @@ void compress_row(W4Matrix& q, const float* w_row, const float* importance, size
     q.scales8[r * n_groups + g] = best_s;
     q.mins8[r * n_groups + g] = best_n;
     uint8_t* out = &q.qs[(r * q.cols + g * G) / 2];
-    for (size_t j = 0; j < G / 2; ++j) out[j] = static_cast<uint8_t>(best_codes[j] | (best_codes[j + G / 2] << 4));
+    pack_group(best_codes.data(), G, out);
   }
 }
 
