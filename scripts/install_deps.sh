@@ -35,8 +35,24 @@ pip_quiet() {
 echo "== pip: scripts/requirements.txt"
 pip_quiet -r scripts/requirements.txt
 if [[ "${1:-}" == "--peers" ]]; then
-  if ! "$PY" -c "import llama_cpp" 2>/dev/null; then
-    echo "== pip: llama-cpp-python (builds llama.cpp from source, several minutes)"
+  # llama-cpp-python is built from source with llama.cpp's AMX kernels off on every machine:
+  # built by default on a CPU with AMX, they crash (SIGSEGV at ldtilecfg, SIGILL at tileloadd;
+  # docs/correctness.md, "llama.cpp on AMX machines"). GGML_NATIVE=OFF with the instruction
+  # sets this CPU has, named one by one; the flags go into a marker file beside the package, and
+  # a copy built any other way (a pip default, another CPU) is rebuilt.
+  # The marker also holds a checksum of the built libraries, so a copy that pip later replaces
+  # (which leaves the marker behind) does not pass for ours.
+  cmake_args=$(scripts/llama_cpp_cmake_args.sh)
+  pkg=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/llama_cpp
+  marker=$pkg/KESTREL_BUILD
+  libs_sum() { cat "$pkg"/lib/*.so* 2>/dev/null | sha256sum | cut -d' ' -f1; }
+  if [[ "$(cat "$marker" 2>/dev/null)" != "$cmake_args $(libs_sum)" ]]; then
+    version=$(grep -E '^llama-cpp-python==' scripts/requirements-peers.txt)
+    echo "== pip: $version without AMX (builds llama.cpp from source, several minutes)"
+    echo "   CMAKE_ARGS=$cmake_args"
+    CMAKE_ARGS="$cmake_args" pip_quiet --no-cache-dir --force-reinstall --no-deps \
+      --no-binary llama-cpp-python "$version"
+    printf '%s' "$cmake_args $(libs_sum)" >"$marker"
   fi
   pip_quiet -r scripts/requirements-peers.txt
 fi

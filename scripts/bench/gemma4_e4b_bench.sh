@@ -17,6 +17,7 @@
 # Needs ~31 GB of disk in WORKDIR (~36 GB with EMB_INT4=1); run on an idle machine.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+python3 scripts/llama_cpp_check.py  # llama.cpp without its crashing AMX kernels (docs/correctness.md)
 W=${1:-/tmp/e4b}
 N_OUT=${2:-32}
 EMB_INT4=${EMB_INT4:-0}

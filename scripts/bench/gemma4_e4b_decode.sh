@@ -7,6 +7,7 @@
 # Usage: [IMAGES="e4b-fh.kimg e4b-fh-s8.kimg"] scripts/bench/gemma4_e4b_decode.sh [WORKDIR=/tmp/e4b] [N_OUT=32] [ROUNDS=3]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+python3 scripts/llama_cpp_check.py  # llama.cpp without its crashing AMX kernels (docs/correctness.md)
 W=${1:-/tmp/e4b}
 N_OUT=${2:-32}
 ROUNDS=${3:-3}

@@ -33,6 +33,9 @@ import time
 
 import numpy as np
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import llama_cpp_check  # noqa: E402  (scripts/llama_cpp_check.py)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 SCHEMA = "kestrel-bench/1"
@@ -240,6 +243,7 @@ def main():
 
     import llama_cpp
     model = args.model or default_model()
+    llama_cpp_check.require(model)  # a clear error, not a crash, on a default AMX build
     overrides = []
     for opt in ("warmup", "requests", "prompt-tokens", "output-tokens"):
         v = getattr(args, opt.replace("-", "_"))

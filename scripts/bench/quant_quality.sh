@@ -10,6 +10,7 @@
 # (each calibrated build runs the model over 32k calibration tokens and AWQ's search).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+python3 scripts/llama_cpp_check.py  # llama.cpp without its crashing AMX kernels (docs/correctness.md)
 CHUNKS=${1:-8}
 CTX=${2:-512}
 THREADS=${THREADS:-2}

@@ -30,6 +30,9 @@ import tempfile
 
 import numpy as np
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import llama_cpp_check  # noqa: E402  (scripts/llama_cpp_check.py)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
@@ -137,6 +140,7 @@ def main():
 
     import llama_cpp
     model = args.model or default_model()
+    llama_cpp_check.require(model)  # a clear error, not a crash, on a default AMX build
     ctx = args.prompt + args.out_tokens + 16
     llm = llama_cpp.Llama(model_path=model, n_ctx=ctx, n_batch=512, n_ubatch=512,
                           n_threads=args.threads, n_threads_batch=args.threads,

@@ -26,6 +26,9 @@ import tempfile
 
 import numpy as np
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import llama_cpp_check  # noqa: E402  (scripts/llama_cpp_check.py)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 N_PROMPTS = 20
@@ -71,6 +74,7 @@ def main():
 
     import llama_cpp
     model = args.model or default_model()
+    llama_cpp_check.require(model)  # a clear error, not a crash, on a default AMX build
     prompts = pick_prompts(args.oasst, N_PROMPTS)
     references = {}
     with tempfile.TemporaryDirectory() as tmp:

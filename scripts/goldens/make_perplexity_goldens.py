@@ -32,6 +32,9 @@ import time
 
 import numpy as np
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import llama_cpp_check  # noqa: E402  (scripts/llama_cpp_check.py)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 N_TOKENS_KEPT = 512  # leading token ids stored, to check Kestrel's tokenization of the text
@@ -113,6 +116,7 @@ def main():
 
     import llama_cpp
     model = args.model or default_model()
+    llama_cpp_check.require(model)  # a clear error, not a crash, on a default AMX build
     with open(args.text, encoding="utf-8") as f:
         text = f.read()
     references = {}

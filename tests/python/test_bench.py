@@ -96,10 +96,9 @@ def test_markdown_table(report):
 
 @needs_model
 @needs_text
-def test_prompts_are_llamacpp_token_windows(tmp_path):
+def test_prompts_are_llamacpp_token_windows(tmp_path, llama_cpp):
     """--dump-prompts: BOS + consecutive, non-overlapping windows of the OpenAssistant text as
     llama.cpp tokenizes it (non-deleted messages in file order, joined by blank lines)."""
-    llama_cpp = pytest.importorskip("llama_cpp")
     out = tmp_path / "prompts.json"
     r = kestrel("bench", "--dump-prompts", out, "--text", OASST, "--warmup", 1, "--requests", 2)
     assert r.returncode == 0, r.stderr
@@ -167,9 +166,8 @@ def test_chart_is_a_png(report, tmp_path):
 
 @needs_model
 @needs_text
-def test_peers_script_writes_the_same_schema(report, tmp_path):
+def test_peers_script_writes_the_same_schema(report, tmp_path, llama_cpp):
     """scripts/bench/peers_bench.py (llama.cpp): the same keys at every level as kestrel bench."""
-    pytest.importorskip("llama_cpp")
     j, _ = report
     out = tmp_path / "peers.json"
     r = subprocess.run(["python3", str(ROOT / "scripts" / "bench" / "peers_bench.py"), "--kestrel", str(KESTREL),
