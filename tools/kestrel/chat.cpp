@@ -55,7 +55,11 @@ int chat(const ChatOptions& o) {
     }
     runtime::GenerateResult result;
     try {
-      result = engine.generate(prompt, o.sampling.generate_options(), [](std::string_view piece) {
+      // Each turn resends the whole conversation; the KV cache already holds all of it but
+      // the new message, which is all that is prefilled.
+      auto options = o.sampling.generate_options();
+      options.cache_prompt = true;
+      result = engine.generate(prompt, options, [](std::string_view piece) {
         std::fwrite(piece.data(), 1, piece.size(), stdout);
         std::fflush(stdout);
         return true;

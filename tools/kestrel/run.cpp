@@ -93,6 +93,7 @@ int run(const RunOptions& o) {
   if (o.json) {
     result = engine.generate(prompt, options);
     nlohmann::json j = {{"prompt_tokens", result.prompt_tokens},
+                        {"cached_tokens", result.cached_tokens},
                         {"tokens", result.tokens},
                         {"text", result.text},
                         {"finish_reason", result.finish_reason},

@@ -107,26 +107,13 @@ KvCache Gemma3Model::new_cache(size_t n_ctx) const {
     throw Error("context size " + std::to_string(n_ctx) + " is outside 1.." +
                 std::to_string(config_.context_length) + " for this model");
   }
-  KvCache cache;
-  cache.n_ctx = n_ctx;
-  const size_t stride = config_.n_kv_heads * config_.head_dim;
-  size_t bytes = 0;
+  std::vector<LayerCacheSpec> specs;
   for (size_t il = 0; il < config_.n_layers; ++il) {
-    const size_t cap = config_.is_sliding(il) ? std::min(n_ctx, config_.sliding_window + kMaxUbatch - 1) : n_ctx;
-    bytes += 2 * cap * stride * sizeof(uint16_t);
+    const bool sliding = config_.is_sliding(il);
+    specs.push_back({sliding ? std::min(n_ctx, config_.sliding_window + kMaxUbatch - 1) : n_ctx,
+                     config_.n_kv_heads * config_.head_dim, sliding ? config_.sliding_window : 0});
   }
-  check_memory("the KV cache for a context of " + std::to_string(n_ctx) + " tokens", bytes);
-  for (size_t il = 0; il < config_.n_layers; ++il) {
-    LayerCache lc;
-    lc.capacity = config_.is_sliding(il)
-                      ? std::min(n_ctx, config_.sliding_window + kMaxUbatch - 1)
-                      : n_ctx;
-    lc.stride = stride;
-    lc.k.assign(lc.capacity * stride, 0);
-    lc.v.assign(lc.capacity * stride, 0);
-    cache.layers.push_back(std::move(lc));
-  }
-  return cache;
+  return KvCache::allocate(n_ctx, specs);
 }
 
 void Gemma3Model::forward_hidden(std::span<const TokenId> tokens, KvCache& cache, Logits which,
@@ -201,7 +188,7 @@ void Gemma3Model::forward_chunk(std::span<const TokenId> tokens, KvCache& cache,
     attention_block(layers_[il], il, n, pos0, cache.layers[il], x, pool, observer);
     gemma::geglu_mlp(layers_[il].mlp, il, n, d, c.d_ff, c.rms_eps, x, pool, observer);
   }
-  cache.n_past += n;
+  cache.append(tokens);
   if (hidden != nullptr) gemma::final_norm(x.data(), output_norm_, which, n, d, c.rms_eps, hidden);
 }
 

@@ -175,26 +175,15 @@ KvCache Gemma4Model::new_cache(size_t n_ctx) const {
     throw Error("context size " + std::to_string(n_ctx) + " is outside 1.." +
                 std::to_string(c.context_length) + " for this model");
   }
-  auto capacity = [&](size_t il) {
-    if (il >= c.first_shared()) return size_t{0};
-    return c.is_sliding(il) ? std::min(n_ctx, c.sliding_window + kMaxUbatch - 1) : n_ctx;
-  };
-  size_t bytes = 0;
+  std::vector<LayerCacheSpec> specs;
   for (size_t il = 0; il < c.n_layers; ++il) {
-    bytes += 2 * capacity(il) * c.n_kv_heads[il] * c.head_dim(il) * sizeof(uint16_t);
+    const bool sliding = c.is_sliding(il);
+    const size_t capacity = il >= c.first_shared() ? 0
+                            : sliding              ? std::min(n_ctx, c.sliding_window + kMaxUbatch - 1)
+                                                   : n_ctx;
+    specs.push_back({capacity, c.n_kv_heads[il] * c.head_dim(il), sliding ? c.sliding_window : 0});
   }
-  check_memory("the KV cache for a context of " + std::to_string(n_ctx) + " tokens", bytes);
-  KvCache cache;
-  cache.n_ctx = n_ctx;
-  for (size_t il = 0; il < c.n_layers; ++il) {
-    LayerCache lc;
-    lc.capacity = capacity(il);
-    lc.stride = c.n_kv_heads[il] * c.head_dim(il);
-    lc.k.assign(lc.capacity * lc.stride, 0);
-    lc.v.assign(lc.capacity * lc.stride, 0);
-    cache.layers.push_back(std::move(lc));
-  }
-  return cache;
+  return KvCache::allocate(n_ctx, specs);
 }
 
 void Gemma4Model::forward_hidden(std::span<const TokenId> tokens, KvCache& cache, Logits which,
@@ -306,7 +295,7 @@ void Gemma4Model::forward_chunk(std::span<const TokenId> tokens, KvCache& cache,
     if (c.ple_dim > 0) ple_block(l, il, n, pl.data(), x, pool, observer);
     if (l.out_scale != 1.0f) kernels::scale_inplace(x.data(), l.out_scale, n * d);
   }
-  cache.n_past += n;
+  cache.append(tokens);
   if (hidden != nullptr) gemma::final_norm(x.data(), output_norm_, which, n, d, c.rms_eps, hidden);
 }
 

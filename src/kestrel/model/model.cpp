@@ -11,12 +11,6 @@
 
 namespace kestrel::model {
 
-size_t KvCache::bytes() const {
-  size_t total = 0;
-  for (const auto& layer : layers) total += (layer.k.size() + layer.v.size()) * sizeof(uint16_t);
-  return total;
-}
-
 void Model::forward(std::span<const TokenId> tokens, KvCache& cache, Logits which, float* logits,
                     ThreadPool& pool, ActivationObserver* observer) const {
   const size_t rows = which == Logits::kAll ? tokens.size() : 1;

@@ -11,30 +11,10 @@
 #include "kestrel/base/thread_pool.h"
 #include "kestrel/formats/gguf.h"
 #include "kestrel/head/output_head.h"
+#include "kestrel/model/kv_cache.h"
 #include "kestrel/model/weights.h"
 
 namespace kestrel::model {
-
-using TokenId = int32_t;
-
-/// Keys and values of one layer, fp16. Position p lives in slot p % capacity; a sliding-window
-/// layer keeps only window + ubatch - 1 slots, a global layer one per context position.
-struct LayerCache {
-  size_t capacity = 0;
-  size_t stride = 0;  // elements per slot: n_kv_heads * head_dim
-  std::vector<uint16_t> k, v;
-};
-
-/// The KV cache of one sequence.
-struct KvCache {
-  std::vector<LayerCache> layers;
-  size_t n_ctx = 0;   // positions the sequence may reach
-  size_t n_past = 0;  // positions already written
-  /// Bytes held by keys and values.
-  size_t bytes() const;
-  /// Forgets the sequence (keeps the memory).
-  void clear() { n_past = 0; }
-};
 
 /// Facts about a loaded model that callers need.
 struct ModelInfo {

@@ -1,8 +1,6 @@
 #include "kestrel/runtime/engine.h"
 
 #include <algorithm>
-#include <chrono>
-#include <cmath>
 
 #include "kestrel/base/error.h"
 #include "kestrel/image/image.h"
@@ -10,27 +8,7 @@
 namespace kestrel::runtime {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 constexpr size_t kDefaultContext = 4096;
-
-double ms_since(Clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
-
-// Length of the longest suffix of `text` that is a proper prefix of some stop string: that
-// much text must be held back while streaming, as the next token may complete the match.
-size_t held_back(std::string_view text, const std::vector<std::string>& stops) {
-  size_t hold = 0;
-  for (const auto& stop : stops) {
-    for (size_t len = std::min(stop.size() - 1, text.size()); len > hold; --len) {
-      if (text.substr(text.size() - len) == std::string_view(stop).substr(0, len)) {
-        hold = len;
-        break;
-      }
-    }
-  }
-  return hold;
-}
 
 // Maps the file; a Kestrel image's content checksum is verified before anything uses it.
 gguf::File open_model_file(const std::filesystem::path& path) {
@@ -41,21 +19,6 @@ gguf::File open_model_file(const std::filesystem::path& path) {
 
 }  // namespace
 
-// Serving: stop tokens get -inf so that min_tokens tokens come before the end of the turn.
-void Engine::suppress_stop_tokens(TokenScores scores, const GenerateOptions& options) const {
-  for (const auto* ids : {&stop_tokens_, &options.stop_token_ids}) {
-    for (TokenId t : *ids) {
-      if (scores.ids.empty()) {
-        if (t >= 0 && static_cast<size_t>(t) < scores.size()) scores.logits[static_cast<size_t>(t)] = -INFINITY;
-      } else {
-        for (size_t i = 0; i < scores.size(); ++i) {
-          if (scores.ids[i] == t) scores.logits[i] = -INFINITY;
-        }
-      }
-    }
-  }
-}
-
 Engine::Engine(const std::filesystem::path& model_path, const EngineOptions& options)
     : file_(open_model_file(model_path)),
       pool_(options.n_threads),
@@ -65,9 +28,11 @@ Engine::Engine(const std::filesystem::path& model_path, const EngineOptions& opt
   const size_t n_ctx = !options.n_ctx ? std::min<size_t>(kDefaultContext, max_ctx)
                        : *options.n_ctx == 0 ? max_ctx
                                              : *options.n_ctx;
-  cache_ = model_->new_cache(n_ctx);
-  logits_.resize(model_->info().n_vocab);
-  hidden_.resize(model_->info().d_model);
+  n_ctx_ = n_ctx;
+  if (n_ctx_ == 0 || n_ctx_ > max_ctx) {
+    throw Error("context size " + std::to_string(n_ctx_) + " is outside 1.." + std::to_string(max_ctx) +
+                " for this model");
+  }
   const bool has_flash = head::FlashHead::present(file_);
   if (options.head == HeadMode::kFlash && !has_flash) {
     throw Error("this model has no FlashHead; build an image with `kestrel build --flashhead`");
@@ -84,113 +49,15 @@ Engine::Engine(const std::filesystem::path& model_path, const EngineOptions& opt
                                                  : "--probes applies to images built with --flashhead only");
   }
   stop_tokens_ = tokenizer_.stop_tokens();
+  session_ = std::make_unique<Session>(*this);  // its KV cache: a memory error surfaces here
 }
 
 std::vector<TokenId> Engine::encode(std::string_view text, bool special) const {
   return tokenizer_.encode(text, /*add_special=*/true, special);
 }
 
-std::span<float> Engine::eval(std::span<const TokenId> tokens) {
-  model_->forward(tokens, cache_, model::Logits::kLast, logits_.data(), pool_);
-  return logits_;
-}
+Engine::~Engine() = default;
 
-TokenScores Engine::step(std::span<const TokenId> tokens) {
-  if (!flash_) {
-    eval(tokens);
-    return {logits_, {}};
-  }
-  model_->forward_hidden(tokens, cache_, model::Logits::kLast, hidden_.data(), pool_);
-  flash_->search(hidden_.data(), probes_, candidates_, pool_);
-  return {candidates_.logits, candidates_.ids};
-}
-
-GenerateResult Engine::generate(std::span<const TokenId> prompt, const GenerateOptions& options,
-                                const TextCallback& on_text) {
-  if (prompt.empty()) throw Error("the prompt is empty");
-  if (prompt.size() >= n_ctx()) {
-    throw Error("the prompt has " + std::to_string(prompt.size()) +
-                " tokens, which does not fit the context of " + std::to_string(n_ctx()) +
-                " tokens (raise --ctx or shorten the prompt)");
-  }
-  GenerateResult result;
-  result.prompt_tokens = prompt.size();
-  result.finish_reason = "length";
-  Sampler sampler(options.sampler);
-  std::vector<TokenId> history(prompt.begin(), prompt.end());
-  text::StreamDecoder decoder(tokenizer_, options.render_special);
-  size_t emitted = 0;
-  bool stopped_by_client = false;
-
-  auto emit = [&](size_t end) {
-    if (end > emitted && on_text && !on_text(std::string_view(result.text).substr(emitted, end - emitted))) {
-      stopped_by_client = true;
-    }
-    emitted = std::max(emitted, end);
-  };
-
-  reset();
-  const auto t0 = Clock::now();
-  TokenScores scores = step(prompt);
-  Clock::time_point t_first;
-  std::vector<float> raw_logits;  // serving: the model's logits before penalties, for logprobs
-  std::vector<TokenId> raw_ids;   // their token ids when FlashHead scored a candidate set
-  for (size_t i = 0; i < options.max_tokens; ++i) {
-    if (options.top_logprobs >= 0) {
-      raw_logits.assign(scores.logits.begin(), scores.logits.end());
-      raw_ids.assign(scores.ids.begin(), scores.ids.end());
-    }
-    if (i < options.min_tokens && !options.ignore_eos) suppress_stop_tokens(scores, options);
-    const TokenId token = sampler.sample(scores, history);
-    if (i == 0) {
-      t_first = Clock::now();
-      result.ttft_ms = ms_since(t0);
-    }
-    result.tokens.push_back(token);
-    history.push_back(token);
-    if (options.top_logprobs >= 0) {
-      result.logprobs.push_back(compute_logprobs(raw_logits, raw_ids, token, static_cast<size_t>(options.top_logprobs)));
-    }
-    if (options.on_token && !options.on_token(token, options.top_logprobs >= 0 ? &result.logprobs.back() : nullptr)) {
-      stopped_by_client = true;
-      break;
-    }
-    const bool is_stop_token =
-        std::find(stop_tokens_.begin(), stop_tokens_.end(), token) != stop_tokens_.end() ||
-        std::find(options.stop_token_ids.begin(), options.stop_token_ids.end(), token) != options.stop_token_ids.end();
-    if (is_stop_token && !options.ignore_eos) {
-      result.finish_reason = "stop";
-      break;
-    }
-    result.text += decoder.push(token);
-    bool stop_string = false;
-    for (const auto& stop : options.stop) {
-      if (stop.empty()) continue;
-      const size_t from = emitted > stop.size() ? emitted - stop.size() : 0;
-      const size_t at = result.text.find(stop, from);
-      if (at != std::string::npos) {
-        result.text.resize(at);
-        stop_string = true;
-      }
-    }
-    if (stop_string) {
-      result.finish_reason = "stop";
-      break;
-    }
-    emit(result.text.size() - held_back(result.text, options.stop));
-    if (stopped_by_client) break;
-    if (i + 1 == options.max_tokens || cache_.n_past >= n_ctx()) break;
-    const TokenId next[1] = {token};
-    scores = step(next);
-  }
-  if (result.finish_reason == "length") result.text += decoder.flush();
-  if (!stopped_by_client) emit(result.text.size());
-  result.cancelled = stopped_by_client;
-  const size_t n = result.tokens.size();
-  result.prefill_tok_s = result.ttft_ms > 0 ? 1000.0 * static_cast<double>(prompt.size()) / result.ttft_ms : 0;
-  const double decode_ms = n > 0 ? std::chrono::duration<double, std::milli>(Clock::now() - t_first).count() : 0;
-  result.decode_tok_s = n > 1 && decode_ms > 0 ? 1000.0 * static_cast<double>(n - 1) / decode_ms : 0;
-  return result;
-}
+Session& Engine::session() { return *session_; }
 
 }  // namespace kestrel::runtime

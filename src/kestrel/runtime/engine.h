@@ -15,8 +15,9 @@
 #include "kestrel/formats/gguf.h"
 #include "kestrel/head/flashhead.h"
 #include "kestrel/model/model.h"
-#include "kestrel/runtime/logprobs.h"
+#include "kestrel/runtime/generate_options.h"
 #include "kestrel/runtime/sampler.h"
+#include "kestrel/runtime/session.h"
 #include "kestrel/text/tokenizer.h"
 
 namespace kestrel::runtime {
@@ -38,50 +39,22 @@ struct EngineOptions {
   size_t probes = 0;        // FlashHead clusters probed per step; 0: the image's default
 };
 
-/// Called after each sampled token, before its text is emitted, with the token and (when
-/// GenerateOptions::top_logprobs >= 0) its log-probabilities, else nullptr. Return false to
-/// stop generating (a client that went away): generation ends within this decode step.
-using TokenCallback = std::function<bool(TokenId, const StepLogprobs*)>;
-
-struct GenerateOptions {
-  size_t max_tokens = 256;
-  SamplerConfig sampler;
-  bool ignore_eos = false;         // keep going past EOS / <end_of_turn>
-  std::vector<std::string> stop;   // stop strings; the text ends before the first match
-
-  // Serving extensions (kestrel serve, the OpenAI API); the defaults change nothing.
-  size_t min_tokens = 0;           // stop tokens cannot be sampled before this many tokens
-  int top_logprobs = -1;           // -1: no logprobs; 0: the chosen token's; n > 0: also the n best
-  bool render_special = false;     // control tokens appear in the text (Gemma 4 tool-call markers)
-  std::vector<TokenId> stop_token_ids;  // more tokens that end generation, besides stop_tokens()
-  TokenCallback on_token;          // see TokenCallback
-};
-
-struct GenerateResult {
-  std::vector<TokenId> tokens;     // generated ids (a final stop token included)
-  std::string text;                // decoded text, cut before a stop string
-  std::string finish_reason;       // "stop" (stop token or string) or "length"
-  size_t prompt_tokens = 0;
-  double ttft_ms = 0;              // prompt start to first token sampled
-  double prefill_tok_s = 0;        // prompt_tokens / ttft
-  double decode_tok_s = 0;         // (generated - 1) / time after the first token
-  std::vector<StepLogprobs> logprobs;  // one per token when top_logprobs >= 0
-  bool cancelled = false;          // on_token or on_text returned false
-};
-
-/// Called with each piece of text as soon as it is final; return false to stop generating.
-using TextCallback = std::function<bool(std::string_view)>;
-
+/// The shared model: weights, tokenizer, output heads and the thread pool. Sequences are
+/// Sessions (session.h) on it; eval / step / generate / cache here use the default Session,
+/// allocated with the engine, for callers that run one sequence at a time.
 class Engine {
  public:
   /// Maps and loads the model. Throws kestrel::Error (gguf::GgufError for a bad file).
   Engine(const std::filesystem::path& model_path, const EngineOptions& options);
+  ~Engine();
+  Engine(const Engine&) = delete;  // Sessions refer to it: it stays where it was made
+  Engine& operator=(const Engine&) = delete;
 
   const text::Tokenizer& tokenizer() const { return tokenizer_; }
   const model::Model& model() const { return *model_; }
-  const model::KvCache& cache() const { return cache_; }
   ThreadPool& pool() { return pool_; }
-  size_t n_ctx() const { return cache_.n_ctx; }
+  /// Context positions of every Session's KV cache.
+  size_t n_ctx() const { return n_ctx_; }
   /// True when the file carries tokenizer.chat_template (an instruction-tuned model).
   bool has_chat_template() const { return file_.has("tokenizer.chat_template"); }
   /// Tokens that end a turn: EOS and <end_of_turn> when the vocabulary has them.
@@ -90,40 +63,31 @@ class Engine {
   /// Text to tokens (BOS added when the model wants it; control tokens parsed when `special`).
   std::vector<TokenId> encode(std::string_view text, bool special) const;
 
-  /// Starts a new sequence (empties the KV cache).
-  void reset() { cache_.clear(); }
-  /// Appends `tokens` to the sequence and returns the logits of the last one ([n_vocab]).
-  /// Throws kestrel::Error if they do not fit in the context.
-  std::span<float> eval(std::span<const TokenId> tokens);
-
-  /// Appends `tokens` to the sequence and scores the next token with the engine's head: the
-  /// dense logits, or FlashHead's candidates (TokenScores::ids set). Valid until the next call.
-  /// Throws kestrel::Error if they do not fit in the context.
-  TokenScores step(std::span<const TokenId> tokens);
-
   /// The FlashHead in use, or null when the dense head scores tokens.
   const head::FlashHead* flashhead() const { return flash_.get(); }
   size_t probes() const { return probes_; }
 
-  /// Runs the prompt in a fresh sequence, then samples up to max_tokens tokens.
-  /// Throws kestrel::Error if the prompt is empty or longer than the context.
+  /// The default Session and its operations; see Session.
+  Session& session();
+  const model::KvCache& cache() { return session().cache(); }
+  void reset() { session().reset(); }
+  std::span<float> eval(std::span<const TokenId> tokens) { return session().eval(tokens); }
+  TokenScores step(std::span<const TokenId> tokens) { return session().step(tokens); }
   GenerateResult generate(std::span<const TokenId> prompt, const GenerateOptions& options,
-                          const TextCallback& on_text = nullptr);
+                          const TextCallback& on_text = nullptr) {
+    return session().generate(prompt, options, on_text);
+  }
 
  private:
   gguf::File file_;
   ThreadPool pool_;
   std::unique_ptr<model::Model> model_;
   text::Tokenizer tokenizer_;
-  model::KvCache cache_;
-  std::vector<float> logits_;
-  std::vector<float> hidden_;
+  size_t n_ctx_ = 0;
   std::unique_ptr<head::FlashHead> flash_;
   size_t probes_ = 0;
-  head::Candidates candidates_;
   std::vector<TokenId> stop_tokens_;
-
-  void suppress_stop_tokens(TokenScores scores, const GenerateOptions& options) const;
+  std::unique_ptr<Session> session_;
 };
 
 }  // namespace kestrel::runtime

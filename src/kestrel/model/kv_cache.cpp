@@ -1,0 +1,96 @@
+#include "kestrel/model/kv_cache.h"
+
+#include <algorithm>
+
+#include "kestrel/base/error.h"
+#include "kestrel/model/model.h"
+
+namespace kestrel::model {
+
+size_t KvCache::bytes_for(const std::vector<LayerCacheSpec>& specs) {
+  size_t total = 0;
+  for (const auto& s : specs) total += 2 * s.capacity * s.stride * sizeof(uint16_t);
+  return total;
+}
+
+KvCache KvCache::allocate(size_t n_ctx, const std::vector<LayerCacheSpec>& specs) {
+  check_memory("the KV cache for a context of " + std::to_string(n_ctx) + " tokens", bytes_for(specs));
+  KvCache cache;
+  cache.n_ctx = n_ctx;
+  cache.tokens_.reserve(n_ctx);
+  for (const auto& s : specs) {
+    LayerCache lc;
+    lc.capacity = s.capacity;
+    lc.stride = s.stride;
+    lc.window = s.window;
+    lc.k.assign(lc.capacity * lc.stride, 0);
+    lc.v.assign(lc.capacity * lc.stride, 0);
+    cache.layers.push_back(std::move(lc));
+  }
+  return cache;
+}
+
+size_t KvCache::bytes() const {
+  size_t total = 0;
+  for (const auto& layer : layers) total += (layer.k.size() + layer.v.size()) * sizeof(uint16_t);
+  return total;
+}
+
+size_t KvCache::min_ring_capacity() const {
+  size_t cap = 0;
+  for (const auto& l : layers) {
+    if (l.capacity > 0 && l.capacity < n_ctx) cap = cap == 0 ? l.capacity : std::min(cap, l.capacity);
+  }
+  return cap;
+}
+
+size_t KvCache::max_ring_window() const {
+  size_t w = 0;
+  for (const auto& l : layers) {
+    if (l.capacity > 0 && l.capacity < n_ctx) w = std::max(w, l.window);
+  }
+  return w;
+}
+
+void KvCache::append(std::span<const TokenId> ids) {
+  tokens_.insert(tokens_.end(), ids.begin(), ids.end());
+  n_past += ids.size();
+  if (const size_t cap = min_ring_capacity(); cap > 0 && n_past > cap) {
+    ring_floor_ = std::max(ring_floor_, n_past - cap);
+  }
+}
+
+size_t KvCache::exact_prefix(size_t n) const {
+  // The next query, at position n, reads positions max(0, n - W + 1) .. n - 1 of each ring.
+  const size_t w = max_ring_window();
+  const size_t needed_from = w > 0 && n + 1 > w ? n + 1 - w : 0;
+  return needed_from >= ring_floor_ ? n : 0;
+}
+
+size_t KvCache::truncate(size_t n) {
+  if (n > n_past) {
+    throw Error("KV cache: cannot truncate to " + std::to_string(n) + " positions, it holds " +
+                std::to_string(n_past));
+  }
+  const size_t keep = exact_prefix(n);
+  if (keep == 0) {
+    clear();
+    return 0;
+  }
+  n_past = keep;
+  tokens_.resize(keep);
+  return keep;
+}
+
+void KvCache::clear() {
+  n_past = 0;
+  tokens_.clear();
+  ring_floor_ = 0;
+}
+
+size_t common_prefix(std::span<const TokenId> a, std::span<const TokenId> b) {
+  const size_t n = std::min(a.size(), b.size());
+  return static_cast<size_t>(std::mismatch(a.begin(), a.begin() + static_cast<std::ptrdiff_t>(n), b.begin()).first - a.begin());
+}
+
+}  // namespace kestrel::model

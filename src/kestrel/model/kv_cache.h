@@ -1,0 +1,84 @@
+// The KV cache of one sequence: per-layer fp16 keys and values, the token ids they were computed
+// from, and the truncate / rollback contract that prefix reuse (and later speculative decoding)
+// relies on.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace kestrel::model {
+
+using TokenId = int32_t;
+
+/// Keys and values of one layer, fp16 [capacity, stride]. Position p lives in slot p % capacity.
+/// A global layer holds one slot per context position; a sliding-window layer of window W keeps
+/// a ring of W + ubatch - 1 slots (enough for a chunk of ubatch queries to see their windows
+/// while the chunk's own keys are written); a layer that reads another's cache (Gemma 4 KV
+/// sharing) has capacity 0.
+struct LayerCache {
+  size_t capacity = 0;
+  size_t stride = 0;  // elements per slot: n_kv_heads * head_dim
+  size_t window = 0;  // sliding window W in positions; 0 = global (every position kept)
+  std::vector<uint16_t> k, v;
+};
+
+/// What a model asks of one layer's cache (KvCache::allocate).
+struct LayerCacheSpec {
+  size_t capacity = 0;
+  size_t stride = 0;
+  size_t window = 0;
+};
+
+/// The KV cache of one sequence.
+///
+/// Contract: positions [0, n_past) hold the keys and values of `tokens()` (the model's forward
+/// pass appends through append()). truncate(n) forgets positions n.. and keeps the rest exact,
+/// so that feeding tokens after it gives bit-for-bit the results that feeding the same tokens to
+/// a cache holding only the first n would give. A sliding-window ring can make that impossible:
+/// its slots for positions n-W+1 .. n-1 may already hold later positions. Recomputing them would
+/// need the layers below at even earlier positions (each sliding layer widens the need by W-1),
+/// so truncate then keeps nothing and says so: the caller re-feeds from the returned position.
+struct KvCache {
+  std::vector<LayerCache> layers;
+  size_t n_ctx = 0;   // positions the sequence may reach
+  size_t n_past = 0;  // positions written and valid (== tokens().size())
+
+  /// Allocates one LayerCache per spec (fp16 zeros) for a sequence of up to n_ctx positions.
+  /// Throws kestrel::Error when the total exceeds the machine's physical memory.
+  static KvCache allocate(size_t n_ctx, const std::vector<LayerCacheSpec>& specs);
+  /// Bytes the specs need: 2 (K and V) * capacity * stride * 2 bytes, summed.
+  static size_t bytes_for(const std::vector<LayerCacheSpec>& specs);
+
+  /// Bytes held by keys and values.
+  size_t bytes() const;
+  /// The token ids at positions [0, n_past).
+  std::span<const TokenId> tokens() const { return tokens_; }
+  /// Records that `ids` were written at positions n_past.. and advances n_past (called by the
+  /// model once a forward chunk's keys and values are in place).
+  void append(std::span<const TokenId> ids);
+  /// The largest m <= n such that truncate(m) keeps m positions exactly: n itself, or 0 when a
+  /// ring no longer holds the window that position n's query needs.
+  size_t exact_prefix(size_t n) const;
+  /// Forgets positions >= n (n <= n_past, else kestrel::Error) and returns how many positions are
+  /// kept: exact_prefix(n), i.e. n, or 0 when a sliding ring has lost the window before n. The
+  /// memory is kept either way.
+  size_t truncate(size_t n);
+  /// Forgets the sequence (keeps the memory).
+  void clear();
+
+ private:
+  std::vector<TokenId> tokens_;
+  // Every ring holds all positions in [ring_floor_, n_past): writing position p overwrote
+  // p - capacity of each ring, so ring_floor_ = max over writes of (p + 1 - min ring capacity).
+  size_t ring_floor_ = 0;
+  size_t min_ring_capacity() const;
+  size_t max_ring_window() const;
+};
+
+/// Length of the longest common prefix of a and b.
+size_t common_prefix(std::span<const TokenId> a, std::span<const TokenId> b);
+
+}  // namespace kestrel::model

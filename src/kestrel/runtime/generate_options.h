@@ -1,0 +1,53 @@
+// What a generation is asked to do and what it reports (runtime::Session::generate).
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kestrel/runtime/logprobs.h"
+#include "kestrel/runtime/sampler.h"
+
+namespace kestrel::runtime {
+
+/// Called after each sampled token, before its text is emitted, with the token and (when
+/// GenerateOptions::top_logprobs >= 0) its log-probabilities, else nullptr. Return false to
+/// stop generating (a client that went away): generation ends within this decode step.
+using TokenCallback = std::function<bool(TokenId, const StepLogprobs*)>;
+
+struct GenerateOptions {
+  size_t max_tokens = 256;
+  SamplerConfig sampler;
+  bool ignore_eos = false;         // keep going past EOS / <end_of_turn>
+  std::vector<std::string> stop;   // stop strings; the text ends before the first match
+
+  // Serving extensions (kestrel serve, the OpenAI API); the defaults change nothing.
+  size_t min_tokens = 0;           // stop tokens cannot be sampled before this many tokens
+  int top_logprobs = -1;           // -1: no logprobs; 0: the chosen token's; n > 0: also the n best
+  bool render_special = false;     // control tokens appear in the text (Gemma 4 tool-call markers)
+  std::vector<TokenId> stop_token_ids;  // more tokens that end generation, besides stop_tokens()
+  TokenCallback on_token;          // see TokenCallback
+  /// Reuse the session's cached prefix of the prompt (llama-server's cache_prompt). Off by
+  /// default: a fresh sequence, as the benchmark methodology wants.
+  bool cache_prompt = false;
+};
+
+struct GenerateResult {
+  std::vector<TokenId> tokens;     // generated ids (a final stop token included)
+  std::string text;                // decoded text, cut before a stop string
+  std::string finish_reason;       // "stop" (stop token or string) or "length"
+  size_t prompt_tokens = 0;
+  size_t cached_tokens = 0;        // prompt tokens the KV cache already held (not prefilled)
+  double ttft_ms = 0;              // prompt start to first token sampled
+  double prefill_tok_s = 0;        // prefilled tokens (prompt_tokens - cached_tokens) / ttft
+  double decode_tok_s = 0;         // (generated - 1) / time after the first token
+  std::vector<StepLogprobs> logprobs;  // one per token when top_logprobs >= 0
+  bool cancelled = false;          // on_token or on_text returned false
+};
+
+/// Called with each piece of text as soon as it is final; return false to stop generating.
+using TextCallback = std::function<bool(std::string_view)>;
+
+}  // namespace kestrel::runtime

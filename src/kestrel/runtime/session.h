@@ -1,0 +1,63 @@
+// One sequence on a shared Engine: its KV cache (with the token ids it holds), the scratch
+// buffers of a step, and generation with prefix reuse.
+#pragma once
+
+#include <cstddef>
+#include <span>
+#include <vector>
+
+#include "kestrel/head/flashhead.h"
+#include "kestrel/model/kv_cache.h"
+#include "kestrel/runtime/generate_options.h"
+#include "kestrel/runtime/sampler.h"
+
+namespace kestrel::runtime {
+
+class Engine;
+
+/// A sequence. Sessions of one Engine share its weights, tokenizer, heads and thread pool; each
+/// owns a KV cache of engine.n_ctx() positions. Not thread-safe: one call at a time per Session,
+/// and (the thread pool being shared) one Session of an Engine computing at a time.
+class Session {
+ public:
+  /// Allocates the KV cache. Throws kestrel::Error when it does not fit in memory.
+  explicit Session(Engine& engine);
+
+  const model::KvCache& cache() const { return cache_; }
+  /// Token ids whose keys and values the cache holds (the prompt and the generated tokens fed
+  /// back, not the last sampled token).
+  std::span<const TokenId> cached_tokens() const { return cache_.tokens(); }
+
+  /// Starts a new sequence (empties the KV cache, keeps its memory).
+  void reset() { cache_.clear(); }
+  /// Keeps the longest prefix of the cache that `prompt` starts with, at most prompt.size() - 1
+  /// tokens (the last prompt token is always fed, to score the next one), and exact under
+  /// KvCache::truncate's rule. Returns the number of positions kept: the tokens of the prompt
+  /// that need no prefill.
+  size_t reuse_prefix(std::span<const TokenId> prompt);
+
+  /// Appends `tokens` to the sequence and returns the logits of the last one ([n_vocab]).
+  /// Throws kestrel::Error if they do not fit in the context.
+  std::span<float> eval(std::span<const TokenId> tokens);
+  /// Appends `tokens` and scores the next token with the engine's head: the dense logits, or
+  /// FlashHead's candidates (TokenScores::ids set). Valid until the next call.
+  TokenScores step(std::span<const TokenId> tokens);
+
+  /// Runs the prompt (after the cached prefix when options.cache_prompt, else from an empty
+  /// cache), then samples up to max_tokens tokens. GenerateResult::cached_tokens says how many
+  /// prompt tokens the cache supplied. Throws kestrel::Error if the prompt is empty or does not
+  /// fit the context.
+  GenerateResult generate(std::span<const TokenId> prompt, const GenerateOptions& options,
+                          const TextCallback& on_text = nullptr);
+
+ private:
+  void suppress_stop_tokens(TokenScores scores, const GenerateOptions& options) const;
+
+  Engine& engine_;
+  model::KvCache cache_;
+  std::vector<float> logits_;
+  std::vector<float> hidden_;
+  head::Candidates candidates_;
+};
+
+}  // namespace kestrel::runtime

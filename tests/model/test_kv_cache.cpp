@@ -1,0 +1,143 @@
+// The KV cache's truncate / rollback contract (model/kv_cache.h) on real decoders: after
+// truncate(n), feeding tokens gives bit-for-bit the logits of a cache that only ever held the
+// first n tokens; at a sliding-window ring's edge truncate keeps exactly what the ring still
+// holds, and one position further it keeps nothing, because reading on would be wrong (shown by
+// bypassing the rule). The tiny Gemma 4 models (window 8, ring 263 slots, KV-shared layers) and
+// the default Gemma 3 270M (window 512, ring 767 slots).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <random>
+#include <vector>
+
+#include "kestrel/base/error.h"
+#include "kestrel/formats/gguf.h"
+#include "kestrel/model/model.h"
+#include "kestrel/runtime/model_path.h"
+
+namespace kestrel::model {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::vector<TokenId> random_tokens(size_t n, size_t n_vocab, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<TokenId> id(3, static_cast<TokenId>(std::min<size_t>(n_vocab, 4096) - 1));
+  std::vector<TokenId> t(n);
+  for (auto& x : t) x = id(rng);
+  return t;
+}
+
+std::span<const TokenId> first(const std::vector<TokenId>& v, size_t n) { return {v.data(), n}; }
+
+struct Loaded {
+  gguf::File file;
+  ThreadPool pool{2};
+  std::unique_ptr<Model> model;
+  explicit Loaded(const fs::path& path) : file(gguf::File::open(path)) {
+    model = load_model(file, LoadOptions{}, pool);
+  }
+  /// Logits of every token of `tail` after feeding `head` to a fresh cache of n_ctx.
+  std::vector<float> fresh(std::span<const TokenId> head, std::span<const TokenId> tail, size_t n_ctx) {
+    KvCache cache = model->new_cache(n_ctx);
+    if (!head.empty()) model->forward_hidden(head, cache, Logits::kLast, nullptr_hidden(), pool);
+    return logits(tail, cache);
+  }
+  std::vector<float> logits(std::span<const TokenId> tail, KvCache& cache) {
+    std::vector<float> out(tail.size() * model->info().n_vocab);
+    model->forward(tail, cache, Logits::kAll, out.data(), pool);
+    return out;
+  }
+  float* nullptr_hidden() {
+    scratch.resize(model->info().d_model);
+    return scratch.data();
+  }
+  std::vector<float> scratch;
+};
+
+// Feeds `a` then `junk`, truncates to n, feeds `b`; returns (positions kept, logits of b).
+std::pair<size_t, std::vector<float>> after_rollback(Loaded& m, const std::vector<TokenId>& a,
+                                                     const std::vector<TokenId>& junk, size_t n,
+                                                     const std::vector<TokenId>& b, size_t n_ctx) {
+  KvCache cache = m.model->new_cache(n_ctx);
+  m.model->forward_hidden(a, cache, Logits::kLast, m.nullptr_hidden(), m.pool);
+  m.model->forward_hidden(junk, cache, Logits::kLast, m.nullptr_hidden(), m.pool);
+  EXPECT_EQ(cache.tokens().size(), a.size() + junk.size());
+  const size_t kept = cache.truncate(n);
+  EXPECT_EQ(cache.n_past, kept);
+  EXPECT_EQ(cache.tokens().size(), kept);
+  if (kept < n) m.model->forward_hidden(std::span(a).subspan(kept, n - kept), cache, Logits::kLast, m.nullptr_hidden(), m.pool);
+  return {kept, m.logits(b, cache)};
+}
+
+// The ring edge: after P positions, a ring of C slots holds P - C .. P - 1; a query at n needs
+// n - W + 1 .. n - 1. truncate(n) keeps n exactly when n - W + 1 >= P - C.
+void check_ring_edges(Loaded& m, size_t window, size_t ring, size_t n_a, size_t n_junk, size_t n_ctx) {
+  const size_t n_vocab = m.model->info().n_vocab;
+  const auto a = random_tokens(n_a, n_vocab, 1), junk = random_tokens(n_junk, n_vocab, 2);
+  const auto b = random_tokens(12, n_vocab, 3);
+  const size_t floor = n_a + n_junk - ring;
+  const size_t edge = floor + window - 1;  // the smallest n that is still exact
+  ASSERT_LT(edge, n_a);
+
+  for (const size_t n : {n_a, edge}) {
+    const auto [kept, logits] = after_rollback(m, a, junk, n, b, n_ctx);
+    EXPECT_EQ(kept, n) << "truncate(" << n << ")";
+    EXPECT_EQ(logits, m.fresh(first(a, n), b, n_ctx)) << "truncate(" << n << ") then feeding is not bit-identical";
+  }
+  // One position before the edge the ring has lost position edge - W: truncate keeps nothing,
+  // and re-feeding from 0 is exact again.
+  const auto [kept, logits] = after_rollback(m, a, junk, edge - 1, b, n_ctx);
+  EXPECT_EQ(kept, 0u);
+  EXPECT_EQ(logits, m.fresh(first(a, edge - 1), b, n_ctx));
+
+  // Bypassing the rule (pretending the ring still holds the window) would change the logits:
+  // the rule is needed, not just cautious.
+  KvCache cache = m.model->new_cache(n_ctx);
+  m.model->forward_hidden(a, cache, Logits::kLast, m.nullptr_hidden(), m.pool);
+  m.model->forward_hidden(junk, cache, Logits::kLast, m.nullptr_hidden(), m.pool);
+  cache.n_past = edge - 1;
+  EXPECT_NE(m.logits(b, cache), m.fresh(first(a, edge - 1), b, n_ctx));
+}
+
+TEST(KvCache, TruncateIsExactAtTheSlidingRingsEdgesGemma4Tiny) {
+  for (const char* name : {"e2b_tiny", "e4b_tiny"}) {
+    SCOPED_TRACE(name);
+    Loaded m(fs::path(KESTREL_SOURCE_DIR) / "tests/data/gemma4" / name / "model.gguf");
+    // window 8, ring 8 + 256 - 1 = 263 slots; 300 + 100 positions written.
+    check_ring_edges(m, 8, 263, 300, 100, 512);
+  }
+}
+
+TEST(KvCache, TruncateIsExactAtTheSlidingRingsEdgesGemma3) {
+  fs::path path;
+  try {
+    path = runtime::default_model_path();
+  } catch (const std::exception& e) {
+    GTEST_SKIP() << e.what();
+  }
+  Loaded m(path);
+  // window 512, ring 512 + 256 - 1 = 767 slots; 800 + 150 positions written.
+  check_ring_edges(m, 512, 767, 800, 150, 1024);
+}
+
+TEST(KvCache, TruncateWithinTheRingAndBadArguments) {
+  Loaded m(fs::path(KESTREL_SOURCE_DIR) / "tests/data/gemma4/e2b_tiny/model.gguf");
+  const size_t n_vocab = m.model->info().n_vocab;
+  const auto a = random_tokens(40, n_vocab, 4), b = random_tokens(5, n_vocab, 5);
+  for (const size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{8}, size_t{39}, size_t{40}}) {
+    const auto [kept, logits] = after_rollback(m, a, random_tokens(20, n_vocab, 6), n, b, 128);
+    EXPECT_EQ(kept, n);
+    EXPECT_EQ(logits, m.fresh(first(a, n), b, 128)) << "truncate(" << n << ")";
+  }
+  KvCache cache = m.model->new_cache(64);
+  m.model->forward_hidden(a, cache, Logits::kLast, m.nullptr_hidden(), m.pool);
+  EXPECT_THROW(cache.truncate(41), Error);
+  EXPECT_EQ(cache.n_past, 40u);
+  EXPECT_EQ(common_prefix(cache.tokens(), a), 40u);
+  cache.clear();
+  EXPECT_EQ(cache.tokens().size(), 0u);
+}
+
+}  // namespace
+}  // namespace kestrel::model
