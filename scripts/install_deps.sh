@@ -2,7 +2,9 @@
 # Installs what Kestrel needs on Debian 12: build tools and libraries (apt), Python packages
 # (pip, pinned) and the default model. Idempotent: a second run installs nothing.
 #   scripts/install_deps.sh          build + test dependencies and the default model
-#   scripts/install_deps.sh --peers  also llama-cpp-python (goldens and benchmarks)
+#   scripts/install_deps.sh --peers  also llama-cpp-python (goldens and benchmarks), built
+#                                    without AMX; an installed copy built otherwise is rebuilt
+#                                    by either form
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,7 +36,9 @@ pip_quiet() {
 }
 echo "== pip: scripts/requirements.txt"
 pip_quiet -r scripts/requirements.txt
-if [[ "${1:-}" == "--peers" ]]; then
+# With --peers, or when some llama-cpp-python is installed already (so that the test command,
+# which runs without --peers, repairs a default build before its tests use it):
+if [[ "${1:-}" == "--peers" ]] || "$PY" -c "import llama_cpp" 2>/dev/null; then
   # llama-cpp-python is built from source with llama.cpp's AMX kernels off on every machine:
   # built by default on a CPU with AMX, they crash (SIGSEGV at ldtilecfg, SIGILL at tileloadd;
   # docs/correctness.md, "llama.cpp on AMX machines"). GGML_NATIVE=OFF with the instruction
