@@ -100,3 +100,29 @@ def sse_events(raw_text):
         if block.startswith("data: "):
             events.append(block[len("data: "):])
     return events
+
+
+def drop(conn, resp):
+    """Closes the connection for real (http.client keeps the socket open while resp holds it)."""
+    try:
+        conn.sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    resp.close()
+    conn.close()
+
+
+def open_stream(server, max_tokens, path="/v1/completions", stream=True):
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
+    body = {"prompt": "Tell me a long story.", "max_tokens": max_tokens, "ignore_eos": True, "stream": stream,
+            "temperature": 0}
+    # like the openai client (httpx), accept compressed bodies
+    conn.request("POST", path, body=json.dumps(body), headers=server.headers({"Accept-Encoding": "gzip, br"}))
+    return conn, conn.getresponse()
+
+
+def wait_idle(server, timeout=60):
+    deadline = time.time() + timeout
+    while server.metric("kestrel_requests_running") or server.metric("kestrel_queue_depth"):
+        assert time.time() < deadline, "the server stayed busy"
+        time.sleep(0.02)

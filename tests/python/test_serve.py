@@ -8,7 +8,6 @@ import http.client
 import json
 import os
 import random
-import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -16,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import openai
 import pytest
 
-from serve_helpers import ROOT, KESTREL, Server, model_path, sse_events
+from serve_helpers import ROOT, KESTREL, Server, drop, model_path, open_stream, sse_events, wait_idle
 
 pytestmark = pytest.mark.skipif(not model_path().exists() or not KESTREL.exists(),
                                 reason="default model or build/kestrel missing")
@@ -357,32 +356,6 @@ def test_openai_client_raises_typed_errors(client, model_id):
 
 
 # --- cancellation and robustness -------------------------------------------------------------
-
-def drop(conn, resp):
-    """Closes the connection for real (http.client keeps the socket open while resp holds it)."""
-    try:
-        conn.sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
-    resp.close()
-    conn.close()
-
-
-def open_stream(server, max_tokens, path="/v1/completions", stream=True):
-    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
-    body = {"prompt": "Tell me a long story.", "max_tokens": max_tokens, "ignore_eos": True, "stream": stream,
-            "temperature": 0}
-    # like the openai client (httpx), accept compressed bodies
-    conn.request("POST", path, body=json.dumps(body), headers=server.headers({"Accept-Encoding": "gzip, br"}))
-    return conn, conn.getresponse()
-
-
-def wait_idle(server, timeout=60):
-    deadline = time.time() + timeout
-    while server.metric("kestrel_requests_running") or server.metric("kestrel_queue_depth"):
-        assert time.time() < deadline, "the server stayed busy"
-        time.sleep(0.02)
-
 
 def test_disconnect_cancels_generation(server):
     wait_idle(server)

@@ -37,7 +37,7 @@ TEST(ChatRequest, DefaultsAndFields) {
   const auto r = parse_chat_request(json::parse(with(
       R"("model":"m","max_tokens":5,"max_completion_tokens":7,"temperature":0.5,"top_p":0.9,"top_k":3,"min_p":0.1,
          "seed":-1,"stop":"x","stream":true,"stream_options":{"include_usage":true},"ignore_eos":true,"min_tokens":2,
-         "logprobs":true,"top_logprobs":4,"presence_penalty":0.5,"frequency_penalty":-1,"user":"u","extra":[1])")));
+         "cache_prompt":false,"logprobs":true,"top_logprobs":4,"presence_penalty":0.5,"frequency_penalty":-1,"user":"u","extra":[1])")));
   EXPECT_EQ(r.model, "m");
   EXPECT_EQ(*r.max_tokens, 7u);  // max_completion_tokens wins
   EXPECT_FLOAT_EQ(r.sampler.temperature, 0.5f);
@@ -46,6 +46,7 @@ TEST(ChatRequest, DefaultsAndFields) {
   EXPECT_EQ(r.stop, std::vector<std::string>{"x"});
   EXPECT_TRUE(r.stream && r.include_usage && r.ignore_eos);
   EXPECT_EQ(r.min_tokens, 2u);
+  EXPECT_FALSE(r.cache_prompt);
   EXPECT_EQ(r.top_logprobs, 4);
   EXPECT_FLOAT_EQ(r.sampler.frequency_penalty, -1.0f);
   const auto d = parse_chat_request(json::parse(std::string("{") + kMsgs + "}"));
@@ -54,6 +55,8 @@ TEST(ChatRequest, DefaultsAndFields) {
   EXPECT_EQ(d.sampler.top_k, 0);
   EXPECT_FALSE(d.max_tokens.has_value());
   EXPECT_EQ(d.top_logprobs, -1);
+  EXPECT_TRUE(d.cache_prompt);  // llama-server's default
+  EXPECT_NE(chat_error(with(R"("cache_prompt":1)")), "");
   // null is absent
   EXPECT_EQ(chat_error(with(R"("temperature":null,"stop":null,"tools":null)")), "");
 }
@@ -129,9 +132,10 @@ TEST(OpenAIFormat, SseFramingAndChunks) {
   EXPECT_TRUE(back["choices"][0]["finish_reason"].is_null());
   EXPECT_TRUE(back.contains("usage") && back["usage"].is_null());
   EXPECT_FALSE(chat_chunk(meta, json::object(), "stop", nullptr, false).contains("usage"));
-  const json last = usage_chunk(meta, "chat.completion.chunk", usage_json(3, 4));
+  const json last = usage_chunk(meta, "chat.completion.chunk", usage_json(3, 4, 2));
   EXPECT_TRUE(last["choices"].empty());
   EXPECT_EQ(last["usage"]["total_tokens"], 7);
+  EXPECT_EQ(last["usage"]["prompt_tokens_details"]["cached_tokens"], 2);
   EXPECT_EQ(sse_done(), "data: [DONE]\n\n");
   // invalid UTF-8 (a token cut inside a character) never throws
   EXPECT_EQ(dump(json("a\xff")), "\"a\xEF\xBF\xBD\"");  // U+FFFD

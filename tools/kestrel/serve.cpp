@@ -46,6 +46,13 @@ Command add_serve_command(CLI::App& app) {
   cmd->add_option("--http-threads", s.http_threads, "Connections handled at once (requests queue for the engine)")
       ->check(CLI::Range(2, 256))
       ->capture_default_str();
+  cmd->add_option("--parallel", s.parallel,
+                  "Sessions: KV caches kept for later requests with the same prefix (prompt cache)")
+      ->check(CLI::Range(size_t{1}, size_t{256}))
+      ->capture_default_str();
+  cmd->add_option("--queue", s.max_queue, "Requests admitted at once (running + waiting); more get 429")
+      ->check(CLI::Range(size_t{1}, size_t{65536}))
+      ->capture_default_str();
   return [opts] { return serve(*opts); };
 }
 

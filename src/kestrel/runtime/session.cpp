@@ -70,10 +70,14 @@ TokenScores Session::step(std::span<const TokenId> tokens) {
   return {candidates_.logits, candidates_.ids};
 }
 
+size_t Session::reusable_prefix(std::span<const TokenId> prompt) const {
+  if (prompt.empty()) return 0;
+  return cache_.exact_prefix(std::min(model::common_prefix(cache_.tokens(), prompt), prompt.size() - 1));
+}
+
 size_t Session::reuse_prefix(std::span<const TokenId> prompt) {
   if (prompt.empty()) return 0;
-  const size_t shared = model::common_prefix(cache_.tokens(), prompt);
-  return cache_.truncate(std::min(shared, prompt.size() - 1));
+  return cache_.truncate(std::min(model::common_prefix(cache_.tokens(), prompt), prompt.size() - 1));
 }
 
 GenerateResult Session::generate(std::span<const TokenId> prompt, const GenerateOptions& options,

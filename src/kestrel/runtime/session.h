@@ -35,6 +35,8 @@ class Session {
   /// KvCache::truncate's rule. Returns the number of positions kept: the tokens of the prompt
   /// that need no prefill.
   size_t reuse_prefix(std::span<const TokenId> prompt);
+  /// What reuse_prefix(prompt) would keep, without changing anything.
+  size_t reusable_prefix(std::span<const TokenId> prompt) const;
 
   /// Appends `tokens` to the sequence and returns the logits of the last one ([n_vocab]).
   /// Throws kestrel::Error if they do not fit in the context.

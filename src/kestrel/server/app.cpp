@@ -36,6 +36,7 @@ void App::guarded(const char* endpoint, httplib::Response& res, const std::funct
     body();
   } catch (const ApiError& e) {
     send_json(res, e.status(), e.body());
+    if (e.status() == 429) res.set_header("Retry-After", "1");
   } catch (const std::exception& e) {
     send_json(res, 500, ApiError::error_body(std::string("internal error: ") + e.what(), "server_error", "", ""));
   }
@@ -167,6 +168,18 @@ void App::install_routes() {
   });
 }
 
+std::shared_ptr<void> App::admit() {
+  // The place is released when the Job (which the response's content provider holds) goes,
+  // whether it ran, failed, or its client left before it started.
+  if (admitted_.fetch_add(1) >= options_.max_queue) {
+    admitted_.fetch_sub(1);
+    throw ApiError(429, "the server is busy: " + std::to_string(options_.max_queue) +
+                            " requests are running or waiting (--queue); retry later",
+                   "", "rate_limit_exceeded", "requests");
+  }
+  return std::shared_ptr<void>(nullptr, [this](void*) { admitted_.fetch_sub(1); });
+}
+
 void App::handle_generate(const httplib::Request& req, httplib::Response& res, Endpoint endpoint) {
   const auto arrival = Clock::now();
   guarded(endpoint == Endpoint::kChat ? "chat" : "completions", res, [&] {
@@ -179,6 +192,7 @@ void App::handle_generate(const httplib::Request& req, httplib::Response& res, E
                      "model", "model_not_found");
     }
     auto job = std::make_shared<Job>();
+    job->admission = admit();
     job->endpoint = endpoint;
     job->stream = r.stream;
     job->include_usage = r.stream && r.include_usage;
@@ -234,6 +248,7 @@ void App::handle_generate(const httplib::Request& req, httplib::Response& res, E
     o.stop = r.stop;
     o.min_tokens = r.min_tokens;
     o.top_logprobs = r.top_logprobs;
+    o.cache_prompt = r.cache_prompt;
     res.status = 200;
     res.set_header("Cache-Control", "no-cache");
     // The charset parameter also keeps httplib from gzip-compressing the body: its compressor

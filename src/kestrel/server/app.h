@@ -19,6 +19,7 @@
 #include "kestrel/server/metrics.h"
 #include "kestrel/server/openai_format.h"
 #include "kestrel/server/request.h"
+#include "kestrel/server/session_pool.h"
 #include "kestrel/server/server.h"
 
 namespace kestrel::server {
@@ -47,6 +48,7 @@ struct Job {
   ChatPrompt chat;  // chat only
   ResponseMeta meta;
   Clock::time_point arrival;
+  std::shared_ptr<void> admission;  // holds a place among options.max_queue until the job ends
 };
 
 class App {
@@ -57,8 +59,11 @@ class App {
   httplib::Server& http() { return http_; }
   /// Shutting down: running generations stop at their next token.
   void stop_generating() { stopping_ = true; }
+  /// Takes the loaded engine and allocates the sessions (kestrel::Error when they do not fit).
   void set_engine(std::unique_ptr<runtime::Engine> engine) {
     engine_ = std::move(engine);
+    sessions_ = std::make_unique<SessionPool>(*engine_, options_.parallel);
+    metrics_.sessions(sessions_->size(), sessions_->kv_bytes());
     chat_template_ = detect_chat_template(engine_->tokenizer());
     ready_ = true;
   }
@@ -78,6 +83,11 @@ class App {
   void check_auth(const httplib::Request& req) const;
   json parse_body(const httplib::Request& req) const;
 
+  // A place among options.max_queue admitted requests, or ApiError 429 when none is left.
+  std::shared_ptr<void> admit();
+  // Runs one prompt in the session the pool picks; metrics of tokens and prompt-cache reuse.
+  runtime::GenerateResult generate(const std::vector<TokenId>& prompt, const runtime::GenerateOptions& options,
+                                   const runtime::TextCallback& on_text);
   void handle_generate(const httplib::Request& req, httplib::Response& res, Endpoint endpoint);
   void run_job(Job& job, httplib::DataSink& sink);
   void run_chat(Job& job, const std::function<bool(const std::string&)>& write);
@@ -90,6 +100,8 @@ class App {
   ServerOptions options_;
   httplib::Server http_;
   std::unique_ptr<runtime::Engine> engine_;
+  std::unique_ptr<SessionPool> sessions_;
+  std::atomic<size_t> admitted_{0};
   ChatTemplate chat_template_ = ChatTemplate::kGemma3;
   std::atomic<bool> ready_{false};
   std::atomic<bool> stopping_{false};

@@ -28,6 +28,15 @@ runtime::TokenCallback App::token_callback(Job& job, const std::function<bool(co
   };
 }
 
+runtime::GenerateResult App::generate(const std::vector<TokenId>& prompt, const runtime::GenerateOptions& options,
+                                      const runtime::TextCallback& on_text) {
+  const SessionPool::Pick pick = sessions_->pick(prompt, options.cache_prompt);
+  runtime::GenerateResult result = pick.session->generate(prompt, options, on_text);
+  metrics_.tokens(result.prompt_tokens, result.tokens.size());
+  metrics_.prompt_cache(result.cached_tokens);
+  return result;
+}
+
 void App::run_job(Job& job, httplib::DataSink& sink) {
   bool alive = true;
   std::function<bool(const std::string&)> write = [&](const std::string& s) {
@@ -56,8 +65,7 @@ void App::run_job(Job& job, httplib::DataSink& sink) {
 }
 
 void App::run_chat(Job& job, const std::function<bool(const std::string&)>& write) {
-  runtime::Engine& engine = *engine_;
-  const text::Tokenizer& tok = engine.tokenizer();
+  const text::Tokenizer& tok = engine_->tokenizer();
   text::ReplyParser parser(job.chat.reply_format, job.chat.parse_tools);
   std::vector<runtime::StepLogprobs> pending;
   size_t n_tool_calls = 0;
@@ -94,10 +102,9 @@ void App::run_chat(Job& job, const std::function<bool(const std::string&)>& writ
     if (job.stream) send_events(parser.feed(piece));
     return write("");
   };
-  runtime::GenerateResult result = engine.generate(job.prompts[0], o, on_text);
-  metrics_.tokens(result.prompt_tokens, result.tokens.size());
+  runtime::GenerateResult result = generate(job.prompts[0], o, on_text);
   if (result.cancelled) return;
-  const json usage = usage_json(result.prompt_tokens, result.tokens.size());
+  const json usage = usage_json(result.prompt_tokens, result.tokens.size(), result.cached_tokens);
   if (job.stream) {
     send_events(parser.finish());
     const std::string finish = n_tool_calls > 0 ? "tool_calls" : result.finish_reason;
@@ -134,9 +141,8 @@ void App::run_chat(Job& job, const std::function<bool(const std::string&)>& writ
 }
 
 void App::run_completion(Job& job, const std::function<bool(const std::string&)>& write) {
-  runtime::Engine& engine = *engine_;
-  const text::Tokenizer& tok = engine.tokenizer();
-  size_t prompt_tokens = 0, completion_tokens = 0;
+  const text::Tokenizer& tok = engine_->tokenizer();
+  size_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
   json choices = json::array();
   for (size_t i = 0; i < job.prompts.size(); ++i) {
     std::vector<runtime::StepLogprobs> pending;
@@ -157,10 +163,10 @@ void App::run_completion(Job& job, const std::function<bool(const std::string&)>
       wrote = true;
       return write(sse_event(chunk));
     };
-    runtime::GenerateResult result = engine.generate(job.prompts[i], o, on_text);
-    metrics_.tokens(result.prompt_tokens, result.tokens.size());
+    runtime::GenerateResult result = generate(job.prompts[i], o, on_text);
     if (result.cancelled) return;
     prompt_tokens += result.prompt_tokens;
+    cached_tokens += result.cached_tokens;
     completion_tokens += result.tokens.size();
     if (job.stream) {
       json lp = job.top_logprobs >= 0 && !pending.empty() ? completion_logprobs(tok, pending, offset) : json(nullptr);
@@ -172,7 +178,7 @@ void App::run_completion(Job& job, const std::function<bool(const std::string&)>
       choices.push_back(completion_choice(i, result.text, result.finish_reason, lp));
     }
   }
-  const json usage = usage_json(prompt_tokens, completion_tokens);
+  const json usage = usage_json(prompt_tokens, completion_tokens, cached_tokens);
   if (job.stream) {
     if (job.include_usage) write(sse_event(usage_chunk(job.meta, "text_completion", usage)));
     write(sse_done());

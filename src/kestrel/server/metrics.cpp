@@ -86,6 +86,18 @@ void Metrics::cancelled() {
   ++cancelled_;
 }
 
+void Metrics::prompt_cache(size_t cached_tokens) {
+  std::lock_guard lock(mu_);
+  ++(cached_tokens > 0 ? cache_hits_ : cache_misses_);
+  cached_tokens_ += cached_tokens;
+}
+
+void Metrics::sessions(size_t n, size_t kv_bytes) {
+  std::lock_guard lock(mu_);
+  sessions_ = n;
+  kv_bytes_ = kv_bytes;
+}
+
 std::string Metrics::render() const {
   std::lock_guard lock(mu_);
   std::string out;
@@ -95,8 +107,19 @@ std::string Metrics::render() const {
     out += "kestrel_requests_total{endpoint=\"" + key.first + "\",status=\"" + std::to_string(key.second) + "\"} " +
            std::to_string(n) + "\n";
   }
-  out += "# HELP kestrel_prompt_tokens_total Prompt tokens prefilled.\n# TYPE kestrel_prompt_tokens_total counter\n";
+  out += "# HELP kestrel_prompt_tokens_total Prompt tokens, cached ones included.\n# TYPE kestrel_prompt_tokens_total counter\n";
   out += "kestrel_prompt_tokens_total " + std::to_string(prompt_tokens_) + "\n";
+  out += "# HELP kestrel_prompt_cache_requests_total Prompts run, by whether a session's KV cache supplied a prefix.\n"
+         "# TYPE kestrel_prompt_cache_requests_total counter\n";
+  out += "kestrel_prompt_cache_requests_total{result=\"hit\"} " + std::to_string(cache_hits_) + "\n";
+  out += "kestrel_prompt_cache_requests_total{result=\"miss\"} " + std::to_string(cache_misses_) + "\n";
+  out += "# HELP kestrel_prompt_tokens_cached_total Prompt tokens taken from a KV cache instead of prefilled.\n"
+         "# TYPE kestrel_prompt_tokens_cached_total counter\n";
+  out += "kestrel_prompt_tokens_cached_total " + std::to_string(cached_tokens_) + "\n";
+  out += "# HELP kestrel_sessions Sessions (KV caches) the server holds (--parallel).\n# TYPE kestrel_sessions gauge\n";
+  out += "kestrel_sessions " + std::to_string(sessions_) + "\n";
+  out += "# HELP kestrel_kv_cache_bytes Bytes of all sessions' KV caches.\n# TYPE kestrel_kv_cache_bytes gauge\n";
+  out += "kestrel_kv_cache_bytes " + std::to_string(kv_bytes_) + "\n";
   out += "# HELP kestrel_generation_tokens_total Tokens generated.\n# TYPE kestrel_generation_tokens_total counter\n";
   out += "kestrel_generation_tokens_total " + std::to_string(generated_tokens_) + "\n";
   out += "# HELP kestrel_requests_cancelled_total Generations stopped because the client went away.\n"

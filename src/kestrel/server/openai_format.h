@@ -28,7 +28,7 @@ struct ResponseMeta {
   std::string model;
 };
 
-nlohmann::json usage_json(size_t prompt_tokens, size_t completion_tokens);
+nlohmann::json usage_json(size_t prompt_tokens, size_t completion_tokens, size_t cached_tokens);
 
 /// A chat.completion.chunk with one choice (index 0) carrying `delta`; finish_reason null
 /// when empty. `logprobs` (chat shape, or null) goes on the choice. include_usage adds

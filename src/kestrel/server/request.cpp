@@ -83,7 +83,8 @@ std::optional<std::string> get_string(const json& body, const char* key) {
   return v->get<std::string>();
 }
 
-// Fields shared by both endpoints: model, sampling, stop, stream, ignore_eos, min_tokens, n.
+// Fields shared by both endpoints: model, sampling, stop, stream, ignore_eos, min_tokens, n,
+// cache_prompt.
 void parse_common(const json& body, GenerationRequest& r) {
   if (!body.is_object()) throw bad_request("the request body must be a JSON object");
   if (auto m = get_string(body, "model")) r.model = *m;
@@ -132,6 +133,7 @@ void parse_common(const json& body, GenerationRequest& r) {
     if (auto u = get_bool(*so, "include_usage")) r.include_usage = *u;
   }
   if (auto e = get_bool(body, "ignore_eos")) r.ignore_eos = *e;
+  if (auto c = get_bool(body, "cache_prompt")) r.cache_prompt = *c;
   if (auto m = get_int(body, "min_tokens", 0, 1 << 24)) r.min_tokens = static_cast<size_t>(*m);
   if (auto e = get_bool(body, "echo"); e && *e) throw bad_request("'echo' is not supported", "echo");
   if (auto b = get_int(body, "best_of", 1, 128); b && *b != 1) throw bad_request("only best_of=1 is supported", "best_of");

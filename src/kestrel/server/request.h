@@ -40,6 +40,7 @@ struct GenerationRequest {
   bool stream = false;
   bool include_usage = false;               // stream_options.include_usage
   bool ignore_eos = false;
+  bool cache_prompt = true;                 // reuse a session's cached prefix (llama-server's name)
   size_t min_tokens = 0;
   int top_logprobs = -1;                    // -1: no logprobs; 0: chosen token only; n: n best
 };

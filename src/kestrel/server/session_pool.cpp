@@ -1,0 +1,48 @@
+#include "kestrel/server/session_pool.h"
+
+#include <algorithm>
+#include <string>
+
+#include "kestrel/base/error.h"
+#include "kestrel/model/model.h"
+
+namespace kestrel::server {
+
+SessionPool::SessionPool(runtime::Engine& engine, size_t n_sessions) {
+  if (n_sessions == 0) throw Error("--parallel must be at least 1");
+  const size_t one = engine.session().cache().bytes();
+  model::check_memory("--parallel " + std::to_string(n_sessions) + " (" + std::to_string(n_sessions) +
+                          " KV caches of " + std::to_string(engine.n_ctx()) + " positions)",
+                      n_sessions * one);
+  sessions_.push_back(&engine.session());
+  for (size_t i = 1; i < n_sessions; ++i) {
+    owned_.push_back(std::make_unique<runtime::Session>(engine));
+    sessions_.push_back(owned_.back().get());
+  }
+  last_used_.assign(n_sessions, 0);
+}
+
+SessionPool::Pick SessionPool::pick(std::span<const runtime::TokenId> prompt, bool cache_prompt) {
+  size_t best = 0, best_reuse = 0;
+  for (size_t i = 0; i < sessions_.size(); ++i) {
+    size_t reuse = cache_prompt ? sessions_[i]->reusable_prefix(prompt) : 0;
+    // A prefix shorter than what the prompt would throw away (the start of a chat template, a
+    // shared first word) is not worth another conversation's cache: such a session competes
+    // only by age. (llama-server's --slot-prompt-similarity plays this part.)
+    if (2 * reuse < sessions_[i]->cached_tokens().size()) reuse = 0;
+    if (reuse > best_reuse || (reuse == best_reuse && last_used_[i] < last_used_[best])) {
+      best = i;
+      best_reuse = reuse;
+    }
+  }
+  last_used_[best] = ++clock_;
+  return {sessions_[best], best_reuse};
+}
+
+size_t SessionPool::kv_bytes() const {
+  size_t total = 0;
+  for (const auto* s : sessions_) total += s->cache().bytes();
+  return total;
+}
+
+}  // namespace kestrel::server

@@ -1,0 +1,154 @@
+"""kestrel serve's sessions: the prompt cache across chat turns (OpenAI's
+usage.prompt_tokens_details.cached_tokens), separate conversations kept in separate sessions
+(--parallel), llama-server's per-request cache_prompt, the bounded queue (429 + Retry-After),
+and the memory check of --parallel at start.
+
+Independent references: a request with cache_prompt false (a cold prefill of the same prompt)
+for the answers, and the openai package's own types for the errors.
+"""
+import subprocess
+import threading
+import time
+
+import openai
+import pytest
+
+from serve_helpers import KESTREL, Server, drop, model_path, open_stream, wait_idle
+
+pytestmark = pytest.mark.skipif(not model_path().exists() or not KESTREL.exists(),
+                                reason="default model or build/kestrel missing")
+
+# A first turn of a few hundred tokens, then short follow-ups.
+STORY = " ".join(f"Day {i}: the expedition walked north along the river and counted {i * 7} birds." for i in range(1, 26))
+
+
+def chat(client, messages, cache_prompt=True, max_tokens=16):
+    r = client.chat.completions.create(model="m", messages=messages, max_tokens=max_tokens, temperature=0,
+                                       extra_body={"cache_prompt": cache_prompt, "ignore_eos": True})
+    return r.choices[0].message.content, r.usage
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = Server("--model-name", "m", "--parallel", 2)
+    yield s
+    assert s.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.base + "/v1", api_key="none", max_retries=0, timeout=300)
+
+
+def test_follow_up_turn_prefills_only_the_new_tokens(server, client):
+    wait_idle(server)
+    hits = server.metric('kestrel_prompt_cache_requests_total{result="hit"}')
+    turn1 = [{"role": "user", "content": "Summarize this log. " + STORY}]
+    answer1, u1 = chat(client, turn1)
+    assert u1.prompt_tokens > 300
+    turn2 = turn1 + [{"role": "assistant", "content": answer1}, {"role": "user", "content": "And on day 12?"}]
+    answer2, u2 = chat(client, turn2)
+    cached = u2.prompt_tokens_details.cached_tokens
+    # everything of turn 1 (its prompt and, re-tokenized, most of its answer) comes from the cache
+    assert u1.prompt_tokens <= cached < u2.prompt_tokens, (u1.prompt_tokens, cached, u2.prompt_tokens)
+    assert server.metric('kestrel_prompt_cache_requests_total{result="hit"}') == hits + 1
+    # the same answer as a cold run of the full prompt
+    cold, u_cold = chat(client, turn2, cache_prompt=False)
+    assert u_cold.prompt_tokens_details.cached_tokens == 0
+    assert answer2 == cold
+
+
+def test_two_conversations_keep_their_own_sessions(server, client):
+    wait_idle(server)
+    a = [{"role": "user", "content": "Conversation A. " + STORY}]
+    b = [{"role": "user", "content": "Conversation B, about something else entirely. " + STORY[::-1]}]
+    ra, _ = chat(client, a)
+    rb, _ = chat(client, b)
+    a2 = a + [{"role": "assistant", "content": ra}, {"role": "user", "content": "More."}]
+    b2 = b + [{"role": "assistant", "content": rb}, {"role": "user", "content": "More."}]
+    _, ua = chat(client, a2)
+    _, ub = chat(client, b2)
+    assert ua.prompt_tokens_details.cached_tokens > 300
+    assert ub.prompt_tokens_details.cached_tokens > 300
+
+
+def test_one_session_serves_one_conversation_at_a_time():
+    s = Server("--model-name", "m", "--parallel", 1)
+    try:
+        c = openai.OpenAI(base_url=s.base + "/v1", api_key="none", max_retries=0, timeout=300)
+        assert s.metric("kestrel_sessions") == 1
+        a = [{"role": "user", "content": "Conversation A. " + STORY}]
+        ra, _ = chat(c, a)
+        chat(c, [{"role": "user", "content": "Conversation B. " + STORY[::-1]}])
+        _, ua = chat(c, a + [{"role": "assistant", "content": ra}, {"role": "user", "content": "More."}])
+        # B took the only session: A's follow-up shares just the template's start with it
+        assert ua.prompt_tokens_details.cached_tokens < 10
+    finally:
+        assert s.stop() == 0
+
+
+def test_completions_report_cached_tokens(server):
+    wait_idle(server)
+    body = {"prompt": STORY, "max_tokens": 4, "temperature": 0}
+    status, first = server.request("POST", "/v1/completions", body)
+    assert status == 200
+    status, again = server.request("POST", "/v1/completions", body)
+    assert status == 200
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == again["usage"]["prompt_tokens"] - 1
+    assert again["choices"][0]["text"] == first["choices"][0]["text"]
+    status, off = server.request("POST", "/v1/completions", {**body, "cache_prompt": False})
+    assert off["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    status, bad = server.request("POST", "/v1/completions", {**body, "cache_prompt": "yes"})
+    assert status == 400 and bad["error"]["param"] == "cache_prompt"
+
+
+def test_a_full_queue_answers_429_with_retry_after():
+    s = Server("--model-name", "m", "--queue", 1)
+    try:
+        conn, resp = open_stream(s, 3000)  # holds the only place
+        resp.fp.readline()
+        c = openai.OpenAI(base_url=s.base + "/v1", api_key="none", max_retries=0, timeout=60)
+        with pytest.raises(openai.RateLimitError) as e:
+            c.completions.create(model="m", prompt="Hi", max_tokens=2)
+        assert e.value.response.headers["Retry-After"] == "1"
+        assert e.value.body["code"] == "rate_limit_exceeded"
+        drop(conn, resp)
+        wait_idle(s)
+        # the place is free again once the first request has gone
+        deadline = time.time() + 30
+        while True:
+            try:
+                c.completions.create(model="m", prompt="Hi", max_tokens=2)
+                break
+            except openai.RateLimitError:
+                assert time.time() < deadline
+                time.sleep(0.1)
+    finally:
+        assert s.stop() == 0
+
+
+def test_more_sessions_than_memory_is_a_clear_error():
+    r = subprocess.run([str(KESTREL), "serve", "--port", "0", "-t", "2", "--parallel", "256", "--ctx", "32768"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1, r.stderr
+    assert "--parallel 256" in r.stderr and "memory" in r.stderr, r.stderr
+
+
+def test_clients_in_parallel_all_complete(server):
+    """More clients than sessions: every request completes (they take turns)."""
+    wait_idle(server)
+    results, lock = [], threading.Lock()
+
+    def one(i):
+        status, body = server.request("POST", "/v1/completions",
+                                      {"prompt": f"Client {i}: " + STORY[: 40 * (i + 1)], "max_tokens": 6,
+                                       "temperature": 0})
+        with lock:
+            results.append(status)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [200] * 6
