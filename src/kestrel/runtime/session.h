@@ -23,7 +23,9 @@ class Session {
   /// Allocates the KV cache. Throws kestrel::Error when it does not fit in memory.
   explicit Session(Engine& engine);
 
+  Engine& engine() const { return engine_; }
   const model::KvCache& cache() const { return cache_; }
+  model::KvCache& cache() { return cache_; }
   /// Token ids whose keys and values the cache holds (the prompt and the generated tokens fed
   /// back, not the last sampled token).
   std::span<const TokenId> cached_tokens() const { return cache_.tokens(); }
@@ -44,17 +46,21 @@ class Session {
   /// Appends `tokens` and scores the next token with the engine's head: the dense logits, or
   /// FlashHead's candidates (TokenScores::ids set). Valid until the next call.
   TokenScores step(std::span<const TokenId> tokens);
+  /// The last-token hidden state buffer, float32 [d_model], that step() fills and score() reads
+  /// (a batched forward writes it directly: Model::forward_batch's BatchSequence::hidden).
+  float* hidden() { return hidden_.data(); }
+  /// Scores the next token from hidden() with the engine's head (as step() does after the
+  /// forward). Valid until the next call.
+  TokenScores score();
 
   /// Runs the prompt (after the cached prefix when options.cache_prompt, else from an empty
-  /// cache), then samples up to max_tokens tokens. GenerateResult::cached_tokens says how many
+  /// cache), then samples up to max_tokens tokens: a Generation (generation.h) stepped alone. GenerateResult::cached_tokens says how many
   /// prompt tokens the cache supplied. Throws kestrel::Error if the prompt is empty or does not
   /// fit the context.
   GenerateResult generate(std::span<const TokenId> prompt, const GenerateOptions& options,
                           const TextCallback& on_text = nullptr);
 
  private:
-  void suppress_stop_tokens(TokenScores scores, const GenerateOptions& options) const;
-
   Engine& engine_;
   model::KvCache cache_;
   std::vector<float> logits_;

@@ -1,0 +1,166 @@
+#include "kestrel/runtime/generation.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "kestrel/base/error.h"
+#include "kestrel/runtime/engine.h"
+#include "kestrel/runtime/session.h"
+
+namespace kestrel::runtime {
+namespace {
+
+double ms_between(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+// Length of the longest suffix of `text` that is a proper prefix of some stop string: that
+// much text must be held back while streaming, as the next token may complete the match.
+size_t held_back(std::string_view text, const std::vector<std::string>& stops) {
+  size_t hold = 0;
+  for (const auto& stop : stops) {
+    for (size_t len = std::min(stop.size() - 1, text.size()); len > hold; --len) {
+      if (text.substr(text.size() - len) == std::string_view(stop).substr(0, len)) {
+        hold = len;
+        break;
+      }
+    }
+  }
+  return hold;
+}
+
+}  // namespace
+
+Generation::Generation(Session& session, std::span<const TokenId> prompt, const GenerateOptions& options,
+                       const TextCallback& on_text)
+    : session_(session),
+      prompt_(prompt),
+      options_(options),
+      on_text_(on_text),
+      sampler_(options.sampler),
+      history_(prompt.begin(), prompt.end()),
+      decoder_(session.engine().tokenizer(), options.render_special) {
+  const size_t n_ctx = session.engine().n_ctx();
+  if (prompt.empty()) throw Error("the prompt is empty");
+  if (prompt.size() >= n_ctx) {
+    throw Error("the prompt has " + std::to_string(prompt.size()) + " tokens, which does not fit the context of " +
+                std::to_string(n_ctx) + " tokens (raise --ctx or shorten the prompt)");
+  }
+  result_.prompt_tokens = prompt.size();
+  result_.finish_reason = "length";
+  t0_ = Clock::now();
+  if (options.cache_prompt) {
+    result_.cached_tokens = session.reuse_prefix(prompt);
+  } else {
+    session.reset();
+  }
+  next_prompt_ = result_.cached_tokens;
+}
+
+std::span<const TokenId> Generation::input(size_t max_tokens) const {
+  if (done_) return {};
+  if (prefilling()) return prompt_.subspan(next_prompt_, std::min(max_tokens, prompt_.size() - next_prompt_));
+  return {&last_, 1};
+}
+
+void Generation::advance(size_t n, TokenScores scores) {
+  if (done_ || n == 0 || n > input(n).size()) throw Error("Generation::advance: fed tokens that were not its input");
+  if (prefilling()) {
+    next_prompt_ += n;
+    if (prefilling()) return;
+    if (options_.max_tokens == 0) {
+      done_ = true;
+      return;
+    }
+  }
+  sample(scores);
+}
+
+// Serving: stop tokens get -inf so that min_tokens tokens come before the end of the turn.
+void Generation::suppress_stop_tokens(TokenScores scores) const {
+  for (const auto* ids : {&session_.engine().stop_tokens(), &options_.stop_token_ids}) {
+    for (TokenId t : *ids) {
+      if (scores.ids.empty()) {
+        if (t >= 0 && static_cast<size_t>(t) < scores.size()) scores.logits[static_cast<size_t>(t)] = -INFINITY;
+      } else {
+        for (size_t i = 0; i < scores.size(); ++i) {
+          if (scores.ids[i] == t) scores.logits[i] = -INFINITY;
+        }
+      }
+    }
+  }
+}
+
+void Generation::emit(size_t end) {
+  if (end > emitted_ && on_text_ && !on_text_(std::string_view(result_.text).substr(emitted_, end - emitted_))) {
+    stopped_by_client_ = true;
+  }
+  emitted_ = std::max(emitted_, end);
+}
+
+void Generation::sample(TokenScores scores) {
+  const size_t i = result_.tokens.size();
+  if (options_.top_logprobs >= 0) {
+    raw_logits_.assign(scores.logits.begin(), scores.logits.end());
+    raw_ids_.assign(scores.ids.begin(), scores.ids.end());
+  }
+  if (i < options_.min_tokens && !options_.ignore_eos) suppress_stop_tokens(scores);
+  const TokenId token = sampler_.sample(scores, history_);
+  if (i == 0) {
+    t_first_ = Clock::now();
+    result_.ttft_ms = ms_between(t0_, t_first_);
+  }
+  result_.tokens.push_back(token);
+  history_.push_back(token);
+  last_ = token;
+  done_ = true;  // unless it goes on below
+  if (options_.top_logprobs >= 0) {
+    result_.logprobs.push_back(compute_logprobs(raw_logits_, raw_ids_, token, static_cast<size_t>(options_.top_logprobs)));
+  }
+  if (options_.on_token && !options_.on_token(token, options_.top_logprobs >= 0 ? &result_.logprobs.back() : nullptr)) {
+    stopped_by_client_ = true;
+    return;
+  }
+  const auto& stop_tokens = session_.engine().stop_tokens();
+  const bool is_stop_token =
+      std::find(stop_tokens.begin(), stop_tokens.end(), token) != stop_tokens.end() ||
+      std::find(options_.stop_token_ids.begin(), options_.stop_token_ids.end(), token) != options_.stop_token_ids.end();
+  if (is_stop_token && !options_.ignore_eos) {
+    result_.finish_reason = "stop";
+    return;
+  }
+  result_.text += decoder_.push(token);
+  bool stop_string = false;
+  for (const auto& stop : options_.stop) {
+    if (stop.empty()) continue;
+    const size_t from = emitted_ > stop.size() ? emitted_ - stop.size() : 0;
+    const size_t at = result_.text.find(stop, from);
+    if (at != std::string::npos) {
+      result_.text.resize(at);
+      stop_string = true;
+    }
+  }
+  if (stop_string) {
+    result_.finish_reason = "stop";
+    return;
+  }
+  emit(result_.text.size() - held_back(result_.text, options_.stop));
+  if (stopped_by_client_) return;
+  if (i + 1 == options_.max_tokens || session_.cache().n_past >= session_.engine().n_ctx()) return;
+  done_ = false;
+}
+
+GenerateResult Generation::finish() {
+  if (result_.finish_reason == "length") result_.text += decoder_.flush();
+  if (!stopped_by_client_) emit(result_.text.size());
+  result_.cancelled = stopped_by_client_;
+  const size_t n = result_.tokens.size();
+  const size_t prefilled = prompt_.size() - result_.cached_tokens;
+  result_.prefill_tok_s = result_.ttft_ms > 0 ? 1000.0 * static_cast<double>(prefilled) / result_.ttft_ms : 0;
+  const double decode_ms = n > 0 ? ms_between(t_first_, Clock::now()) : 0;
+  result_.decode_tok_s = n > 1 && decode_ms > 0 ? 1000.0 * static_cast<double>(n - 1) / decode_ms : 0;
+  done_ = true;
+  return std::move(result_);
+}
+
+}  // namespace kestrel::runtime

@@ -1,0 +1,74 @@
+// One request's generation on a Session, advanced one forward pass at a time, so that a
+// scheduler can run the steps of several generations in one batched forward (and interleave a
+// long prompt's prefill chunks with other sequences' decode steps). Session::generate is the
+// loop over these steps for one sequence alone.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kestrel/runtime/generate_options.h"
+#include "kestrel/runtime/sampler.h"
+#include "kestrel/text/tokenizer.h"
+
+namespace kestrel::runtime {
+
+class Session;
+
+class Generation {
+ public:
+  /// Validates the prompt and prepares the session's cache: keeps the reusable prefix when
+  /// options.cache_prompt, else empties it. Throws kestrel::Error for an empty prompt or one
+  /// that does not fit the context. `session` and `prompt`'s storage must outlive the
+  /// Generation (options and on_text are copied).
+  Generation(Session& session, std::span<const TokenId> prompt, const GenerateOptions& options,
+             const TextCallback& on_text);
+
+  Session& session() { return session_; }
+  bool done() const { return done_; }
+  /// True while prompt tokens remain to be prefilled.
+  bool prefilling() const { return next_prompt_ < prompt_.size(); }
+
+  /// The tokens to feed next: up to `max_tokens` (>= 1) of the prompt still to prefill, else
+  /// the last sampled token. Empty when done().
+  std::span<const TokenId> input(size_t max_tokens) const;
+  /// After the caller fed `n` tokens of input() to the session's cache: when they complete the
+  /// prompt, or during decode, `scores` are the next token's scores (Session::score) and one
+  /// token is sampled, emitted and checked against the stop conditions; while the prompt is
+  /// still incomplete `scores` are not read. Throws kestrel::Error if `n` is not a prefix of
+  /// input()'s length.
+  void advance(size_t n, TokenScores scores);
+  /// True when advance(n, ...) will sample, i.e. feeding n tokens of input() needs scores.
+  bool needs_scores(size_t n) const { return !prefilling() || next_prompt_ + n >= prompt_.size(); }
+
+  /// The result; call once done() (or to give up early: the text so far, finish "length").
+  GenerateResult finish();
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  void sample(TokenScores scores);
+  void emit(size_t end);
+  void suppress_stop_tokens(TokenScores scores) const;
+
+  Session& session_;
+  std::span<const TokenId> prompt_;
+  GenerateOptions options_;
+  TextCallback on_text_;
+  GenerateResult result_;
+  Sampler sampler_;
+  std::vector<TokenId> history_;
+  text::StreamDecoder decoder_;
+  size_t next_prompt_ = 0;  // prompt tokens fed so far (the cached ones included)
+  size_t emitted_ = 0;      // bytes of result_.text passed to on_text
+  bool stopped_by_client_ = false;
+  bool done_ = false;
+  TokenId last_ = 0;
+  Clock::time_point t0_, t_first_;
+  std::vector<float> raw_logits_;  // serving: the model's logits before penalties, for logprobs
+  std::vector<TokenId> raw_ids_;   // their token ids when FlashHead scored a candidate set
+};
+
+}  // namespace kestrel::runtime
