@@ -379,8 +379,9 @@ def test_disconnect_cancels_generation(server):
     assert server.metric("kestrel_generation_tokens_total") - before_tokens < 3000
 
 
-def test_requests_queue_in_fifo_order(server):
-    wait_idle(server)
+def test_requests_queue_in_fifo_order():
+    """Requests beyond the sessions wait for one in arrival order (one session here)."""
+    server = Server("--parallel", 1)
     order = []
     lock = threading.Lock()
 
@@ -391,13 +392,16 @@ def test_requests_queue_in_fifo_order(server):
             order.append(i)
         return status
 
-    with ThreadPoolExecutor(4) as pool:
-        futures = []
-        for i in range(4):
-            futures.append(pool.submit(run, i))
-            time.sleep(0.15)  # arrival order 0, 1, 2, 3
-        assert [f.result() for f in futures] == [200] * 4
-    assert order == [0, 1, 2, 3]
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            futures = []
+            for i in range(4):
+                futures.append(pool.submit(run, i))
+                time.sleep(0.15)  # arrival order 0, 1, 2, 3
+            assert [f.result() for f in futures] == [200] * 4
+        assert order == [0, 1, 2, 3]
+    finally:
+        assert server.stop() == 0
 
 
 def robustness_run(server, n_requests):

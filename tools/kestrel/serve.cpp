@@ -47,7 +47,12 @@ Command add_serve_command(CLI::App& app) {
       ->check(CLI::Range(2, 256))
       ->capture_default_str();
   cmd->add_option("--parallel", s.parallel,
-                  "Sessions: KV caches kept for later requests with the same prefix (prompt cache)")
+                  "Sessions: requests generating together (continuous batching), each with a KV cache "
+                  "kept for later requests with the same prefix (prompt cache)")
+      ->check(CLI::Range(size_t{1}, size_t{256}))
+      ->capture_default_str();
+  cmd->add_option("--prefill-chunk", s.prefill_chunk,
+                  "Prompt tokens a request prefills per step while others decode (bounds their gap)")
       ->check(CLI::Range(size_t{1}, size_t{256}))
       ->capture_default_str();
   cmd->add_option("--queue", s.max_queue, "Requests admitted at once (running + waiting); more get 429")

@@ -37,6 +37,13 @@ class ActivationObserver {
   virtual void observe(const std::string& matrix, const float* x, size_t n_tokens, size_t cols) = 0;
 };
 
+/// One sequence's part of a batched forward pass (Model::forward_batch).
+struct BatchSequence {
+  std::span<const TokenId> tokens;  // appended at positions cache->n_past, n_past + 1, ...
+  KvCache* cache = nullptr;         // this sequence's own cache
+  float* hidden = nullptr;          // float32 [d_model]: the final hidden state (after the output norm) of its last token; may be null
+};
+
 /// A decoder-only language model. Implementations keep pointers into the GGUF mapping, which
 /// must outlive them.
 class Model {
@@ -56,6 +63,12 @@ class Model {
   virtual void forward_hidden(std::span<const TokenId> tokens, KvCache& cache, Logits which,
                               float* hidden, ThreadPool& pool,
                               ActivationObserver* observer = nullptr) const = 0;
+
+  /// Several sequences in one pass, each as forward_hidden(tokens, *cache, Logits::kLast,
+  /// hidden) alone. This default runs them one after the other.
+  virtual void forward_batch(std::span<const BatchSequence> seqs, ThreadPool& pool) const;
+  /// The most tokens forward_batch takes at once.
+  virtual size_t max_batch_tokens() const { return 256; }
 
   /// The dense output head that turns those hidden states into logits.
   virtual const head::OutputHead& output_head() const = 0;

@@ -44,6 +44,12 @@ class Generation {
   /// True when advance(n, ...) will sample, i.e. feeding n tokens of input() needs scores.
   bool needs_scores(size_t n) const { return !prefilling() || next_prompt_ + n >= prompt_.size(); }
 
+  /// Stops it as a client that went away does (GenerateResult::cancelled).
+  void cancel() {
+    stopped_by_client_ = true;
+    done_ = true;
+  }
+
   /// The result; call once done() (or to give up early: the text so far, finish "length").
   GenerateResult finish();
 

@@ -13,13 +13,12 @@
 #include <nlohmann/json.hpp>
 
 #include "kestrel/runtime/engine.h"
+#include "kestrel/runtime/scheduler.h"
 #include "kestrel/server/api_error.h"
 #include "kestrel/server/chat_prompt.h"
-#include "kestrel/server/fifo_lock.h"
 #include "kestrel/server/metrics.h"
 #include "kestrel/server/openai_format.h"
 #include "kestrel/server/request.h"
-#include "kestrel/server/session_pool.h"
 #include "kestrel/server/server.h"
 
 namespace kestrel::server {
@@ -59,11 +58,16 @@ class App {
   httplib::Server& http() { return http_; }
   /// Shutting down: running generations stop at their next token.
   void stop_generating() { stopping_ = true; }
-  /// Takes the loaded engine and allocates the sessions (kestrel::Error when they do not fit).
+  /// Takes the loaded engine and starts the scheduler with its sessions (kestrel::Error when
+  /// they do not fit in memory).
   void set_engine(std::unique_ptr<runtime::Engine> engine) {
     engine_ = std::move(engine);
-    sessions_ = std::make_unique<SessionPool>(*engine_, options_.parallel);
-    metrics_.sessions(sessions_->size(), sessions_->kv_bytes());
+    runtime::SchedulerOptions so;
+    so.n_sessions = options_.parallel;
+    so.prefill_chunk = options_.prefill_chunk;
+    scheduler_ = std::make_unique<runtime::Scheduler>(
+        *engine_, so, [this](size_t waiting, size_t running) { metrics_.load(waiting, running); });
+    metrics_.sessions(scheduler_->n_sessions(), scheduler_->kv_bytes());
     chat_template_ = detect_chat_template(engine_->tokenizer());
     ready_ = true;
   }
@@ -85,7 +89,7 @@ class App {
 
   // A place among options.max_queue admitted requests, or ApiError 429 when none is left.
   std::shared_ptr<void> admit();
-  // Runs one prompt in the session the pool picks; metrics of tokens and prompt-cache reuse.
+  // Runs one prompt through the scheduler; metrics of tokens and prompt-cache reuse.
   runtime::GenerateResult generate(const std::vector<TokenId>& prompt, const runtime::GenerateOptions& options,
                                    const runtime::TextCallback& on_text);
   void handle_generate(const httplib::Request& req, httplib::Response& res, Endpoint endpoint);
@@ -100,12 +104,11 @@ class App {
   ServerOptions options_;
   httplib::Server http_;
   std::unique_ptr<runtime::Engine> engine_;
-  std::unique_ptr<SessionPool> sessions_;
+  std::unique_ptr<runtime::Scheduler> scheduler_;  // after engine_: stopped before it goes
   std::atomic<size_t> admitted_{0};
   ChatTemplate chat_template_ = ChatTemplate::kGemma3;
   std::atomic<bool> ready_{false};
   std::atomic<bool> stopping_{false};
-  FifoLock engine_lock_;
   Metrics metrics_;
 };
 

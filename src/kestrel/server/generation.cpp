@@ -1,5 +1,5 @@
-// Running an admitted request on the engine: FIFO admission, streaming (SSE) or whole
-// responses, tool-call parsing, metrics, and cancellation when the client goes away.
+// Running an admitted request through the scheduler: streaming (SSE) or whole responses,
+// tool-call parsing, metrics, and cancellation when the client goes away.
 #include "kestrel/server/api_error.h"
 #include "kestrel/server/app.h"
 #include "kestrel/text/reply_parser.h"
@@ -30,8 +30,7 @@ runtime::TokenCallback App::token_callback(Job& job, const std::function<bool(co
 
 runtime::GenerateResult App::generate(const std::vector<TokenId>& prompt, const runtime::GenerateOptions& options,
                                       const runtime::TextCallback& on_text) {
-  const SessionPool::Pick pick = sessions_->pick(prompt, options.cache_prompt);
-  runtime::GenerateResult result = pick.session->generate(prompt, options, on_text);
+  runtime::GenerateResult result = scheduler_->run(prompt, options, on_text);
   metrics_.tokens(result.prompt_tokens, result.tokens.size());
   metrics_.prompt_cache(result.cached_tokens);
   return result;
@@ -44,10 +43,6 @@ void App::run_job(Job& job, httplib::DataSink& sink) {
     if (alive && !s.empty() && !sink.write(s.data(), s.size())) alive = false;
     return alive;
   };
-  metrics_.queue_enter();
-  engine_lock_.lock();
-  metrics_.queue_leave();
-  metrics_.running(true);
   try {
     if (job.endpoint == Endpoint::kChat) {
       run_chat(job, write);
@@ -60,8 +55,6 @@ void App::run_job(Job& job, httplib::DataSink& sink) {
   }
   if (!alive) metrics_.cancelled();
   metrics_.request_latency(seconds_since(job.arrival));
-  metrics_.running(false);
-  engine_lock_.unlock();
 }
 
 void App::run_chat(Job& job, const std::function<bool(const std::string&)>& write) {

@@ -66,19 +66,10 @@ void Metrics::request_latency(double seconds) {
   latency_.observe(seconds);
 }
 
-void Metrics::queue_enter() {
+void Metrics::load(size_t waiting, size_t running) {
   std::lock_guard lock(mu_);
-  ++queue_depth_;
-}
-
-void Metrics::queue_leave() {
-  std::lock_guard lock(mu_);
-  --queue_depth_;
-}
-
-void Metrics::running(bool on) {
-  std::lock_guard lock(mu_);
-  running_ += on ? 1 : -1;
+  queue_depth_ = static_cast<int64_t>(waiting);
+  running_ = static_cast<int64_t>(running);
 }
 
 void Metrics::cancelled() {
@@ -125,9 +116,9 @@ std::string Metrics::render() const {
   out += "# HELP kestrel_requests_cancelled_total Generations stopped because the client went away.\n"
          "# TYPE kestrel_requests_cancelled_total counter\n";
   out += "kestrel_requests_cancelled_total " + std::to_string(cancelled_) + "\n";
-  out += "# HELP kestrel_queue_depth Requests waiting for the engine (FIFO).\n# TYPE kestrel_queue_depth gauge\n";
+  out += "# HELP kestrel_queue_depth Requests waiting for a session (FIFO).\n# TYPE kestrel_queue_depth gauge\n";
   out += "kestrel_queue_depth " + std::to_string(queue_depth_) + "\n";
-  out += "# HELP kestrel_requests_running Requests generating now (0 or 1).\n# TYPE kestrel_requests_running gauge\n";
+  out += "# HELP kestrel_requests_running Requests generating now (batched together).\n# TYPE kestrel_requests_running gauge\n";
   out += "kestrel_requests_running " + std::to_string(running_) + "\n";
   out += ttft_.render("kestrel_time_to_first_token_seconds", "Request arrival to the first generated token (TTFT).");
   out += itl_.render("kestrel_inter_token_latency_seconds", "Time between consecutive generated tokens (ITL).");

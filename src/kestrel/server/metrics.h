@@ -35,9 +35,7 @@ class Metrics {
   void ttft(double seconds);           // request arrival to the first generated token
   void inter_token(double seconds);    // between consecutive generated tokens of one request
   void request_latency(double seconds);
-  void queue_enter();                  // a request starts waiting for the engine
-  void queue_leave();                  // it got the engine (or gave up)
-  void running(bool on);               // the engine starts or stops generating
+  void load(size_t waiting, size_t running);  // requests waiting for a session, and generating
   void cancelled();                    // a client went away during generation
   void prompt_cache(size_t cached_tokens);  // a prompt ran; cached_tokens of it came from a KV cache
   void sessions(size_t n, size_t kv_bytes); // the sessions allocated and their KV cache bytes

@@ -1,4 +1,4 @@
-#include "kestrel/server/session_pool.h"
+#include "kestrel/runtime/session_pool.h"
 
 #include <algorithm>
 #include <string>
@@ -6,9 +6,9 @@
 #include "kestrel/base/error.h"
 #include "kestrel/model/model.h"
 
-namespace kestrel::server {
+namespace kestrel::runtime {
 
-SessionPool::SessionPool(runtime::Engine& engine, size_t n_sessions) {
+SessionPool::SessionPool(Engine& engine, size_t n_sessions) {
   if (n_sessions == 0) throw Error("--parallel must be at least 1");
   const size_t one = engine.session().cache().bytes();
   model::check_memory("--parallel " + std::to_string(n_sessions) + " (" + std::to_string(n_sessions) +
@@ -16,28 +16,41 @@ SessionPool::SessionPool(runtime::Engine& engine, size_t n_sessions) {
                       n_sessions * one);
   sessions_.push_back(&engine.session());
   for (size_t i = 1; i < n_sessions; ++i) {
-    owned_.push_back(std::make_unique<runtime::Session>(engine));
+    owned_.push_back(std::make_unique<Session>(engine));
     sessions_.push_back(owned_.back().get());
   }
   last_used_.assign(n_sessions, 0);
+  busy_.assign(n_sessions, false);
 }
 
-SessionPool::Pick SessionPool::pick(std::span<const runtime::TokenId> prompt, bool cache_prompt) {
-  size_t best = 0, best_reuse = 0;
+SessionPool::Pick SessionPool::acquire(std::span<const TokenId> prompt, bool cache_prompt) {
+  size_t best = sessions_.size(), best_reuse = 0;
   for (size_t i = 0; i < sessions_.size(); ++i) {
+    if (busy_[i]) continue;
     size_t reuse = cache_prompt ? sessions_[i]->reusable_prefix(prompt) : 0;
     // A prefix shorter than what the prompt would throw away (the start of a chat template, a
     // shared first word) is not worth another conversation's cache: such a session competes
     // only by age. (llama-server's --slot-prompt-similarity plays this part.)
     if (2 * reuse < sessions_[i]->cached_tokens().size()) reuse = 0;
-    if (reuse > best_reuse || (reuse == best_reuse && last_used_[i] < last_used_[best])) {
+    if (best == sessions_.size() || reuse > best_reuse ||
+        (reuse == best_reuse && last_used_[i] < last_used_[best])) {
       best = i;
       best_reuse = reuse;
     }
   }
+  if (best == sessions_.size()) return {};
   last_used_[best] = ++clock_;
+  busy_[best] = true;
   return {sessions_[best], best_reuse};
 }
+
+void SessionPool::release(Session* session) {
+  for (size_t i = 0; i < sessions_.size(); ++i) {
+    if (sessions_[i] == session) busy_[i] = false;
+  }
+}
+
+size_t SessionPool::n_free() const { return static_cast<size_t>(std::count(busy_.begin(), busy_.end(), false)); }
 
 size_t SessionPool::kv_bytes() const {
   size_t total = 0;
@@ -45,4 +58,4 @@ size_t SessionPool::kv_bytes() const {
   return total;
 }
 
-}  // namespace kestrel::server
+}  // namespace kestrel::runtime

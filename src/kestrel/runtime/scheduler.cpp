@@ -1,0 +1,234 @@
+#include "kestrel/runtime/scheduler.h"
+
+#include <algorithm>
+#include <atomic>
+#include <optional>
+#include <string>
+
+#include "kestrel/base/error.h"
+#include "kestrel/runtime/generation.h"
+
+namespace kestrel::runtime {
+
+// One request, shared by the caller's thread (which drains `events`) and the scheduler thread
+// (which owns `session` and `generation`).
+struct Scheduler::Job {
+  struct Event {
+    bool is_token = false;
+    TokenId token = 0;
+    std::optional<StepLogprobs> logprobs;
+    std::string text;
+  };
+  std::vector<TokenId> prompt;
+  GenerateOptions options;  // on_token replaced by one that queues an event
+  TextCallback on_text;     // queues an event
+  std::atomic<bool> cancelled{false};
+  // caller <-> scheduler, guarded by mu
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<Event> events;
+  bool finished = false;
+  GenerateResult result;
+  std::exception_ptr error;
+  // scheduler thread only
+  Session* session = nullptr;
+  std::optional<Generation> generation;
+
+  void push(Event e) {
+    {
+      std::lock_guard lock(mu);
+      events.push_back(std::move(e));
+    }
+    cv.notify_one();
+  }
+};
+
+Scheduler::Scheduler(Engine& engine, const SchedulerOptions& options, LoadCallback on_load)
+    : engine_(engine), options_(options), on_load_(std::move(on_load)), pool_(engine, options.n_sessions) {
+  if (options_.prefill_chunk == 0) throw Error("the prefill chunk must be at least 1 token");
+  thread_ = std::thread([this] { loop(); });
+}
+
+Scheduler::~Scheduler() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+GenerateResult Scheduler::run(std::span<const TokenId> prompt, const GenerateOptions& options,
+                              const TextCallback& on_text) {
+  auto job = std::make_shared<Job>();
+  job->prompt.assign(prompt.begin(), prompt.end());
+  job->options = options;
+  Job* j = job.get();
+  job->options.on_token = [j](TokenId token, const StepLogprobs* lp) {
+    Job::Event e;
+    e.is_token = true;
+    e.token = token;
+    if (lp) e.logprobs = *lp;
+    j->push(std::move(e));
+    return !j->cancelled.load();
+  };
+  job->on_text = [j](std::string_view piece) {
+    Job::Event e;
+    e.text = std::string(piece);
+    j->push(std::move(e));
+    return !j->cancelled.load();
+  };
+  {
+    std::lock_guard lock(mu_);
+    if (stopping_) throw Error("the server is stopping");
+    waiting_.push_back(job);
+  }
+  cv_.notify_all();
+
+  // Deliver the events on this thread; a callback that returns false cancels the request.
+  for (;;) {
+    std::unique_lock lock(job->mu);
+    job->cv.wait(lock, [&] { return !job->events.empty() || job->finished; });
+    if (job->events.empty()) break;  // finished, and everything delivered
+    Job::Event e = std::move(job->events.front());
+    job->events.pop_front();
+    lock.unlock();
+    if (job->cancelled) continue;
+    const bool alive = e.is_token ? (!options.on_token || options.on_token(e.token, e.logprobs ? &*e.logprobs : nullptr))
+                                  : (!on_text || on_text(e.text));
+    if (!alive) job->cancelled = true;
+  }
+  if (job->error) std::rethrow_exception(job->error);
+  if (job->cancelled) job->result.cancelled = true;
+  return std::move(job->result);
+}
+
+void Scheduler::report_load() {
+  if (!on_load_) return;
+  size_t waiting = 0;
+  {
+    std::lock_guard lock(mu_);
+    waiting = waiting_.size();
+  }
+  on_load_(waiting, running_.size());
+}
+
+void Scheduler::complete(const std::shared_ptr<Job>& job, std::exception_ptr error) {
+  if (job->session != nullptr) pool_.release(job->session);
+  job->session = nullptr;
+  {
+    std::lock_guard lock(job->mu);
+    if (error) {
+      job->error = error;
+    } else if (job->generation) {
+      job->result = job->generation->finish();
+    }
+    job->finished = true;
+  }
+  job->cv.notify_one();
+}
+
+void Scheduler::admit() {
+  for (;;) {
+    std::shared_ptr<Job> job;
+    {
+      std::lock_guard lock(mu_);
+      if (waiting_.empty() || pool_.n_free() == 0) return;
+      job = std::move(waiting_.front());
+      waiting_.pop_front();
+    }
+    if (job->cancelled) {
+      complete(job, nullptr);
+      continue;
+    }
+    job->session = pool_.acquire(job->prompt, job->options.cache_prompt).session;
+    try {
+      job->generation.emplace(*job->session, job->prompt, job->options, job->on_text);
+    } catch (...) {
+      complete(job, std::current_exception());
+      continue;
+    }
+    running_.push_back(std::move(job));
+  }
+}
+
+void Scheduler::step() {
+  // Cancelled requests leave first.
+  std::erase_if(running_, [&](const std::shared_ptr<Job>& job) {
+    if (!job->cancelled) return false;
+    job->generation->cancel();
+    complete(job, nullptr);
+    return true;
+  });
+  if (running_.empty()) return;
+  // The rows of this step: every decoding request's token, then prompt chunks in arrival order
+  // (limited to prefill_chunk while others decode, so that their streams keep flowing).
+  struct Row {
+    Job* job;
+    std::span<const TokenId> tokens;
+  };
+  std::vector<Row> rows;
+  size_t budget = engine_.model().max_batch_tokens();
+  bool decoding = false;
+  for (auto& job : running_) {
+    if (job->generation->prefilling() || budget == 0) continue;
+    rows.push_back({job.get(), job->generation->input(1)});
+    budget -= 1;
+    decoding = true;
+  }
+  for (auto& job : running_) {
+    if (!job->generation->prefilling() || budget == 0) continue;
+    const size_t chunk = std::min(budget, decoding ? options_.prefill_chunk : budget);
+    rows.push_back({job.get(), job->generation->input(chunk)});
+    budget -= rows.back().tokens.size();
+  }
+  std::vector<model::BatchSequence> batch;
+  for (const Row& r : rows) batch.push_back({r.tokens, &r.job->session->cache(), r.job->session->hidden()});
+  try {
+    engine_.model().forward_batch(batch, engine_.pool());
+  } catch (...) {
+    // Not expected (every request was validated when admitted): fail the requests of the step.
+    const auto error = std::current_exception();
+    std::erase_if(running_, [&](const std::shared_ptr<Job>& job) {
+      const bool in_step = std::any_of(rows.begin(), rows.end(), [&](const Row& r) { return r.job == job.get(); });
+      if (in_step) complete(job, error);
+      return in_step;
+    });
+    return;
+  }
+  for (const Row& r : rows) {
+    Generation& g = *r.job->generation;
+    const size_t n = r.tokens.size();
+    g.advance(n, g.needs_scores(n) ? r.job->session->score() : TokenScores{});
+  }
+  std::erase_if(running_, [&](const std::shared_ptr<Job>& job) {
+    if (!job->generation->done()) return false;
+    complete(job, nullptr);
+    return true;
+  });
+}
+
+void Scheduler::loop() {
+  for (;;) {
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [&] { return stopping_ || !waiting_.empty() || !running_.empty(); });
+      if (stopping_) break;
+    }
+    admit();
+    report_load();
+    step();
+    report_load();
+  }
+  const auto error = std::make_exception_ptr(Error("the server is stopping"));
+  for (auto& job : running_) complete(job, error);
+  running_.clear();
+  std::deque<std::shared_ptr<Job>> waiting;
+  {
+    std::lock_guard lock(mu_);
+    waiting.swap(waiting_);
+  }
+  for (auto& job : waiting) complete(job, error);
+}
+
+}  // namespace kestrel::runtime
