@@ -22,6 +22,7 @@
 #include "commands.h"
 #include "kestrel/base/error.h"
 #include "kestrel/image/image.h"
+#include "kestrel/runtime/bench/concurrency.h"
 #include "kestrel/runtime/bench/engine_generator.h"
 #include "kestrel/runtime/bench/memory.h"
 #include "kestrel/runtime/bench/methodology.h"
@@ -51,6 +52,8 @@ struct BenchCliOptions {
   double idle_seconds = 5;
   bool no_progress = false;
   bool sensors = false;
+  std::vector<size_t> concurrency;  // --concurrency: the scheduler benchmark instead of the suites
+  size_t prefill_chunk = 64;
 };
 
 struct ModelArg {
@@ -265,9 +268,8 @@ int list_sensors(const BenchCliOptions& o) {
   return 0;
 }
 
-int run_bench(const BenchCliOptions& o) {
-  if (o.sensors) return list_sensors(o);
-  const std::vector<bench::SuiteSpec> specs = suites_of(o);
+// --text, else $KESTREL_BENCH_TEXT, else the OpenAssistant file; kestrel::Error when missing.
+std::filesystem::path bench_text(const BenchCliOptions& o) {
   std::filesystem::path text = o.text;
   if (text.empty()) {
     const char* env = std::getenv("KESTREL_BENCH_TEXT");
@@ -278,6 +280,74 @@ int run_bench(const BenchCliOptions& o) {
     throw Error("the benchmark text " + text.string() + " does not exist; pass --text FILE (OpenAssistant's "
                 "en-validation.jsonl, or any text file)");
   }
+  return text;
+}
+
+// --concurrency N,...: for each model and N, rounds of N greedy requests started together through
+// the scheduler (prompts of --prompt-tokens, default 64, cut from the text; --output-tokens,
+// default 128; --requests rounds, default 3). Medians over rounds; ITL percentiles over every gap.
+int run_concurrency_bench(const BenchCliOptions& o) {
+  const std::filesystem::path text = bench_text(o);
+  const size_t prompt_tokens = o.prompt_tokens.value_or(64), output_tokens = o.output_tokens.value_or(128);
+  const size_t rounds = o.requests.value_or(3);
+  if (prompt_tokens < 2) throw Error("--prompt-tokens must be at least 2");
+  size_t max_n = 0;
+  for (size_t n : o.concurrency) max_n = std::max(max_n, n);
+  std::string md = "| model | concurrency | aggregate decode tok/s | vs 1 stream | per-stream tok/s | ITL p50 ms | ITL p99 ms | "
+                   "worst stream's ITL p99 ms | TTFT p50 ms | TTFT max ms |\n"
+                   "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n";
+  json report = {{"schema", "kestrel-bench-concurrency/1"}, {"machine", machine_json()}, {"rows", json::array()}};
+  const std::vector<std::string> models = o.models.empty() ? std::vector<std::string>{""} : o.models;
+  for (const auto& arg : models) {
+    const ModelArg m = parse_model_arg(arg);
+    runtime::EngineOptions eo;
+    eo.n_threads = o.threads;
+    eo.n_ctx = std::min<size_t>(o.ctx, prompt_tokens + output_tokens + 1);
+    runtime::Engine engine(m.path, eo);
+    const std::vector<bench::TokenId> stream = bench::text_token_stream(engine.tokenizer(), text);
+    std::optional<bench::TokenId> bos;
+    if (engine.tokenizer().add_bos()) bos = engine.tokenizer().bos();
+    const auto prompts = bench::cut_prompts(stream, bos, prompt_tokens, max_n * rounds);
+    double single = 0;
+    for (size_t n : o.concurrency) {
+      std::vector<double> aggregate, itl, itl_p99, ttft;
+      for (size_t r = 0; r < rounds; ++r) {
+        if (!o.no_progress) std::fprintf(stderr, "\r%s: %zu streams, round %zu/%zu ", m.label.c_str(), n, r + 1, rounds);
+        const auto round = bench::run_concurrency_round(
+            engine, std::span(prompts).subspan(r * max_n, n), output_tokens, o.prefill_chunk);
+        aggregate.push_back(round.aggregate_decode_tok_s);
+        itl.insert(itl.end(), round.itl_s.begin(), round.itl_s.end());
+        itl_p99.insert(itl_p99.end(), round.itl_p99_s.begin(), round.itl_p99_s.end());
+        ttft.insert(ttft.end(), round.ttft_s.begin(), round.ttft_s.end());
+      }
+      const double agg = bench::percentile(aggregate, 50);
+      if (n == 1) single = agg;
+      const double worst_p99 = *std::max_element(itl_p99.begin(), itl_p99.end());
+      char line[512];
+      std::snprintf(line, sizeof(line), "| %s | %zu | %.1f | %s | %.1f | %.1f | %.1f | %.1f | %.0f | %.0f |\n",
+                    m.label.c_str(), n, agg, single > 0 ? (std::to_string(agg / single).substr(0, 4) + "x").c_str() : "",
+                    agg / static_cast<double>(n), 1e3 * bench::percentile(itl, 50), 1e3 * bench::percentile(itl, 99),
+                    1e3 * worst_p99, 1e3 * bench::percentile(ttft, 50), 1e3 * bench::percentile(ttft, 100));
+      md += line;
+      report["rows"].push_back({{"model", m.label}, {"path", m.path.string()}, {"concurrency", n},
+                                {"prompt_tokens", prompt_tokens}, {"output_tokens", output_tokens},
+                                {"threads", engine.pool().size()}, {"prefill_chunk", o.prefill_chunk},
+                                {"aggregate_decode_tok_s", aggregate}, {"itl_s", itl}, {"itl_p99_per_stream_s", itl_p99},
+                                {"ttft_s", ttft}});
+    }
+  }
+  if (!o.no_progress) std::fprintf(stderr, "\n");
+  if (!o.json_out.empty()) write_file(o.json_out, report.dump(1) + "\n");
+  if (!o.markdown_out.empty()) write_file(o.markdown_out, md);
+  std::cout << md;
+  return 0;
+}
+
+int run_bench(const BenchCliOptions& o) {
+  if (o.sensors) return list_sensors(o);
+  if (!o.concurrency.empty()) return run_concurrency_bench(o);
+  const std::vector<bench::SuiteSpec> specs = suites_of(o);
+  const std::filesystem::path text = bench_text(o);
   for (const auto& spec : specs) {
     if (spec.requests == 0) throw Error("--requests must be at least 1");
     if (spec.prompt_tokens < 2) throw Error("--prompt-tokens must be at least 2");
@@ -365,6 +435,14 @@ Command add_bench_command(CLI::App& app) {
   cmd->add_option("--dump-prompts", o->dump_prompts,
                   "Only write the suites' prompt token ids (JSON) to this file and exit (for the peers script)");
   cmd->add_flag("--no-progress", o->no_progress, "No progress bar on stderr");
+  cmd->add_option("--concurrency", o->concurrency,
+                  "Instead of the suites: N greedy requests at once through the continuous-batching "
+                  "scheduler, for each N given (e.g. --concurrency 1,2,4): aggregate decode tok/s, ITL, TTFT")
+      ->delimiter(',')
+      ->check(CLI::Range(size_t{1}, size_t{64}));
+  cmd->add_option("--prefill-chunk", o->prefill_chunk, "With --concurrency: the scheduler's prefill chunk")
+      ->check(CLI::Range(size_t{1}, size_t{256}))
+      ->capture_default_str();
   cmd->add_flag("--sensors", o->sensors,
                 "Only list the power/energy sensors found (and why others are not used), measure the idle "
                 "power over --idle-seconds, and exit");
