@@ -152,3 +152,63 @@ def test_clients_in_parallel_all_complete(server):
     for t in threads:
         t.join()
     assert results == [200] * 6
+
+
+def load_run(s, n_requests, clients, ctx, seed):
+    """n_requests from `clients` threads: prompts of random token ids up to the context, streamed
+    or not, a quarter of them dropped mid-stream, a 429 retried. Returns the final statuses
+    ('dropped' for the dropped ones)."""
+    import random
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = random.Random(seed)
+    plan = [(rng.randint(1, ctx), rng.random(), rng.randint(1, 8)) for _ in range(n_requests)]
+
+    def one(args):
+        length, kind, max_tokens = args
+        ids = [2] + [rng.randint(100, 20000) for _ in range(length - 1)]
+        if kind < 0.25:
+            conn, resp = open_stream(s, 400)
+            resp.fp.readline()
+            drop(conn, resp)
+            return "dropped"
+        body = {"prompt": ids, "max_tokens": max_tokens, "temperature": 0, "stream": kind < 0.6}
+        for _ in range(30):  # as the openai client does: retry a 429 after Retry-After (bounded)
+            status, out = s.request("POST", "/v1/completions", body)
+            if status != 429:
+                break
+            time.sleep(0.5)
+        if status == 200 and not body["stream"]:
+            choice = out["choices"][0]
+            assert choice["finish_reason"] in ("stop", "length"), out
+            assert out["usage"]["prompt_tokens"] == length
+            assert 1 <= out["usage"]["completion_tokens"] <= max_tokens
+        if status == 200 and body["stream"]:
+            assert out.rstrip().endswith("data: [DONE]"), out[-200:]
+        if status != 200:
+            assert "error" in out and out["error"]["message"], out
+        return status
+
+    with ThreadPoolExecutor(clients) as pool:
+        return list(pool.map(one, plan))
+
+
+def test_load_sixteen_clients_random_lengths_and_disconnects():
+    """CI's size of the load test: 32 requests from 16 clients (random prompt lengths up to the
+    context, a quarter dropped mid-stream) on 4 sessions with a queue of 12: only 200, 400
+    (prompt over the context) and 429 (queue full); healthy after; RSS within 5 %."""
+    s = Server("--ctx", 512, "--parallel", 4, "--queue", 12)
+    try:
+        load_run(s, 8, 8, 512, seed=1)  # warm-up: allocator pools, thread stacks
+        wait_idle(s)
+        rss0 = s.rss_kib()
+        results = load_run(s, 32, 16, 512, seed=2)
+        wait_idle(s)
+        assert set(results) <= {"dropped", 200, 400, 429}, set(results)
+        print({k: results.count(k) for k in set(results)})
+        assert results.count(200) >= 16, results
+        assert s.request("GET", "/health") == (200, {"status": "ok"})
+        rss1 = s.rss_kib()
+        assert rss1 <= rss0 * 1.05, (rss0, rss1)
+    finally:
+        assert s.stop() == 0
