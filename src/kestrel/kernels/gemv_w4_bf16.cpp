@@ -121,8 +121,8 @@ KESTREL_BF16_TARGET float gemv_row(const Matrix& w, const W4GemvInput& in, size_
   return _mm512_reduce_add_ps(acc) + _mm512_reduce_add_ps(offset_acc);
 }
 
-KESTREL_BF16_TARGET void gemv_rows(const Matrix& w, const W4GemvInput& in, float* y, size_t row_begin,
-                                   size_t row_end) {
+KESTREL_BF16_TARGET void gemv_rows(const Matrix& w, const W4GemvInput* in, size_t n_tokens, float* y,
+                                   size_t y_stride, size_t row_begin, size_t row_end) {
   const size_t G = w.group_size;
   thread_local std::vector<float> scales;
   scales.assign(w.cols / G + 16, 0.0f);  // +16: a chunk's scale load reads 16 floats
@@ -131,7 +131,9 @@ KESTREL_BF16_TARGET void gemv_rows(const Matrix& w, const W4GemvInput& in, float
   alignas(64) int32_t lane_group[16];
   for (int i = 0; i < 16; ++i) lane_group[i] = G <= kChunk ? static_cast<int32_t>((i / 4) * 32 / G) : 0;
   const __m512i pattern = _mm512_load_si512(lane_group);
-  for (size_t r = row_begin; r < row_end; ++r) y[r] = gemv_row(w, in, r, scales.data(), pattern);
+  for (size_t r = row_begin; r < row_end; ++r) {
+    for (size_t t = 0; t < n_tokens; ++t) y[t * y_stride + r] = gemv_row(w, in[t], r, scales.data(), pattern);
+  }
 }
 
 // sums[g] = sum of the bf16 values x[g * G, (g + 1) * G) in float32.
@@ -185,10 +187,15 @@ void prepare_w4_gemv(const float* x, size_t cols, size_t group_size, W4GemvInput
 }
 
 void gemv_w4_bf16(const Matrix& w, const W4GemvInput& in, float* y, size_t row_begin, size_t row_end) {
+  gemv_w4_bf16_tokens(w, &in, 1, y, 0, row_begin, row_end);
+}
+
+void gemv_w4_bf16_tokens(const Matrix& w, const W4GemvInput* in, size_t n_tokens, float* y, size_t y_stride,
+                         size_t row_begin, size_t row_end) {
 #ifdef KESTREL_HAVE_BF16_DOT
-  gemv_rows(w, in, y, row_begin, row_end);
+  gemv_rows(w, in, n_tokens, y, y_stride, row_begin, row_end);
 #else
-  (void)w, (void)in, (void)y, (void)row_begin, (void)row_end;
+  (void)w, (void)in, (void)n_tokens, (void)y, (void)y_stride, (void)row_begin, (void)row_end;
 #endif
 }
 

@@ -40,4 +40,10 @@ void prepare_w4_gemv(const float* x, size_t cols, size_t group_size, W4GemvInput
 /// bf16-rounded activations: float32 rounding only (~1e-6 relative to sum |w_i x_i|).
 void gemv_w4_bf16(const Matrix& w, const W4GemvInput& in, float* y, size_t row_begin, size_t row_end);
 
+/// gemv_w4_bf16 of n_tokens tokens: y[t * y_stride + r] for t < n_tokens, in[t] prepared from
+/// token t. A row's codes and scales are read from memory once for all the tokens (the tokens
+/// take it in turn while it is in L1); each y is bit-identical to gemv_w4_bf16's.
+void gemv_w4_bf16_tokens(const Matrix& w, const W4GemvInput* in, size_t n_tokens, float* y, size_t y_stride,
+                         size_t row_begin, size_t row_end);
+
 }  // namespace kestrel::kernels

@@ -329,12 +329,12 @@ void MatmulW4Rows(const Matrix& w, const float* x, size_t n_tokens, size_t x_str
     return;
   }
   if (gemv_w4_bf16_supported(w)) {
-    // Decode: codes as bf16 (128 + q) straight into bfloat16 dot products (gemv_w4_bf16.h).
-    thread_local W4GemvInput input;
-    for (size_t t = 0; t < n_tokens; ++t) {
-      prepare_w4_gemv(x + t * x_stride, w.cols, w.group_size, input);
-      gemv_w4_bf16(w, input, y + t * y_stride, row_begin, row_end);
-    }
+    // Decode: codes as bf16 (128 + q) straight into bfloat16 dot products (gemv_w4_bf16.h);
+    // the tokens of a batch of decode rows take each row in turn (one read of the weights).
+    thread_local std::vector<W4GemvInput> inputs;
+    if (inputs.size() < n_tokens) inputs.resize(n_tokens);
+    for (size_t t = 0; t < n_tokens; ++t) prepare_w4_gemv(x + t * x_stride, w.cols, w.group_size, inputs[t]);
+    gemv_w4_bf16_tokens(w, inputs.data(), n_tokens, y, y_stride, row_begin, row_end);
     return;
   }
   for (size_t rb = row_begin; rb < row_end; rb += kRowBlock) {

@@ -122,13 +122,24 @@ void Gemma3Model::forward_hidden(std::span<const TokenId> tokens, KvCache& cache
   gemma::check_forward(tokens, cache, config_.n_layers, config_.n_vocab);
   gemma::for_each_ubatch(tokens, which, hidden, config_.d_model, kMaxUbatch,
                          [&](std::span<const TokenId> chunk, float* out) {
-                           forward_chunk(chunk, cache, which, out, pool, observer);
+                           const gemma::Segment seg{0, chunk.size(), cache.n_past, &cache, out};
+                           forward_chunk(chunk, {&seg, 1}, which, pool, observer);
                          });
 }
 
-void Gemma3Model::attention_block(const Layer& l, size_t il, size_t n, size_t pos0,
-                                  LayerCache& lc, std::vector<float>& x, ThreadPool& pool,
-                                  ActivationObserver* observer) const {
+void Gemma3Model::forward_batch(std::span<const BatchSequence> seqs, ThreadPool& pool) const {
+  gemma::check_batch(seqs, kMaxUbatch, [&](std::span<const TokenId> tokens, const KvCache& cache) {
+    gemma::check_forward(tokens, cache, config_.n_layers, config_.n_vocab);
+  });
+  std::vector<TokenId> tokens;
+  std::vector<gemma::Segment> segs;
+  gemma::gather_batch(seqs, tokens, segs);
+  forward_chunk(tokens, segs, Logits::kLast, pool, nullptr);
+}
+
+void Gemma3Model::attention_block(const Layer& l, size_t il, size_t n,
+                                  std::span<const gemma::Segment> segs, std::vector<float>& x,
+                                  ThreadPool& pool, ActivationObserver* observer) const {
   const auto& c = config_;
   const size_t d = c.d_model, hd = c.head_dim;
   const size_t q_dim = c.n_heads * hd, kv_dim = c.n_kv_heads * hd;
@@ -153,11 +164,14 @@ void Gemma3Model::attention_block(const Layer& l, size_t il, size_t n, size_t po
       float* kt = &k[t * kv_dim];
       for (size_t h = 0; h < c.n_heads; ++h) kernels::rms_norm(qt + h * hd, l.q_norm, qt + h * hd, hd, c.rms_eps);
       for (size_t h = 0; h < c.n_kv_heads; ++h) kernels::rms_norm(kt + h * hd, l.k_norm, kt + h * hd, hd, c.rms_eps);
-      gemma::rope_cos_sin(inv_freq, static_cast<double>(pos0 + t) * pos_scale, cos_sin.data());
+      const gemma::Segment& seg = gemma::segment_of(segs, t);
+      const size_t pos = seg.pos0 + (t - seg.first);
+      LayerCache& lc = seg.cache->layers[il];
+      gemma::rope_cos_sin(inv_freq, static_cast<double>(pos) * pos_scale, cos_sin.data());
       kernels::rope_neox(qt, c.n_heads, hd, hd, cos_sin.data());
       kernels::rope_neox(kt, c.n_kv_heads, hd, hd, cos_sin.data());
       kernels::scale_inplace(qt, c.attention_scale, q_dim);
-      const size_t slot = (pos0 + t) % lc.capacity;
+      const size_t slot = pos % lc.capacity;
       kernels::to_fp16(kt, &lc.k[slot * lc.stride], kv_dim);
       kernels::to_fp16(&v[t * kv_dim], &lc.v[slot * lc.stride], kv_dim);
     }
@@ -168,7 +182,10 @@ void Gemma3Model::attention_block(const Layer& l, size_t il, size_t n, size_t po
   shape.n_kv_heads = c.n_kv_heads;
   shape.head_dim = hd;
   shape.window = sliding ? c.sliding_window : 0;
-  cached_attention(shape, q.data(), n, pos0, lc, attn.data(), pool);
+  for (const gemma::Segment& seg : segs) {
+    cached_attention(shape, &q[seg.first * q_dim], seg.n, seg.pos0, seg.cache->layers[il],
+                     &attn[seg.first * q_dim], pool);
+  }
 
   std::vector<float>& o = xn;  // reuse: [n, d]
   if (observer) observer->observe(blk(il, "attn_output"), attn.data(), n, q_dim);
@@ -176,20 +193,17 @@ void Gemma3Model::attention_block(const Layer& l, size_t il, size_t n, size_t po
   gemma::add_post_normed(x.data(), o.data(), l.post_attn_norm, n, d, c.rms_eps, pool);
 }
 
-void Gemma3Model::forward_chunk(std::span<const TokenId> tokens, KvCache& cache, Logits which,
-                                float* hidden, ThreadPool& pool,
-                                ActivationObserver* observer) const {
+void Gemma3Model::forward_chunk(std::span<const TokenId> tokens, std::span<const gemma::Segment> segs,
+                                Logits which, ThreadPool& pool, ActivationObserver* observer) const {
   const auto& c = config_;
   const size_t n = tokens.size(), d = c.d_model;
-  const size_t pos0 = cache.n_past;
   std::vector<float> x(n * d);
   gemma::embed(embedding_, head_, tied_, tokens, c.embed_scale, d, x.data(), pool);
   for (size_t il = 0; il < c.n_layers; ++il) {
-    attention_block(layers_[il], il, n, pos0, cache.layers[il], x, pool, observer);
+    attention_block(layers_[il], il, n, segs, x, pool, observer);
     gemma::geglu_mlp(layers_[il].mlp, il, n, d, c.d_ff, c.rms_eps, x, pool, observer);
   }
-  cache.append(tokens);
-  if (hidden != nullptr) gemma::final_norm(x.data(), output_norm_, which, n, d, c.rms_eps, hidden);
+  gemma::finish_segments(tokens, segs, x.data(), output_norm_, which, d, c.rms_eps);
 }
 
 }  // namespace kestrel::model

@@ -50,6 +50,8 @@ class Gemma3Model final : public Model {
   KvCache new_cache(size_t n_ctx) const override;
   void forward_hidden(std::span<const TokenId> tokens, KvCache& cache, Logits which, float* hidden,
                       ThreadPool& pool, ActivationObserver* observer = nullptr) const override;
+  void forward_batch(std::span<const BatchSequence> seqs, ThreadPool& pool) const override;
+  size_t max_batch_tokens() const override { return kMaxUbatch; }
   const head::OutputHead& output_head() const override { return head_; }
   const Gemma3Config& config() const { return config_; }
 
@@ -66,9 +68,12 @@ class Gemma3Model final : public Model {
     gemma::GegluMlp mlp;
   };
 
-  void forward_chunk(std::span<const TokenId> tokens, KvCache& cache, Logits which,
-                     float* hidden, ThreadPool& pool, ActivationObserver* observer) const;
-  void attention_block(const Layer& layer, size_t il, size_t n, size_t pos0, LayerCache& lc,
+  /// One pass over `tokens` (at most kMaxUbatch), the rows of `segs` (validated).
+  void forward_chunk(std::span<const TokenId> tokens, std::span<const gemma::Segment> segs,
+                     Logits which, ThreadPool& pool, ActivationObserver* observer) const;
+  /// x += the attention block of layer il for the n rows of x ([n, d_model] float32); each
+  /// segment's keys and values go to, and its queries read, its own cache.
+  void attention_block(const Layer& layer, size_t il, size_t n, std::span<const gemma::Segment> segs,
                        std::vector<float>& x, ThreadPool& pool, ActivationObserver* observer) const;
 
   Gemma3Config config_;

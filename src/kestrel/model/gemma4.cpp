@@ -186,23 +186,38 @@ KvCache Gemma4Model::new_cache(size_t n_ctx) const {
   return KvCache::allocate(n_ctx, specs);
 }
 
-void Gemma4Model::forward_hidden(std::span<const TokenId> tokens, KvCache& cache, Logits which,
-                                 float* hidden, ThreadPool& pool,
-                                 ActivationObserver* observer) const {
+void Gemma4Model::check(std::span<const TokenId> tokens, const KvCache& cache) const {
   const auto& c = config_;
   gemma::check_forward(tokens, cache, c.n_layers, c.n_vocab);
   for (size_t il = 0; il < c.n_layers; ++il) {
     if (cache.layers[il].stride != c.n_kv_heads[il] * c.head_dim(il)) throw Error("forward: cache of another model");
   }
-  gemma::for_each_ubatch(tokens, which, hidden, c.d_model, kMaxUbatch,
+}
+
+void Gemma4Model::forward_hidden(std::span<const TokenId> tokens, KvCache& cache, Logits which,
+                                 float* hidden, ThreadPool& pool,
+                                 ActivationObserver* observer) const {
+  check(tokens, cache);
+  gemma::for_each_ubatch(tokens, which, hidden, config_.d_model, kMaxUbatch,
                          [&](std::span<const TokenId> chunk, float* out) {
-                           forward_chunk(chunk, cache, which, out, pool, observer);
+                           const gemma::Segment seg{0, chunk.size(), cache.n_past, &cache, out};
+                           forward_chunk(chunk, {&seg, 1}, which, pool, observer);
                          });
 }
 
-void Gemma4Model::attention_block(const Layer& l, size_t il, size_t n, size_t pos0,
-                                  KvCache& cache, std::vector<float>& x, ThreadPool& pool,
-                                  ActivationObserver* observer) const {
+void Gemma4Model::forward_batch(std::span<const BatchSequence> seqs, ThreadPool& pool) const {
+  gemma::check_batch(seqs, kMaxUbatch, [&](std::span<const TokenId> tokens, const KvCache& cache) {
+    check(tokens, cache);
+  });
+  std::vector<TokenId> tokens;
+  std::vector<gemma::Segment> segs;
+  gemma::gather_batch(seqs, tokens, segs);
+  forward_chunk(tokens, segs, Logits::kLast, pool, nullptr);
+}
+
+void Gemma4Model::attention_block(const Layer& l, size_t il, size_t n,
+                                  std::span<const gemma::Segment> segs, std::vector<float>& x,
+                                  ThreadPool& pool, ActivationObserver* observer) const {
   const auto& c = config_;
   const size_t d = c.d_model, hd = c.head_dim(il);
   const size_t n_kv = c.n_kv_heads[il];
@@ -229,12 +244,14 @@ void Gemma4Model::attention_block(const Layer& l, size_t il, size_t n, size_t po
   }
   kernels::matmul_same_input(qkv, xn.data(), n, d, pool);
   if (owns_kv && l.wv.data == nullptr) v = k;
-  LayerCache& lc = cache.layers[owns_kv ? il : c.kv_source(il)];
+  const size_t kv_layer = owns_kv ? il : c.kv_source(il);
   pool.parallel_for(n, 1, [&](size_t b, size_t e) {
     std::vector<float> cos_sin(n_rot);
     for (size_t t = b; t < e; ++t) {
       float* qt = &q[t * q_dim];
-      gemma::rope_cos_sin(inv_freq, static_cast<double>(pos0 + t), cos_sin.data());
+      const gemma::Segment& seg = gemma::segment_of(segs, t);
+      const size_t pos = seg.pos0 + (t - seg.first);
+      gemma::rope_cos_sin(inv_freq, static_cast<double>(pos), cos_sin.data());
       for (size_t h = 0; h < c.n_heads; ++h) kernels::rms_norm(qt + h * hd, l.q_norm, qt + h * hd, hd, c.rms_eps);
       kernels::rope_neox(qt, c.n_heads, hd, n_rot, cos_sin.data());
       if (!owns_kv) continue;
@@ -245,14 +262,18 @@ void Gemma4Model::attention_block(const Layer& l, size_t il, size_t n, size_t po
         kernels::rms_norm_unweighted(vt + h * hd, vt + h * hd, hd, c.rms_eps);
       }
       kernels::rope_neox(kt, n_kv, hd, n_rot, cos_sin.data());
-      const size_t slot = (pos0 + t) % lc.capacity;
+      LayerCache& lc = seg.cache->layers[il];
+      const size_t slot = pos % lc.capacity;
       kernels::to_fp16(kt, &lc.k[slot * lc.stride], kv_dim);
       kernels::to_fp16(vt, &lc.v[slot * lc.stride], kv_dim);
     }
   });
   // Attention scale 1: the q/k norms take the place of 1/sqrt(head_dim) (HF self.scaling = 1.0).
   const AttentionShape shape{c.n_heads, n_kv, hd, sliding ? c.sliding_window : 0};
-  cached_attention(shape, q.data(), n, pos0, lc, attn.data(), pool);
+  for (const gemma::Segment& seg : segs) {
+    cached_attention(shape, &q[seg.first * q_dim], seg.n, seg.pos0, seg.cache->layers[kv_layer],
+                     &attn[seg.first * q_dim], pool);
+  }
 
   std::vector<float>& o = xn;  // reuse: [n, d]
   if (observer) observer->observe(blk(il, "attn_output"), attn.data(), n, q_dim);
@@ -275,12 +296,10 @@ void Gemma4Model::ple_block(const Layer& l, size_t il, size_t n, const float* pl
   gemma::add_post_normed(x.data(), u.data(), l.ple_post_norm, n, d, c.rms_eps, pool);
 }
 
-void Gemma4Model::forward_chunk(std::span<const TokenId> tokens, KvCache& cache, Logits which,
-                                float* hidden, ThreadPool& pool,
-                                ActivationObserver* observer) const {
+void Gemma4Model::forward_chunk(std::span<const TokenId> tokens, std::span<const gemma::Segment> segs,
+                                Logits which, ThreadPool& pool, ActivationObserver* observer) const {
   const auto& c = config_;
   const size_t n = tokens.size(), d = c.d_model;
-  const size_t pos0 = cache.n_past;
   std::vector<float> x(n * d);
   gemma::embed(embedding_, head_, tied_, tokens, c.embed_scale, d, x.data(), pool);
   std::vector<float> pl;
@@ -290,13 +309,12 @@ void Gemma4Model::forward_chunk(std::span<const TokenId> tokens, KvCache& cache,
   }
   for (size_t il = 0; il < c.n_layers; ++il) {
     const Layer& l = layers_[il];
-    attention_block(l, il, n, pos0, cache, x, pool, observer);
+    attention_block(l, il, n, segs, x, pool, observer);
     gemma::geglu_mlp(l.mlp, il, n, d, c.d_ff[il], c.rms_eps, x, pool, observer);
     if (c.ple_dim > 0) ple_block(l, il, n, pl.data(), x, pool, observer);
     if (l.out_scale != 1.0f) kernels::scale_inplace(x.data(), l.out_scale, n * d);
   }
-  cache.append(tokens);
-  if (hidden != nullptr) gemma::final_norm(x.data(), output_norm_, which, n, d, c.rms_eps, hidden);
+  gemma::finish_segments(tokens, segs, x.data(), output_norm_, which, d, c.rms_eps);
 }
 
 }  // namespace kestrel::model

@@ -67,6 +67,8 @@ class Gemma4Model final : public Model {
   KvCache new_cache(size_t n_ctx) const override;
   void forward_hidden(std::span<const TokenId> tokens, KvCache& cache, Logits which, float* hidden,
                       ThreadPool& pool, ActivationObserver* observer = nullptr) const override;
+  void forward_batch(std::span<const BatchSequence> seqs, ThreadPool& pool) const override;
+  size_t max_batch_tokens() const override { return kMaxUbatch; }
   const head::OutputHead& output_head() const override { return head_; }
   const Gemma4Config& config() const { return config_; }
 
@@ -86,9 +88,16 @@ class Gemma4Model final : public Model {
     float out_scale;
   };
 
-  void forward_chunk(std::span<const TokenId> tokens, KvCache& cache, Logits which,
-                     float* hidden, ThreadPool& pool, ActivationObserver* observer) const;
-  void attention_block(const Layer& layer, size_t il, size_t n, size_t pos0, KvCache& cache,
+  /// Throws kestrel::Error when forward_hidden(tokens, cache) could not run (check_forward, and
+  /// per-layer cache strides of another model).
+  void check(std::span<const TokenId> tokens, const KvCache& cache) const;
+  /// One pass over `tokens` (at most kMaxUbatch), the rows of `segs` (validated).
+  void forward_chunk(std::span<const TokenId> tokens, std::span<const gemma::Segment> segs,
+                     Logits which, ThreadPool& pool, ActivationObserver* observer) const;
+  /// x += the attention block of layer il for the n rows of x ([n, d_model] float32); each
+  /// segment's keys and values go to, and its queries read, its own cache (the source layer's
+  /// on KV-shared layers).
+  void attention_block(const Layer& layer, size_t il, size_t n, std::span<const gemma::Segment> segs,
                        std::vector<float>& x, ThreadPool& pool, ActivationObserver* observer) const;
   void ple_block(const Layer& layer, size_t il, size_t n, const float* pl, std::vector<float>& x,
                  ThreadPool& pool, ActivationObserver* observer) const;

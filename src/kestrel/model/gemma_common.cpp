@@ -50,6 +50,44 @@ void check_forward(std::span<const TokenId> tokens, const KvCache& cache, size_t
   }
 }
 
+const Segment& segment_of(std::span<const Segment> segs, size_t t) {
+  const auto it = std::upper_bound(segs.begin(), segs.end(), t,
+                                   [](size_t row, const Segment& s) { return row < s.first; });
+  return *(it - 1);
+}
+
+void check_batch(std::span<const BatchSequence> seqs, size_t max_tokens,
+                 const std::function<void(std::span<const TokenId>, const KvCache&)>& check) {
+  if (seqs.empty()) throw Error("forward_batch: no sequences");
+  size_t total = 0;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const BatchSequence& s = seqs[i];
+    if (s.cache == nullptr) throw Error("forward_batch: sequence " + std::to_string(i) + " has no cache");
+    for (size_t j = 0; j < i; ++j) {
+      if (seqs[j].cache == s.cache) {
+        throw Error("forward_batch: sequences " + std::to_string(j) + " and " + std::to_string(i) +
+                    " share a cache");
+      }
+    }
+    check(s.tokens, *s.cache);
+    total += s.tokens.size();
+  }
+  if (total > max_tokens) {
+    throw Error("forward_batch: " + std::to_string(total) + " tokens, more than the " +
+                std::to_string(max_tokens) + " one pass takes");
+  }
+}
+
+void gather_batch(std::span<const BatchSequence> seqs, std::vector<TokenId>& tokens,
+                  std::vector<Segment>& segs) {
+  tokens.clear();
+  segs.clear();
+  for (const BatchSequence& s : seqs) {
+    segs.push_back({tokens.size(), s.tokens.size(), s.cache->n_past, s.cache, s.hidden});
+    tokens.insert(tokens.end(), s.tokens.begin(), s.tokens.end());
+  }
+}
+
 void for_each_ubatch(std::span<const TokenId> tokens, Logits which, float* hidden, size_t d_model,
                      size_t max_ubatch, const std::function<void(std::span<const TokenId>, float*)>& chunk) {
   for (size_t start = 0; start < tokens.size(); start += max_ubatch) {
@@ -103,6 +141,14 @@ void geglu_mlp(const GegluMlp& w, size_t il, size_t n, size_t d, size_t f, float
 void final_norm(const float* x, const float* w, Logits which, size_t n, size_t d, float eps, float* hidden) {
   const size_t first = which == Logits::kAll ? 0 : n - 1;
   for (size_t t = first; t < n; ++t) kernels::rms_norm(&x[t * d], w, &hidden[(t - first) * d], d, eps);
+}
+
+void finish_segments(std::span<const TokenId> tokens, std::span<const Segment> segs, const float* x,
+                     const float* w, Logits which, size_t d, float eps) {
+  for (const Segment& s : segs) {
+    s.cache->append(tokens.subspan(s.first, s.n));
+    if (s.hidden != nullptr) final_norm(x + s.first * d, w, which, s.n, d, eps, s.hidden);
+  }
 }
 
 }  // namespace kestrel::model::gemma

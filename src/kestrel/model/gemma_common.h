@@ -39,6 +39,30 @@ void rope_cos_sin(const std::vector<float>& inv_freq, double position, float* ou
 /// that overflows the context or a token id outside 0..n_vocab-1.
 void check_forward(std::span<const TokenId> tokens, const KvCache& cache, size_t n_layers, size_t n_vocab);
 
+/// Rows [first, first + n) of a forward chunk: one sequence's tokens at positions pos0 .. pos0 +
+/// n - 1 of `cache` (pos0 = cache->n_past when the chunk starts). A chunk's segments are
+/// consecutive, each of its own cache; forward_hidden runs one, forward_batch one per sequence.
+struct Segment {
+  size_t first = 0;
+  size_t n = 0;
+  size_t pos0 = 0;
+  KvCache* cache = nullptr;
+  float* hidden = nullptr;  // the final hidden states per `which` (kAll: n rows, kLast: the last), or null
+};
+
+/// The segment that holds row t (segs consecutive and covering t).
+const Segment& segment_of(std::span<const Segment> segs, size_t t);
+
+/// Validates a forward_batch before anything runs: at least one sequence, each with a cache,
+/// at most `max_tokens` tokens in all, no cache twice, and each sequence as `check(tokens,
+/// cache)` validates it. Throws kestrel::Error.
+void check_batch(std::span<const BatchSequence> seqs, size_t max_tokens,
+                 const std::function<void(std::span<const TokenId>, const KvCache&)>& check);
+
+/// The tokens of `seqs` one after another, and one segment per sequence (hidden: its last row).
+void gather_batch(std::span<const BatchSequence> seqs, std::vector<TokenId>& tokens,
+                  std::vector<Segment>& segs);
+
 /// Calls chunk(tokens, hidden_out) for consecutive ubatches of at most `max_ubatch` tokens;
 /// hidden_out points into `hidden` ([rows, d_model] float32) where that ubatch's rows go
 /// (Logits::kAll: every row; kLast: the last row of the last ubatch), else null.
@@ -82,5 +106,10 @@ void geglu_mlp(const GegluMlp& w, size_t il, size_t n, size_t d_model, size_t d_
 /// hidden[t - first] = rms_norm(x[t]) · w for the rows that `which` asks for (kAll: every row,
 /// kLast: the last); x: [n, d].
 void final_norm(const float* x, const float* w, Logits which, size_t n, size_t d, float eps, float* hidden);
+
+/// For each segment: records its tokens in its cache (KvCache::append) and writes its hidden
+/// states by final_norm over its rows of x ([rows, d]).
+void finish_segments(std::span<const TokenId> tokens, std::span<const Segment> segs, const float* x,
+                     const float* w, Logits which, size_t d, float eps);
 
 }  // namespace kestrel::model::gemma

@@ -19,18 +19,6 @@ void Model::forward(std::span<const TokenId> tokens, KvCache& cache, Logits whic
   head::dense_logits(output_head(), hidden.data(), rows, logits, pool);
 }
 
-void Model::forward_batch(std::span<const BatchSequence> seqs, ThreadPool& pool) const {
-  std::vector<float> scratch;
-  for (const auto& s : seqs) {
-    float* hidden = s.hidden;
-    if (hidden == nullptr) {
-      scratch.resize(info().d_model);
-      hidden = scratch.data();
-    }
-    forward_hidden(s.tokens, *s.cache, Logits::kLast, hidden, pool);
-  }
-}
-
 void check_memory(const std::string& what, size_t bytes) {
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
   if (pages <= 0 || page <= 0) return;

@@ -29,19 +29,19 @@ struct ModelInfo {
 
 enum class Logits { kLast, kAll };
 
+/// One sequence's part of a batched forward pass (Model::forward_batch).
+struct BatchSequence {
+  std::span<const TokenId> tokens;  // appended at positions cache->n_past, n_past + 1, ...
+  KvCache* cache = nullptr;         // this sequence's own cache
+  float* hidden = nullptr;          // float32 [d_model]: the final hidden state (after the output norm) of its LAST token; may be null
+};
+
 /// Sees the input of every layer matrix during a forward pass (calibration statistics).
 class ActivationObserver {
  public:
   virtual ~ActivationObserver() = default;
   /// `x`: float32 [n_tokens, cols], the input of the matrix named `matrix` (its GGUF name).
   virtual void observe(const std::string& matrix, const float* x, size_t n_tokens, size_t cols) = 0;
-};
-
-/// One sequence's part of a batched forward pass (Model::forward_batch).
-struct BatchSequence {
-  std::span<const TokenId> tokens;  // appended at positions cache->n_past, n_past + 1, ...
-  KvCache* cache = nullptr;         // this sequence's own cache
-  float* hidden = nullptr;          // float32 [d_model]: the final hidden state (after the output norm) of its last token; may be null
 };
 
 /// A decoder-only language model. Implementations keep pointers into the GGUF mapping, which
@@ -64,11 +64,22 @@ class Model {
                               float* hidden, ThreadPool& pool,
                               ActivationObserver* observer = nullptr) const = 0;
 
-  /// Several sequences in one pass, each as forward_hidden(tokens, *cache, Logits::kLast,
-  /// hidden) alone. This default runs them one after the other.
-  virtual void forward_batch(std::span<const BatchSequence> seqs, ThreadPool& pool) const;
-  /// The most tokens forward_batch takes at once.
-  virtual size_t max_batch_tokens() const { return 256; }
+  /// Several sequences in one pass: the layer matmuls over all their rows at once, attention per
+  /// sequence over its own cache. Each sequence's `hidden` and cache end as forward_hidden(tokens,
+  /// *cache, Logits::kLast, hidden) alone would leave them, up to the kernels' row-count-dependent
+  /// rounding. Bit-identical where every matrix takes the same kernel path for the batch's row
+  /// count as for the sequence's own: always for F32 and Q8_0 weights (Precision::kSource of
+  /// Gemma 3 270M and the tiny Gemma 4s), and for fewer than 8 rows in all. From 8 rows, W4
+  /// (and, on CPUs with bf16 dot products, BF16/FP16) matrices take bfloat16 tiles, so a
+  /// sequence of fewer than 8 tokens is rounded otherwise than alone: measured max |logit
+  /// difference| 0.65 on Gemma 3 270M W4A16 (logits up to ~37), same argmax; prefill rows of 8
+  /// or more stay bit-identical (tests/model/test_forward_batch.cpp).
+  /// The total token count must be <= max_batch_tokens() (else kestrel::Error). Every sequence
+  /// is validated (as forward_hidden validates: empty, overflow of its context, ids outside the
+  /// vocabulary, a cache of another model, the same cache twice) before any cache changes.
+  virtual void forward_batch(std::span<const BatchSequence> seqs, ThreadPool& pool) const = 0;
+  /// The most tokens forward_batch takes at once (the models' kMaxUbatch, 256).
+  virtual size_t max_batch_tokens() const = 0;
 
   /// The dense output head that turns those hidden states into logits.
   virtual const head::OutputHead& output_head() const = 0;
