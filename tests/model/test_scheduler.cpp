@@ -3,13 +3,18 @@
 // others, more requests than sessions wait their turn, and errors reach only their caller.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
+#include <chrono>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "default_engine.h"
 #include "kestrel/base/error.h"
+#include "kestrel/runtime/model_path.h"
 #include "kestrel/runtime/scheduler.h"
 
 namespace kestrel::runtime {
@@ -54,6 +59,56 @@ TEST_F(Batching, EachRequestAnswersAsItDoesAlone) {
     for (auto& c : clients) c.join();
   }
   for (size_t i = 0; i < ps.size(); ++i) EXPECT_EQ(together[i], alone[i]) << "request " << i;
+}
+
+// W4A16 weights, where a matrix multiply's rounding depends on its row count (kernels::
+// kTileMinTokens): the scheduler keeps each sequence's rows on the kernels its own forward uses,
+// so decode steps batched with a prompt chunk still answer as alone.
+TEST(BatchingW4, EachRequestAnswersAsItDoesAlone) {
+  EngineOptions eo;
+  eo.n_ctx = 512;
+  eo.load.precision = quant::Precision::kW4A16;
+  std::unique_ptr<Engine> engine;
+  try {
+    engine = std::make_unique<Engine>(default_model_path(), eo);
+  } catch (const std::exception& e) {
+    GTEST_SKIP() << e.what();
+  }
+  std::vector<std::vector<TokenId>> ps;
+  for (const char* text : {"The capital of France is", "Water boils at", "My favourite book is"}) {
+    ps.push_back(engine->encode(text, false));
+  }
+  std::string long_text;
+  for (int i = 0; i < 12; ++i) long_text += "Line " + std::to_string(i) + ": the orchard's apples ripened early. ";
+  ps.push_back(engine->encode(long_text, false));
+  GenerateOptions o;
+  o.max_tokens = 12;
+  o.sampler.temperature = 0;
+  o.ignore_eos = true;
+  o.top_logprobs = 0;  // the chosen token's log-probability: the logits, finely
+  std::vector<GenerateResult> alone, together(ps.size());
+  for (const auto& p : ps) alone.push_back(engine->session().generate(p, o));
+  {
+    Scheduler scheduler(*engine, {.n_sessions = 4, .prefill_chunk = 16});
+    std::vector<std::thread> clients;
+    for (size_t i = 0; i < ps.size(); ++i) {
+      clients.emplace_back([&, i] {
+        // the long prompt arrives while the others decode
+        if (i + 1 == ps.size()) std::this_thread::sleep_for(std::chrono::milliseconds(150));
+        together[i] = scheduler.run(ps[i], o);
+      });
+    }
+    for (auto& c : clients) c.join();
+  }
+  float worst = 0;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    EXPECT_EQ(together[i].tokens, alone[i].tokens) << "request " << i;
+    ASSERT_EQ(together[i].logprobs.size(), alone[i].logprobs.size());
+    for (size_t k = 0; k < alone[i].logprobs.size(); ++k) {
+      worst = std::max(worst, std::abs(together[i].logprobs[k].chosen.logprob - alone[i].logprobs[k].chosen.logprob));
+    }
+  }
+  EXPECT_EQ(worst, 0.0f) << "batched log-probabilities differ from solo ones by up to " << worst;
 }
 
 TEST_F(Batching, CancellingOneLeavesTheOthers) {

@@ -296,7 +296,7 @@ void MatmulW4Rows(const Matrix& w, const float* x, size_t n_tokens, size_t x_str
   constexpr size_t kRowBlock = 16;
   std::vector<float> scales(kRowBlock * n_groups), offsets(kRowBlock * n_groups);
   const auto* qs = static_cast<const uint8_t*>(w.data);
-  if (n_tokens >= 8) {
+  if (n_tokens >= kTileMinTokens) {
     // Prefill: a block of rows is unpacked once (it stays in L2) and multiplied with every
     // token: with bfloat16 dot products where the CPU has them (activations and the unpacked
     // weights rounded to bf16, float32 accumulation), else by the 4x4 float32 tile.
@@ -396,7 +396,7 @@ void MatmulHalfRows(const Matrix& w, const float* x, size_t n_tokens, size_t x_s
   const auto* W = static_cast<const T*>(w.data);
   constexpr size_t kRowBlock = 16;
   if constexpr (std::is_same_v<T, hwy::bfloat16_t>) {
-    if (n_tokens >= 8 && bf16_dot_available() && w.cols % 32 == 0) {
+    if (n_tokens >= kTileMinTokens && bf16_dot_available() && w.cols % 32 == 0) {
       // Prefill with bfloat16 dot products: the rows are bf16 already; round the activations once.
       std::vector<uint16_t> x16(n_tokens * w.cols);
       for (size_t t = 0; t < n_tokens; ++t) to_bf16(x + t * x_stride, &x16[t * w.cols], w.cols);
@@ -409,7 +409,7 @@ void MatmulHalfRows(const Matrix& w, const float* x, size_t n_tokens, size_t x_s
       return;
     }
   }
-  if (n_tokens >= 8) {  // prefill: widen a block of rows once, then the 4x4 float32 tile
+  if (n_tokens >= kTileMinTokens) {  // prefill: widen a block of rows once, then the 4x4 float32 tile
     const hn::ScalableTag<float> d;
     const hn::Rebind<T, decltype(d)> dh;
     const size_t N = hn::Lanes(d);

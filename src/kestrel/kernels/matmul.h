@@ -46,6 +46,11 @@ struct Matrix {
   const uint8_t* row(size_t r) const { return static_cast<const uint8_t*>(data) + r * row_bytes(); }
 };
 
+/// From this many tokens matmul multiplies W4 and BF16/FP16 weights by tiles (bfloat16 dot
+/// products where the CPU has them); fewer tokens go through the decode kernels row by row. The
+/// two round differently, so a row's result depends on which side of this its call falls.
+inline constexpr size_t kTileMinTokens = 8;
+
 /// y[t, r] = sum_i W[r, i] * x[t, i] for t < n_tokens, r < W.rows.
 /// x: float32 [n_tokens, x_stride], y: float32 [n_tokens, y_stride] (strides in elements).
 /// Rows are split over the pool. For kQ8_0, cols must be a multiple of 32.

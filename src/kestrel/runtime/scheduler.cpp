@@ -6,9 +6,15 @@
 #include <string>
 
 #include "kestrel/base/error.h"
+#include "kestrel/kernels/matmul.h"
 #include "kestrel/runtime/generation.h"
 
 namespace kestrel::runtime {
+namespace {
+
+constexpr size_t kShortRows = kernels::kTileMinTokens;
+
+}  // namespace
 
 // One request, shared by the caller's thread (which drains `events`) and the scheduler thread
 // (which owns `session` and `generation`).
@@ -178,14 +184,40 @@ void Scheduler::step() {
   }
   for (auto& job : running_) {
     if (!job->generation->prefilling() || budget == 0) continue;
-    const size_t chunk = std::min(budget, decoding ? options_.prefill_chunk : budget);
+    size_t chunk = std::min(budget, decoding ? options_.prefill_chunk : budget);
+    // No remainder shorter than kShortRows: it would take the other kernel path (see below).
+    const size_t remaining = job->generation->input(SIZE_MAX).size();
+    if (remaining > chunk && remaining - chunk < kShortRows) {
+      chunk = remaining <= budget ? remaining : (chunk > kShortRows ? chunk - kShortRows : chunk);
+    }
     rows.push_back({job.get(), job->generation->input(chunk)});
     budget -= rows.back().tokens.size();
   }
-  std::vector<model::BatchSequence> batch;
-  for (const Row& r : rows) batch.push_back({r.tokens, &r.job->session->cache(), r.job->session->hidden()});
+  // A matrix multiply over fewer than kShortRows rows runs each row as decode does alone; from
+  // kShortRows rows it takes tiles that round differently. So sequences of fewer rows (decode
+  // steps, short prompt tails) go in groups under kShortRows rows, longer ones together: each
+  // row is computed as in its sequence's own forward, and batching does not change answers.
+  std::vector<std::vector<model::BatchSequence>> groups(1);
+  std::vector<model::BatchSequence> long_rows;
+  size_t in_group = 0;
+  for (const Row& r : rows) {
+    const model::BatchSequence seq{r.tokens, &r.job->session->cache(), r.job->session->hidden()};
+    if (r.tokens.size() >= kShortRows) {
+      long_rows.push_back(seq);
+      continue;
+    }
+    if (in_group + r.tokens.size() >= kShortRows) {
+      groups.emplace_back();
+      in_group = 0;
+    }
+    groups.back().push_back(seq);
+    in_group += r.tokens.size();
+  }
+  groups.push_back(std::move(long_rows));
   try {
-    engine_.model().forward_batch(batch, engine_.pool());
+    for (const auto& group : groups) {
+      if (!group.empty()) engine_.model().forward_batch(group, engine_.pool());
+    }
   } catch (...) {
     // Not expected (every request was validated when admitted): fail the requests of the step.
     const auto error = std::current_exception();
