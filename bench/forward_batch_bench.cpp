@@ -3,6 +3,10 @@
 // (Gemma 3 270M) loaded as W4A16 with 2 threads. Each iteration's caches are truncated back to
 // their history outside the timing.
 //   build/bench/kestrel_forward_batch_bench
+// Measured (2-core AVX512-BF16 VM, fastest of 10 runs, ms per step of n tokens):
+//   n                       1     2     4     8    16
+//   n x forward_hidden     2.8   5.5  11.4  22.4  45.5
+//   forward_batch          2.7   3.8   7.0  13.2  19.6   (2-7 rows: W4 GEMV over the tokens; 8+: bf16 tiles)
 #include <benchmark/benchmark.h>
 
 #include <memory>

@@ -205,11 +205,14 @@ TEST(ForwardBatch, MatchesForwardHiddenGemma3) {
     check(m, "gemma3 source, mixed", mixed, 1024, true, 0.0f);
     check(m, "gemma3 source, decode", decode, 1024, true, 0.0f);
   }
+  // W4A16 only adds the kernels' rounding: shorter histories (the rings are covered above).
+  const std::vector<Part> mixed_w4 = {{0, 20}, {5, 1}, {37, 1}, {300, 1}, {280, 20}};
+  const std::vector<Part> decode_w4 = {{5, 1}, {37, 1}, {300, 1}};
   Loaded m(path, Precision::kW4A16);
   // Measured: max |logit diff| 0.65 (the decode row at position 5, logits up to 37; the other
   // decode rows 0.08-0.14, the prefill rows 0), next-token 0.34; 8-row chunk vs decode alone 0.14.
-  check(m, "gemma3 w4a16, mixed", mixed, 1024, false, 1.0f);
-  check(m, "gemma3 w4a16, decode", decode, 1024, true, 0.0f);
+  check(m, "gemma3 w4a16, mixed", mixed_w4, 1024, false, 1.0f);
+  check(m, "gemma3 w4a16, decode", decode_w4, 1024, true, 0.0f);
 }
 
 bool same_cache(const KvCache& a, const KvCache& b) {

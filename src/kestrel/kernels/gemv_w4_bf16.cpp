@@ -1,5 +1,6 @@
 #include "kestrel/kernels/gemv_w4_bf16.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "kestrel/formats/dequant.h"
@@ -121,6 +122,42 @@ KESTREL_BF16_TARGET float gemv_row(const Matrix& w, const W4GemvInput& in, size_
   return _mm512_reduce_add_ps(acc) + _mm512_reduce_add_ps(offset_acc);
 }
 
+// gemv_row for NT tokens (2..4) at once: a chunk's codes are unpacked once and dotted with each
+// token's activations in turn. Per token the same operations in the same order as gemv_row, so
+// y is bit-identical to it.
+template <size_t NT>
+KESTREL_BF16_TARGET void gemv_row_tokens(const Matrix& w, const W4GemvInput* in, size_t r, float* scales,
+                                         __m512i pattern, float* y, size_t y_stride) {
+  const size_t G = w.group_size, n_chunks = w.cols / kChunk;
+  const __m512i low_nibbles = _mm512_set1_epi8(0x0F);
+  const __m512i bf16_128 = _mm512_set1_epi8(0x43);
+  __m512 offset_acc[NT], acc[NT];
+  for (size_t t = 0; t < NT; ++t) {
+    offset_acc[t] = row_scales(w, in[t], r, scales);  // the same scales for every token
+    acc[t] = _mm512_setzero_ps();
+  }
+  const uint8_t* codes = static_cast<const uint8_t*>(w.data) + r * (w.cols / 2);
+  for (size_t c = 0; c < n_chunks; ++c) {
+    _mm_prefetch(reinterpret_cast<const char*>(codes + 64 * c + kPrefetchBytes), _MM_HINT_T0);
+    const __m512i bytes = _mm512_loadu_si512(codes + 64 * c);
+    const __m512i lo = _mm512_and_si512(bytes, low_nibbles);
+    const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low_nibbles);
+    const __m512bh w0 = as_bh(_mm512_unpacklo_epi8(lo, bf16_128)), w1 = as_bh(_mm512_unpackhi_epi8(lo, bf16_128)),
+                   w2 = as_bh(_mm512_unpacklo_epi8(hi, bf16_128)), w3 = as_bh(_mm512_unpackhi_epi8(hi, bf16_128));
+    const __m512 d = G <= kChunk ? _mm512_permutexvar_ps(pattern, _mm512_loadu_ps(scales + c * kChunk / G))
+                                 : _mm512_set1_ps(scales[c * kChunk / G]);
+    for (size_t t = 0; t < NT; ++t) {
+      const uint16_t* xc = in[t].x.data() + kChunk * c;
+      __m512 dot = _mm512_dpbf16_ps(_mm512_setzero_ps(), w0, as_bh(_mm512_loadu_si512(xc)));
+      dot = _mm512_dpbf16_ps(dot, w1, as_bh(_mm512_loadu_si512(xc + 32)));
+      dot = _mm512_dpbf16_ps(dot, w2, as_bh(_mm512_loadu_si512(xc + 64)));
+      dot = _mm512_dpbf16_ps(dot, w3, as_bh(_mm512_loadu_si512(xc + 96)));
+      acc[t] = _mm512_fmadd_ps(dot, d, acc[t]);
+    }
+  }
+  for (size_t t = 0; t < NT; ++t) y[t * y_stride + r] = _mm512_reduce_add_ps(acc[t]) + _mm512_reduce_add_ps(offset_acc[t]);
+}
+
 KESTREL_BF16_TARGET void gemv_rows(const Matrix& w, const W4GemvInput* in, size_t n_tokens, float* y,
                                    size_t y_stride, size_t row_begin, size_t row_end) {
   const size_t G = w.group_size;
@@ -131,8 +168,21 @@ KESTREL_BF16_TARGET void gemv_rows(const Matrix& w, const W4GemvInput* in, size_
   alignas(64) int32_t lane_group[16];
   for (int i = 0; i < 16; ++i) lane_group[i] = G <= kChunk ? static_cast<int32_t>((i / 4) * 32 / G) : 0;
   const __m512i pattern = _mm512_load_si512(lane_group);
+  if (n_tokens == 1) {
+    for (size_t r = row_begin; r < row_end; ++r) y[r] = gemv_row(w, *in, r, scales.data(), pattern);
+    return;
+  }
+  // Several tokens: up to four share each unpacking of a row's codes.
   for (size_t r = row_begin; r < row_end; ++r) {
-    for (size_t t = 0; t < n_tokens; ++t) y[t * y_stride + r] = gemv_row(w, in[t], r, scales.data(), pattern);
+    for (size_t t = 0; t < n_tokens; t += 4) {
+      float* yt = y + t * y_stride;
+      switch (std::min<size_t>(4, n_tokens - t)) {
+        case 4: gemv_row_tokens<4>(w, in + t, r, scales.data(), pattern, yt, y_stride); break;
+        case 3: gemv_row_tokens<3>(w, in + t, r, scales.data(), pattern, yt, y_stride); break;
+        case 2: gemv_row_tokens<2>(w, in + t, r, scales.data(), pattern, yt, y_stride); break;
+        default: yt[r] = gemv_row(w, in[t], r, scales.data(), pattern); break;
+      }
+    }
   }
 }
 
