@@ -25,21 +25,14 @@
 #include "kestrel/head/output_head.h"
 #include "kestrel/model/model.h"
 #include "kestrel/runtime/model_path.h"
+#include "test_models.h"
 
 namespace kestrel::model {
 namespace {
 
 namespace fs = std::filesystem;
 
-std::vector<TokenId> random_tokens(size_t n, size_t n_vocab, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_int_distribution<TokenId> id(3, static_cast<TokenId>(std::min<size_t>(n_vocab, 4096) - 1));
-  std::vector<TokenId> t(n);
-  for (auto& x : t) x = id(rng);
-  return t;
-}
-
-fs::path tiny(const char* name) { return fs::path(KESTREL_SOURCE_DIR) / "tests/data/gemma4" / name / "model.gguf"; }
+fs::path tiny(const char* name) { return tiny_gemma4(name); }
 
 struct Loaded {
   gguf::File file;

@@ -14,19 +14,12 @@
 #include "kestrel/formats/gguf.h"
 #include "kestrel/model/model.h"
 #include "kestrel/runtime/model_path.h"
+#include "test_models.h"
 
 namespace kestrel::model {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::vector<TokenId> random_tokens(size_t n, size_t n_vocab, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_int_distribution<TokenId> id(3, static_cast<TokenId>(std::min<size_t>(n_vocab, 4096) - 1));
-  std::vector<TokenId> t(n);
-  for (auto& x : t) x = id(rng);
-  return t;
-}
 
 std::span<const TokenId> first(const std::vector<TokenId>& v, size_t n) { return {v.data(), n}; }
 
@@ -103,7 +96,7 @@ void check_ring_edges(Loaded& m, size_t window, size_t ring, size_t n_a, size_t 
 TEST(KvCache, TruncateIsExactAtTheSlidingRingsEdgesGemma4Tiny) {
   for (const char* name : {"e2b_tiny", "e4b_tiny"}) {
     SCOPED_TRACE(name);
-    Loaded m(fs::path(KESTREL_SOURCE_DIR) / "tests/data/gemma4" / name / "model.gguf");
+    Loaded m(tiny_gemma4(name));
     // window 8, ring 8 + 256 - 1 = 263 slots; 300 + 100 positions written.
     check_ring_edges(m, 8, 263, 300, 100, 512);
   }
@@ -122,7 +115,7 @@ TEST(KvCache, TruncateIsExactAtTheSlidingRingsEdgesGemma3) {
 }
 
 TEST(KvCache, TruncateWithinTheRingAndBadArguments) {
-  Loaded m(fs::path(KESTREL_SOURCE_DIR) / "tests/data/gemma4/e2b_tiny/model.gguf");
+  Loaded m(tiny_gemma4("e2b_tiny"));
   const size_t n_vocab = m.model->info().n_vocab;
   const auto a = random_tokens(40, n_vocab, 4), b = random_tokens(5, n_vocab, 5);
   for (const size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{8}, size_t{39}, size_t{40}}) {
