@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <exception>
 #include <thread>
 
 #include "kestrel/runtime/scheduler.h"
@@ -27,8 +28,10 @@ ConcurrencyRound run_concurrency_round(Engine& engine, std::span<const std::vect
   for (auto& s : stamps) s.reserve(output_tokens);
   const auto t0 = Clock::now();
   std::vector<std::thread> clients;
+  std::vector<std::exception_ptr> errors(n);
   for (size_t i = 0; i < n; ++i) {
     clients.emplace_back([&, i] {
+      try {
       GenerateOptions o;
       o.max_tokens = output_tokens;
       o.sampler.temperature = 0;
@@ -39,9 +42,15 @@ ConcurrencyRound run_concurrency_round(Engine& engine, std::span<const std::vect
         return true;
       };
       scheduler.run(prompts[i], o);
+      } catch (...) {
+        errors[i] = std::current_exception();  // rethrown on the calling thread, not std::terminate
+      }
     });
   }
   for (auto& c : clients) c.join();
+  for (const auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
   auto secs = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
   ConcurrencyRound r;
   r.concurrency = n;
