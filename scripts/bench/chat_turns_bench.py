@@ -13,23 +13,15 @@ streamed content chunk.
 import argparse
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-import openai
+from serve_client import served
 
 ROOT = Path(__file__).resolve().parents[2]
 OASST = ROOT.parent / "shared" / "data" / "oasst" / "en-validation.jsonl"
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def cpu():
@@ -74,19 +66,7 @@ def main():
     ap.add_argument("--json")
     args = ap.parse_args()
 
-    port = free_port()
-    server = subprocess.Popen([args.kestrel, "serve", "-m", args.model, "--port", str(port), "-t", str(args.threads),
-                               "--model-name", "m", "--ctx", "8192"], stderr=subprocess.PIPE, text=True)
-    try:
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=600)
-        deadline = time.time() + 300
-        while True:
-            try:
-                client.models.list()
-                break
-            except openai.APIError:
-                assert server.poll() is None and time.time() < deadline, "server did not start"
-                time.sleep(0.2)
+    with served(args.kestrel, args.model, args.threads, "--ctx", 8192) as client:
         source = texts()
         rows = []
         for r in range(args.rounds):
@@ -105,9 +85,6 @@ def main():
                    "turn2_warm_ttft_s": warm, "turn2_cold_ttft_s": cold, "same_answer": a_warm == a_cold}
             rows.append(row)
             print(json.dumps(row), file=sys.stderr)
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
     name, flags = cpu()
     med = lambda k: statistics.median(r[k] for r in rows)  # noqa: E731

@@ -8,38 +8,19 @@ prompt; A's largest inter-token gap while B prefills, against A's median gap and
 One server per chunk size on a free loopback port, 2 threads; prints a Markdown table.
 """
 import argparse
-import socket
 import statistics
-import subprocess
 import threading
 import time
 from pathlib import Path
 
-import openai
+
+from serve_client import served
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def measure(kestrel, model, threads, chunk, prompt_tokens):
-    port = free_port()
-    server = subprocess.Popen([kestrel, "serve", "-m", model, "--port", str(port), "-t", str(threads),
-                               "--model-name", "m", "--prefill-chunk", str(chunk)], stderr=subprocess.DEVNULL)
-    try:
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=600)
-        deadline = time.time() + 300
-        while True:
-            try:
-                client.models.list()
-                break
-            except openai.APIError:
-                assert server.poll() is None and time.time() < deadline, "server did not start"
-                time.sleep(0.2)
+    with served(kestrel, model, threads, "--prefill-chunk", chunk) as client:
         stamps, b_times = [], {}
 
         def run_b():
@@ -62,9 +43,6 @@ def measure(kestrel, model, threads, chunk, prompt_tokens):
         return {"chunk": chunk, "median_gap_ms": 1e3 * statistics.median(before),
                 "max_gap_during_prefill_ms": 1e3 * max(during) if during else 0.0,
                 "b_ttft_s": b_times["first"] - b_times["sent"]}
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
 
 def main():
