@@ -1,19 +1,24 @@
 // Decode of n sequences (each with 100 tokens of history, one new token each): one
 // Model::forward_batch of n rows against n separate forward_hidden calls, on the default model
 // (Gemma 3 270M) loaded as W4A16 with 2 threads. Each iteration's caches are truncated back to
-// their history outside the timing.
+// their history outside the timing. DecodeStep adds what the scheduler does after the forward:
+// each row's FlashHead search (needs KESTREL_BENCH_IMAGE, an image built with --flashhead).
 //   build/bench/kestrel_forward_batch_bench
+//   KESTREL_BENCH_IMAGE=fh.kimg KESTREL_BENCH_THREADS=1 build/bench/kestrel_forward_batch_bench
+// With one thread the CPU time per step does not depend on what else the machine runs.
 // Measured (2-core AVX512-BF16 VM, fastest of 10 runs, ms per step of n tokens):
 //   n                       1     2     4     8    16
 //   n x forward_hidden     2.8   5.5  11.4  22.4  45.5
 //   forward_batch          2.7   3.8   7.0  13.2  19.6   (2-7 rows: W4 GEMV over the tokens; 8+: bf16 tiles)
 #include <benchmark/benchmark.h>
 
+#include <cstdlib>
 #include <memory>
 #include <random>
 #include <vector>
 
 #include "kestrel/formats/gguf.h"
+#include "kestrel/head/flashhead.h"
 #include "kestrel/model/model.h"
 #include "kestrel/runtime/model_path.h"
 
@@ -23,14 +28,23 @@ using namespace kestrel;
 
 constexpr size_t kHistory = 100;
 
+const char* image_path() { return std::getenv("KESTREL_BENCH_IMAGE"); }
+
+int bench_threads() {
+  const char* t = std::getenv("KESTREL_BENCH_THREADS");
+  return t != nullptr ? std::atoi(t) : 2;
+}
+
 struct Fixture {
   gguf::File file;
-  ThreadPool pool{2};
+  ThreadPool pool{bench_threads()};
   std::unique_ptr<model::Model> model;
-  Fixture() : file(gguf::File::open(runtime::default_model_path())) {
+  std::unique_ptr<head::FlashHead> flash;
+  Fixture() : file(gguf::File::open(image_path() != nullptr ? image_path() : runtime::default_model_path())) {
     model::LoadOptions options;
-    options.precision = model::Precision::kW4A16;
+    if (image_path() == nullptr) options.precision = model::Precision::kW4A16;
     model = model::load_model(file, options, pool);
+    if (head::FlashHead::present(file)) flash = std::make_unique<head::FlashHead>(file, model->output_head());
   }
 };
 
@@ -47,8 +61,15 @@ std::vector<model::TokenId> random_tokens(size_t n, uint64_t seed) {
   return t;
 }
 
-void Decode(benchmark::State& state, bool batched) {
+enum class Mode { kBatched, kSeparate, kStep };
+
+void Decode(benchmark::State& state, Mode mode) {
   Fixture& f = fixture();
+  if (mode == Mode::kStep && f.flash == nullptr) {
+    state.SkipWithError("DecodeStep needs KESTREL_BENCH_IMAGE, an image built with --flashhead");
+    return;
+  }
+  std::vector<head::Candidates> candidates(static_cast<size_t>(state.range(0)));
   const size_t n = static_cast<size_t>(state.range(0)), d = f.model->info().d_model;
   std::vector<model::KvCache> caches;
   std::vector<std::vector<model::TokenId>> next;
@@ -61,8 +82,11 @@ void Decode(benchmark::State& state, bool batched) {
   std::vector<model::BatchSequence> seqs(n);
   for (size_t i = 0; i < n; ++i) seqs[i] = {next[i], &caches[i], &hidden[i * d]};
   for (auto _ : state) {
-    if (batched) {
+    if (mode != Mode::kSeparate) {
       f.model->forward_batch(seqs, f.pool);
+      if (mode == Mode::kStep) {
+        for (size_t i = 0; i < n; ++i) f.flash->search(&hidden[i * d], f.flash->default_probes(), candidates[i], f.pool);
+      }
     } else {
       for (size_t i = 0; i < n; ++i) {
         f.model->forward_hidden(next[i], caches[i], model::Logits::kLast, &hidden[i * d], f.pool);
@@ -76,9 +100,11 @@ void Decode(benchmark::State& state, bool batched) {
   state.counters["tokens/s"] = benchmark::Counter(static_cast<double>(n), benchmark::Counter::kIsIterationInvariantRate);
 }
 
-void ForwardBatch(benchmark::State& state) { Decode(state, true); }
-void SeparateForwardHidden(benchmark::State& state) { Decode(state, false); }
+void ForwardBatch(benchmark::State& state) { Decode(state, Mode::kBatched); }
+void SeparateForwardHidden(benchmark::State& state) { Decode(state, Mode::kSeparate); }
+void DecodeStep(benchmark::State& state) { Decode(state, Mode::kStep); }
 BENCHMARK(ForwardBatch)->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(DecodeStep)->Arg(1)->Arg(2)->Arg(4)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(SeparateForwardHidden)->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace

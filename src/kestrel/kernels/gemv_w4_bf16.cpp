@@ -37,7 +37,8 @@ size_t nibble_column(size_t byte, bool high, size_t group_size) {
 KESTREL_BF16_TARGET inline __m512bh as_bh(__m512i v) { return reinterpret_cast<__m512bh>(v); }
 
 // row_scales for 8-bit group parameters: d_g = d_row * s_g, m_g = -m_row * n_g.
-KESTREL_BF16_TARGET __m512 row_scales8(const Matrix& w, const W4GemvInput& in, size_t r, float* scales) {
+KESTREL_BF16_TARGET __m512 row_scales8(const Matrix& w, const W4GemvInput& in, size_t r, float* scales,
+                                       float* offsets) {
   const size_t n_groups = w.cols / w.group_size;
   const uint8_t* s8 = w.scales8 + r * n_groups;
   const uint8_t* n8 = w.mins8 + r * n_groups;
@@ -55,6 +56,7 @@ KESTREL_BF16_TARGET __m512 row_scales8(const Matrix& w, const W4GemvInput& in, s
     const __m512 m = _mm512_mul_ps(neg_m_row, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mask, n8 + g))));
     _mm512_mask_storeu_ps(&scales[g], mask, d);
     const __m512 offset = _mm512_fnmadd_ps(d, _mm512_set1_ps(128.0f), m);
+    _mm512_mask_storeu_ps(&offsets[g], mask, offset);
     offset_acc = _mm512_fmadd_ps(offset, _mm512_maskz_loadu_ps(mask, &in.group_sums[g]), offset_acc);
   }
   return offset_acc;
@@ -62,10 +64,12 @@ KESTREL_BF16_TARGET __m512 row_scales8(const Matrix& w, const W4GemvInput& in, s
 
 // Row r's scales as float32 into `scales` ([n_groups] + 16 floats of slack), and the float32
 // lanes of sum_g (m_g - 128 d_g) * sum_g(x) (m_g = -8 d_g for symmetric groups): the offsets that
-// turn the dot products with 128 + q into the dot products with the weights.
-KESTREL_BF16_TARGET __m512 row_scales(const Matrix& w, const W4GemvInput& in, size_t r, float* scales) {
+// turn the dot products with 128 + q into the dot products with the weights. The per-group
+// offsets m_g - 128 d_g go to `offsets` ([n_groups] floats) for more tokens (token_offsets).
+KESTREL_BF16_TARGET __m512 row_scales(const Matrix& w, const W4GemvInput& in, size_t r, float* scales,
+                                      float* offsets) {
   const size_t n_groups = w.cols / w.group_size;
-  if (w.scales8 != nullptr) return row_scales8(w, in, r, scales);
+  if (w.scales8 != nullptr) return row_scales8(w, in, r, scales, offsets);
   const uint16_t* scales16 = w.scales + r * n_groups;
   const uint16_t* mins16 = w.mins != nullptr ? w.mins + r * n_groups : nullptr;
   // The scales and minimums are two more streams, read in short bursts between rows of codes:
@@ -85,7 +89,20 @@ KESTREL_BF16_TARGET __m512 row_scales(const Matrix& w, const W4GemvInput& in, si
     const __m512 m = mins16 != nullptr ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, mins16 + g))
                                        : _mm512_mul_ps(d, _mm512_set1_ps(-8.0f));
     const __m512 offset = _mm512_fnmadd_ps(d, _mm512_set1_ps(128.0f), m);
+    _mm512_mask_storeu_ps(&offsets[g], mask, offset);
     offset_acc = _mm512_fmadd_ps(offset, _mm512_maskz_loadu_ps(mask, &in.group_sums[g]), offset_acc);
+  }
+  return offset_acc;
+}
+
+// row_scales' offset lanes for another token, from the offsets it stored: the same operations in
+// the same order, so the same float32 lanes as row_scales would return for `in`.
+KESTREL_BF16_TARGET __m512 token_offsets(const float* offsets, const W4GemvInput& in, size_t n_groups) {
+  __m512 offset_acc = _mm512_setzero_ps();
+  for (size_t g = 0; g < n_groups; g += 16) {
+    const __mmask16 mask = n_groups - g >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n_groups - g)) - 1);
+    offset_acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, &offsets[g]),
+                                 _mm512_maskz_loadu_ps(mask, &in.group_sums[g]), offset_acc);
   }
   return offset_acc;
 }
@@ -95,11 +112,11 @@ KESTREL_BF16_TARGET __m512 row_scales(const Matrix& w, const W4GemvInput& in, si
 // prompt, alternating runs: median 13.7 tok/s decode against 13.2 the other way round; two rows
 // at once, sharing the activation loads, gave 9.7).
 KESTREL_BF16_TARGET float gemv_row(const Matrix& w, const W4GemvInput& in, size_t r, float* scales,
-                                   __m512i pattern) {
+                                   float* offsets, __m512i pattern) {
   const size_t G = w.group_size, n_chunks = w.cols / kChunk;
   const __m512i low_nibbles = _mm512_set1_epi8(0x0F);
   const __m512i bf16_128 = _mm512_set1_epi8(0x43);  // 0x43qq is the bfloat16 128 + q
-  const __m512 offset_acc = row_scales(w, in, r, scales);
+  const __m512 offset_acc = row_scales(w, in, r, scales, offsets);
   const uint8_t* codes = static_cast<const uint8_t*>(w.data) + r * (w.cols / 2);  // kW4 rows: cols / 2 bytes
   const uint16_t* x = in.x.data();
   __m512 acc = _mm512_setzero_ps();
@@ -127,15 +144,14 @@ KESTREL_BF16_TARGET float gemv_row(const Matrix& w, const W4GemvInput& in, size_
 // y is bit-identical to it.
 template <size_t NT>
 KESTREL_BF16_TARGET void gemv_row_tokens(const Matrix& w, const W4GemvInput* in, size_t r, float* scales,
-                                         __m512i pattern, float* y, size_t y_stride) {
+                                         float* offsets, __m512i pattern, float* y, size_t y_stride) {
   const size_t G = w.group_size, n_chunks = w.cols / kChunk;
   const __m512i low_nibbles = _mm512_set1_epi8(0x0F);
   const __m512i bf16_128 = _mm512_set1_epi8(0x43);
   __m512 offset_acc[NT], acc[NT];
-  for (size_t t = 0; t < NT; ++t) {
-    offset_acc[t] = row_scales(w, in[t], r, scales);  // the same scales for every token
-    acc[t] = _mm512_setzero_ps();
-  }
+  offset_acc[0] = row_scales(w, in[0], r, scales, offsets);  // the scales are every token's
+  for (size_t t = 1; t < NT; ++t) offset_acc[t] = token_offsets(offsets, in[t], w.cols / G);
+  for (size_t t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
   const uint8_t* codes = static_cast<const uint8_t*>(w.data) + r * (w.cols / 2);
   for (size_t c = 0; c < n_chunks; ++c) {
     _mm_prefetch(reinterpret_cast<const char*>(codes + 64 * c + kPrefetchBytes), _MM_HINT_T0);
@@ -161,15 +177,16 @@ KESTREL_BF16_TARGET void gemv_row_tokens(const Matrix& w, const W4GemvInput* in,
 KESTREL_BF16_TARGET void gemv_rows(const Matrix& w, const W4GemvInput* in, size_t n_tokens, float* y,
                                    size_t y_stride, size_t row_begin, size_t row_end) {
   const size_t G = w.group_size;
-  thread_local std::vector<float> scales;
+  thread_local std::vector<float> scales, offsets;
   scales.assign(w.cols / G + 16, 0.0f);  // +16: a chunk's scale load reads 16 floats
+  offsets.resize(w.cols / G);
   // Float32 lane i of a chunk's dot products sums words 2i, 2i+1, i.e. lane i / 4 of the load;
   // with G <= 128 it belongs to group c * 128 / G + (i / 4) * 32 / G.
   alignas(64) int32_t lane_group[16];
   for (int i = 0; i < 16; ++i) lane_group[i] = G <= kChunk ? static_cast<int32_t>((i / 4) * 32 / G) : 0;
   const __m512i pattern = _mm512_load_si512(lane_group);
   if (n_tokens == 1) {
-    for (size_t r = row_begin; r < row_end; ++r) y[r] = gemv_row(w, *in, r, scales.data(), pattern);
+    for (size_t r = row_begin; r < row_end; ++r) y[r] = gemv_row(w, *in, r, scales.data(), offsets.data(), pattern);
     return;
   }
   // Several tokens: up to four share each unpacking of a row's codes.
@@ -177,10 +194,10 @@ KESTREL_BF16_TARGET void gemv_rows(const Matrix& w, const W4GemvInput* in, size_
     for (size_t t = 0; t < n_tokens; t += 4) {
       float* yt = y + t * y_stride;
       switch (std::min<size_t>(4, n_tokens - t)) {
-        case 4: gemv_row_tokens<4>(w, in + t, r, scales.data(), pattern, yt, y_stride); break;
-        case 3: gemv_row_tokens<3>(w, in + t, r, scales.data(), pattern, yt, y_stride); break;
-        case 2: gemv_row_tokens<2>(w, in + t, r, scales.data(), pattern, yt, y_stride); break;
-        default: yt[r] = gemv_row(w, in[t], r, scales.data(), pattern); break;
+        case 4: gemv_row_tokens<4>(w, in + t, r, scales.data(), offsets.data(), pattern, yt, y_stride); break;
+        case 3: gemv_row_tokens<3>(w, in + t, r, scales.data(), offsets.data(), pattern, yt, y_stride); break;
+        case 2: gemv_row_tokens<2>(w, in + t, r, scales.data(), offsets.data(), pattern, yt, y_stride); break;
+        default: yt[r] = gemv_row(w, in[t], r, scales.data(), offsets.data(), pattern); break;
       }
     }
   }
