@@ -2,7 +2,7 @@
 // Model::forward_batch of n rows against n separate forward_hidden calls, on the default model
 // (Gemma 3 270M) loaded as W4A16 with 2 threads. Each iteration's caches are truncated back to
 // their history outside the timing. DecodeStep adds what the scheduler does after the forward:
-// each row's FlashHead search (needs KESTREL_BENCH_IMAGE, an image built with --flashhead).
+// the rows' FlashHead search_batch (needs KESTREL_BENCH_IMAGE, an image built with --flashhead).
 //   build/bench/kestrel_forward_batch_bench
 //   KESTREL_BENCH_IMAGE=fh.kimg KESTREL_BENCH_THREADS=1 build/bench/kestrel_forward_batch_bench
 // With one thread the CPU time per step does not depend on what else the machine runs.
@@ -85,7 +85,10 @@ void Decode(benchmark::State& state, Mode mode) {
     if (mode != Mode::kSeparate) {
       f.model->forward_batch(seqs, f.pool);
       if (mode == Mode::kStep) {
-        for (size_t i = 0; i < n; ++i) f.flash->search(&hidden[i * d], f.flash->default_probes(), candidates[i], f.pool);
+        std::vector<const float*> rows(n);
+        std::vector<head::Candidates*> outs(n);
+        for (size_t i = 0; i < n; ++i) rows[i] = &hidden[i * d], outs[i] = &candidates[i];
+        f.flash->search_batch(rows, f.flash->default_probes(), outs, f.pool);
       }
     } else {
       for (size_t i = 0; i < n; ++i) {

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kestrel/formats/dequant.h"
+#include "kestrel/kernels/gemm_bf16.h"
 #include "kestrel/kernels/matmul.h"
 #include "kestrel/model/attention.h"
 #include "kestrel/quant/w4.h"
@@ -145,6 +146,50 @@ void ReadBandwidth(benchmark::State& state) {
                                               benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(ReadBandwidth)->Name("Memory/ReadBandwidth")->UseRealTime()->Iterations(5);
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+
+// The peak bfloat16 multiply-accumulate rate: 12 independent chains of vdpbf16ps (32 MACs each)
+// per thread, on registers only. The ceiling for a step that is compute-bound in the W4 kernels
+// (several decode rows, speculative verification) is this over the MACs per step.
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) double bf16_dot_chains(size_t n) {
+  __m512 acc[12];
+  for (auto& a : acc) a = _mm512_setzero_ps();
+  const __m512bh a = reinterpret_cast<__m512bh>(_mm512_set1_epi16(0x3f80));  // 1.0
+  const __m512bh b = reinterpret_cast<__m512bh>(_mm512_set1_epi16(0x3c00));  // 2^-7
+  for (size_t i = 0; i < n; ++i) {
+    for (auto& x : acc) x = _mm512_dpbf16_ps(x, a, b);
+  }
+  alignas(64) float lanes[16];
+  double sum = 0;
+  for (const auto& x : acc) {
+    _mm512_store_ps(lanes, x);
+    for (float l : lanes) sum += l;
+  }
+  return sum;
+}
+
+void PeakBf16Dot(benchmark::State& state) {
+  if (!k::bf16_dot_available()) {
+    state.SkipWithError("this CPU has no AVX512-BF16");
+    return;
+  }
+  constexpr size_t kIters = 1 << 22;
+  const size_t threads = static_cast<size_t>(pool().size());
+  std::vector<double> sink(threads);
+  for (auto _ : state) {
+    pool().parallel_for(threads, 1, [&](size_t b, size_t e) {
+      for (size_t t = b; t < e; ++t) sink[t] = bf16_dot_chains(kIters);
+    });
+    benchmark::DoNotOptimize(sink.data());
+  }
+  state.counters["GMAC/s"] = benchmark::Counter(static_cast<double>(threads * kIters * 12 * 32) * 1e-9,
+                                                benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["threads"] = static_cast<double>(threads);
+}
+BENCHMARK(PeakBf16Dot)->Name("Compute/PeakBf16Dot")->UseRealTime();
+#endif
 
 }  // namespace
 

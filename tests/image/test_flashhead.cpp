@@ -15,6 +15,7 @@
 #include "kestrel/runtime/engine.h"
 #include "kestrel/runtime/flashhead_eval.h"
 #include "kestrel/runtime/model_path.h"
+#include "kestrel/runtime/session.h"
 #include "image_dir.h"
 
 namespace kestrel {
@@ -105,6 +106,38 @@ TEST_F(FlashHeadImage, SpecialTokensAreAlwaysScored) {
   for (runtime::TokenId t : flash.flashhead()->special_tokens()) EXPECT_TRUE(ids.count(t)) << t;
   EXPECT_TRUE(ids.count(1));    // <eos>
   EXPECT_TRUE(ids.count(106));  // <end_of_turn>
+}
+
+TEST_F(FlashHeadImage, BatchedSearchEqualsSearchOfEachRowBitForBit) {
+  // The rows of a batched decode step: three sequences, two of them sharing most clusters (same
+  // prompt but the last token), scored together and alone; at 1 probe the special tokens come
+  // from outside the probed clusters, at the default probes from both.
+  auto flash = engine(dir_ / "fh.kimg", runtime::HeadMode::kFlash);
+  const head::FlashHead& fh = *flash.flashhead();
+  const std::vector<std::vector<runtime::TokenId>> prompts = {
+      kPrompt, {2, 818, 5279, 529, 7001, 236764}, {2, 9259, 496, 1861}};
+  std::vector<std::vector<float>> hidden;
+  for (const auto& p : prompts) {
+    runtime::Session s(flash);
+    s.step(p);
+    hidden.emplace_back(s.hidden(), s.hidden() + flash.model().info().d_model);
+  }
+  for (size_t probes : {size_t{1}, fh.default_probes()}) {
+    std::vector<head::Candidates> together(hidden.size());
+    std::vector<const float*> rows;
+    std::vector<head::Candidates*> outs;
+    for (size_t i = 0; i < hidden.size(); ++i) rows.push_back(hidden[i].data()), outs.push_back(&together[i]);
+    fh.search_batch(rows, probes, outs, flash.pool());
+    for (size_t i = 0; i < hidden.size(); ++i) {
+      head::Candidates alone;
+      fh.search(hidden[i].data(), probes, alone, flash.pool());
+      EXPECT_EQ(together[i].ids, alone.ids) << "row " << i << ", " << probes << " probes";
+      ASSERT_EQ(together[i].logits.size(), alone.logits.size());
+      for (size_t j = 0; j < alone.logits.size(); ++j) {
+        ASSERT_EQ(together[i].logits[j], alone.logits[j]) << "row " << i << ", " << probes << " probes";
+      }
+    }
+  }
 }
 
 TEST_F(FlashHeadImage, GreedyContinuationsMatchTheDenseHead) {

@@ -81,60 +81,80 @@ FlashHead::FlashHead(const gguf::File& file, const OutputHead& head) : head_(&he
 
 void FlashHead::cluster_scores(const float* hidden, float* scores, ThreadPool& pool) const {
   kernels::matmul(centroids_, hidden, 1, centroids_.cols, scores, n_clusters_, pool);
-  if (radii_ != nullptr && radius_weight_ != 0.0f) {
-    double norm2 = 0;
-    for (size_t j = 0; j < centroids_.cols; ++j) norm2 += static_cast<double>(hidden[j]) * hidden[j];
-    const float a = radius_weight_ * static_cast<float>(std::sqrt(norm2));
-    for (size_t k = 0; k < n_clusters_; ++k) scores[k] += a * radii_[k];
-  }
+  add_radius_term(hidden, scores);
+}
+
+void FlashHead::add_radius_term(const float* hidden, float* scores) const {
+  if (radii_ == nullptr || radius_weight_ == 0.0f) return;
+  double norm2 = 0;
+  for (size_t j = 0; j < centroids_.cols; ++j) norm2 += static_cast<double>(hidden[j]) * hidden[j];
+  const float a = radius_weight_ * static_cast<float>(std::sqrt(norm2));
+  for (size_t k = 0; k < n_clusters_; ++k) scores[k] += a * radii_[k];
 }
 
 void FlashHead::search(const float* hidden, size_t probes, Candidates& out, ThreadPool& pool) const {
+  const float* const rows[] = {hidden};
+  Candidates* const outs[] = {&out};
+  search_batch(rows, probes, outs, pool);
+}
+
+void FlashHead::search_batch(std::span<const float* const> hidden, size_t probes,
+                             std::span<Candidates* const> out, ThreadPool& pool) const {
+  if (hidden.size() != out.size()) throw Error("FlashHead: hidden states and outputs differ in number");
+  const size_t n_rows = hidden.size(), cap = cluster_size_, d = head_->weight.cols;
+  if (n_rows == 0) return;
   probes = std::clamp<size_t>(probes, 1, n_clusters_);
-  const size_t cap = cluster_size_, d = head_->weight.cols;
-  std::vector<uint32_t> probed(n_clusters_);
-  std::iota(probed.begin(), probed.end(), 0u);
+  // Stage 1: every row's cluster scores in one product, then each row's best `probes`.
+  std::vector<std::vector<uint32_t>> probed(n_rows, std::vector<uint32_t>(n_clusters_));
+  for (auto& p : probed) std::iota(p.begin(), p.end(), 0u);
   if (probes < n_clusters_) {
-    std::vector<float> scores(n_clusters_);
-    cluster_scores(hidden, scores.data(), pool);
-    std::nth_element(probed.begin(), probed.begin() + static_cast<std::ptrdiff_t>(probes), probed.end(),
-                     [&](uint32_t a, uint32_t b) { return scores[a] > scores[b] || (scores[a] == scores[b] && a < b); });
-    probed.resize(probes);
-    std::sort(probed.begin(), probed.end());  // memory order for stage 2
-  }
-  // Runs of consecutive head rows to score: probed clusters (adjacent ones merged), then the
-  // special tokens whose cluster was not probed. Output position = position in this order.
-  struct Run {
-    size_t row, count, at;
-  };
-  std::vector<Run> runs;
-  size_t n = 0;
-  auto add_rows = [&](size_t row, size_t count) {
-    if (!runs.empty() && runs.back().row + runs.back().count == row) {
-      runs.back().count += count;
-    } else {
-      runs.push_back({row, count, n});
+    std::vector<float> x(n_rows * d), scores(n_rows * n_clusters_);
+    for (size_t i = 0; i < n_rows; ++i) std::copy_n(hidden[i], d, &x[i * d]);
+    kernels::matmul(centroids_, x.data(), n_rows, d, scores.data(), n_clusters_, pool);
+    for (size_t i = 0; i < n_rows; ++i) {
+      float* s = &scores[i * n_clusters_];
+      add_radius_term(hidden[i], s);
+      auto& p = probed[i];
+      std::nth_element(p.begin(), p.begin() + static_cast<std::ptrdiff_t>(probes), p.end(),
+                       [&](uint32_t a, uint32_t b) { return s[a] > s[b] || (s[a] == s[b] && a < b); });
+      p.resize(probes);
+      std::sort(p.begin(), p.end());  // memory order for stage 2
     }
-    n += count;
-  };
-  for (uint32_t k : probed) add_rows(k * cap, cap);
-  for (TokenId t : special_) {
-    const size_t row = head_->row_of(t);
-    if (!std::binary_search(probed.begin(), probed.end(), static_cast<uint32_t>(row / cap))) add_rows(row, 1);
   }
-  out.ids.resize(n);
-  out.logits.resize(n);
-  pool.parallel_for(n, 64, [&](size_t b, size_t e) {
-    // The first run that ends after b.
-    auto it = std::upper_bound(runs.begin(), runs.end(), b, [](size_t pos, const Run& r) { return pos < r.at + r.count; });
-    for (; it != runs.end() && it->at < e; ++it) {
-      const size_t from = std::max(b, it->at), to = std::min(e, it->at + it->count);
-      const size_t row0 = it->row + (from - it->at), rows = to - from;
-      const kernels::Matrix slice = kernels::row_slice(head_->weight, row0, rows);
-      kernels::matmul_rows(slice, hidden, 1, d, &out.logits[from], rows, 0, rows);
-      for (size_t i = 0; i < rows; ++i) out.ids[from + i] = head_->row_tokens[row0 + i];
+  // Stage 2. A row's output order: its probed clusters in memory order, then the special tokens
+  // whose cluster it did not probe. The pieces to score: (head rows, row, output position),
+  // sorted by head row so that the rows probing one cluster score it one after another.
+  struct Piece {
+    size_t head_row, count, row, at;
+  };
+  std::vector<Piece> pieces;
+  for (size_t i = 0; i < n_rows; ++i) {
+    size_t n = 0;
+    for (uint32_t k : probed[i]) {
+      pieces.push_back({k * cap, cap, i, n});
+      n += cap;
     }
-    apply_softcap(&out.logits[b], e - b, head_->final_softcap);
+    for (TokenId t : special_) {
+      const size_t row = head_->row_of(t);
+      if (!std::binary_search(probed[i].begin(), probed[i].end(), static_cast<uint32_t>(row / cap))) {
+        pieces.push_back({row, 1, i, n});
+        n += 1;
+      }
+    }
+    out[i]->ids.resize(n);
+    out[i]->logits.resize(n);
+  }
+  std::sort(pieces.begin(), pieces.end(),
+            [](const Piece& a, const Piece& b) { return a.head_row < b.head_row || (a.head_row == b.head_row && a.row < b.row); });
+  pool.parallel_for(pieces.size(), 16, [&](size_t b, size_t e) {
+    for (size_t p = b; p < e; ++p) {
+      const Piece& piece = pieces[p];
+      Candidates& c = *out[piece.row];
+      const kernels::Matrix slice = kernels::row_slice(head_->weight, piece.head_row, piece.count);
+      kernels::matmul_rows(slice, hidden[piece.row], 1, d, &c.logits[piece.at], piece.count, 0, piece.count);
+      for (size_t r = 0; r < piece.count; ++r) c.ids[piece.at + r] = head_->row_tokens[piece.head_row + r];
+      apply_softcap(&c.logits[piece.at], piece.count, head_->final_softcap);
+    }
   });
 }
 

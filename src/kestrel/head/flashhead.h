@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "kestrel/base/thread_pool.h"
@@ -52,10 +53,22 @@ class FlashHead {
   /// bit for bit. Writes `out` (cleared first).
   void search(const float* hidden, size_t probes, Candidates& out, ThreadPool& pool) const;
 
+  /// search() of several hidden states at once (the rows of a batched decode step or of a
+  /// speculative verification): out[i] is bit-identical to search(hidden[i], probes, *out[i]).
+  /// Stage 1 is one product of the centroids with every row (the centroids are read once, not
+  /// once per row), and stage 2 scores the clusters in memory order, the rows that probed a
+  /// cluster one after another, so a cluster probed by several rows is read once. hidden and
+  /// out have the same size; out's pointers distinct.
+  void search_batch(std::span<const float* const> hidden, size_t probes, std::span<Candidates* const> out,
+                    ThreadPool& pool) const;
+
   /// Stage 1 only: the cluster scores float32 [n_clusters] (for sampling and evaluation).
   void cluster_scores(const float* hidden, float* scores, ThreadPool& pool) const;
 
  private:
+  /// scores[k] += alpha |h| radius_k (stage 1's optimistic term; nothing without radii).
+  void add_radius_term(const float* hidden, float* scores) const;
+
   const OutputHead* head_;
   kernels::Matrix centroids_;  // Q8_0 [n_clusters, d_model]
   size_t cluster_size_ = 0, n_clusters_ = 0, default_probes_ = 0;

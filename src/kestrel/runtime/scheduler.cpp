@@ -228,10 +228,17 @@ void Scheduler::step() {
     });
     return;
   }
+  // Every row that samples a token is scored in one call (FlashHead reads shared data once).
+  std::vector<Session*> scored;
   for (const Row& r : rows) {
-    Generation& g = *r.job->generation;
-    const size_t n = r.tokens.size();
-    g.advance(n, g.needs_scores(n) ? r.job->session->score() : TokenScores{});
+    if (r.job->generation->needs_scores(r.tokens.size())) scored.push_back(r.job->session);
+  }
+  std::vector<TokenScores> scores(scored.size());
+  Session::score_batch(scored, scores);
+  for (size_t i = 0, k = 0; i < rows.size(); ++i) {
+    Generation& g = *rows[i].job->generation;
+    const size_t n = rows[i].tokens.size();
+    g.advance(n, g.needs_scores(n) ? scores[k++] : TokenScores{});
   }
   std::erase_if(running_, [&](const std::shared_ptr<Job>& job) {
     if (!job->generation->done()) return false;

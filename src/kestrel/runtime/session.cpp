@@ -34,6 +34,26 @@ TokenScores Session::score() {
   return {candidates_.logits, candidates_.ids};
 }
 
+void Session::score_batch(std::span<Session* const> sessions, std::span<TokenScores> out) {
+  if (sessions.size() != out.size()) throw Error("score_batch: sessions and outputs differ in number");
+  if (sessions.empty()) return;
+  Engine& engine = sessions[0]->engine_;
+  const head::FlashHead* flash = engine.flashhead();
+  if (flash == nullptr) {
+    for (size_t i = 0; i < sessions.size(); ++i) out[i] = sessions[i]->score();
+    return;
+  }
+  std::vector<const float*> hidden;
+  std::vector<head::Candidates*> candidates;
+  for (Session* s : sessions) {
+    if (&s->engine_ != &engine) throw Error("score_batch: sessions of different engines");
+    hidden.push_back(s->hidden_.data());
+    candidates.push_back(&s->candidates_);
+  }
+  flash->search_batch(hidden, engine.probes(), candidates, engine.pool());
+  for (size_t i = 0; i < sessions.size(); ++i) out[i] = {candidates[i]->logits, candidates[i]->ids};
+}
+
 size_t Session::reusable_prefix(std::span<const TokenId> prompt) const {
   if (prompt.empty()) return 0;
   return cache_.exact_prefix(std::min(model::common_prefix(cache_.tokens(), prompt), prompt.size() - 1));

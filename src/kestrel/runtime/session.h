@@ -52,6 +52,11 @@ class Session {
   /// Scores the next token from hidden() with the engine's head (as step() does after the
   /// forward). Valid until the next call.
   TokenScores score();
+  /// score() of several Sessions of one Engine at once (the rows of a batched step): out[i] is
+  /// what sessions[i]->score() returns, bit for bit, but FlashHead reads its centroids once for
+  /// all rows and each probed cluster once (FlashHead::search_batch). Sessions distinct;
+  /// out.size() == sessions.size().
+  static void score_batch(std::span<Session* const> sessions, std::span<TokenScores> out);
 
   /// Runs the prompt (after the cached prefix when options.cache_prompt, else from an empty
   /// cache), then samples up to max_tokens tokens: a Generation (generation.h) stepped alone. GenerateResult::cached_tokens says how many
