@@ -23,7 +23,7 @@ const KestrelView = (() => {
     const parts = [];
     if (s.ttftMs !== undefined) parts.push(`TTFT ${number(s.ttftMs, 0)} ms`);
     if (s.tokS !== undefined) parts.push(`${number(s.tokS, 1)} tok/s`);
-    if (s.completionTokens !== undefined) parts.push(`${s.completionTokens} tokens`);
+    if (s.completionTokens !== undefined) parts.push(`${s.completionTokens} token${s.completionTokens === 1 ? '' : 's'}`);
     if (s.cachedTokens !== undefined) parts.push(`${s.cachedTokens} cached`);
     if (s.flashhead !== undefined && s.flashhead !== null) parts.push(`FlashHead ${s.flashhead ? 'on' : 'off'}`);
     if (s.drafted !== undefined) parts.push(`${s.drafted} drafted / ${s.accepted} accepted`);
