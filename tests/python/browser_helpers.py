@@ -8,7 +8,7 @@ import shutil
 
 def _find(env, names):
     if os.environ.get(env):
-        return os.environ[env]
+        return os.environ[env] if os.access(os.environ[env], os.X_OK) else None
     for name in names:
         path = shutil.which(name)
         if path:
