@@ -9,7 +9,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(build-essential cmake ninja-build ccache pkg-config libhwy-dev nlohmann-json3-dev
-              libcli11-dev libcpp-httplib-dev libgtest-dev libgmock-dev libbenchmark-dev libxxhash-dev libssl-dev python3 python3-pip)
+              libcli11-dev libcpp-httplib-dev libgtest-dev libgmock-dev libbenchmark-dev libxxhash-dev libssl-dev python3 python3-pip
+              chromium chromium-driver)  # the last two: the chat page's browser tests (tests/python/test_webui.py)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

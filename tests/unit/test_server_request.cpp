@@ -193,6 +193,10 @@ TEST(Metrics, PrometheusText) {
   EXPECT_NE(t.find("kestrel_time_to_first_token_seconds_bucket{le=\"0.025\"} 0\n"), std::string::npos);
   EXPECT_NE(t.find("kestrel_time_to_first_token_seconds_bucket{le=\"0.05\"} 1\n"), std::string::npos);
   EXPECT_NE(t.find("kestrel_time_to_first_token_seconds_count 1\n"), std::string::npos);
+  // The process's resident memory, read from /proc: a running test holds some.
+  const size_t rss = t.find("\nprocess_resident_memory_bytes ");
+  ASSERT_NE(rss, std::string::npos);
+  EXPECT_GT(std::stoull(t.substr(rss + 31)), 1000000u);
 }
 
 TEST(ChatRequest, NestingDepth) {

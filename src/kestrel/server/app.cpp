@@ -108,6 +108,14 @@ void App::install_routes() {
       send_json(res, 200, {{"object", "list"}, {"data", json::array({model})}});
     });
   });
+  http_.Get("/props", [this](const httplib::Request& req, httplib::Response& res) {
+    guarded("props", res, [&] {
+      check_auth(req);
+      check_ready();
+      send_json(res, 200, props());
+    });
+  });
+  install_webui_routes();
   http_.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
     handle_generate(req, res, Endpoint::kChat);
   });
@@ -166,6 +174,23 @@ void App::install_routes() {
       send_json(res, 200, {{"content", text}, {"prompt", text}});
     });
   });
+}
+
+json App::props() const {
+  const head::FlashHead* flash = engine_->flashhead();
+  json flashhead = {{"enabled", flash != nullptr}};
+  if (flash != nullptr) {
+    flashhead["probes"] = engine_->probes();
+    flashhead["clusters"] = flash->n_clusters();
+  }
+  return {{"model", options_.model_id},
+          {"version", KESTREL_VERSION},
+          {"n_ctx", engine_->n_ctx()},
+          {"parallel", scheduler_->n_sessions()},
+          {"chat_format", chat_template_ == ChatTemplate::kGemma4 ? "gemma4" : "gemma3"},
+          {"instruction_tuned", engine_->has_chat_template()},
+          {"flashhead", flashhead},
+          {"speculative", nullptr}};
 }
 
 std::shared_ptr<void> App::admit() {

@@ -55,6 +55,8 @@ class App {
   explicit App(const ServerOptions& options) : options_(options) {}
 
   void install_routes();
+  /// GET / (the chat page), /metrics/live (live metrics) and /ui/FILE (their static files).
+  void install_webui_routes();
   httplib::Server& http() { return http_; }
   /// Shutting down: running generations stop at their next token.
   void stop_generating() { stopping_ = true; }
@@ -86,6 +88,8 @@ class App {
   }
   void check_auth(const httplib::Request& req) const;
   json parse_body(const httplib::Request& req) const;
+  /// GET /props: what the chat page shows about the server (model, context, FlashHead).
+  json props() const;
 
   // A place among options.max_queue admitted requests, or ApiError 429 when none is left.
   std::shared_ptr<void> admit();

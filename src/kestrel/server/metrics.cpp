@@ -1,6 +1,9 @@
 #include "kestrel/server/metrics.h"
 
+#include <unistd.h>
+
 #include <cstdio>
+#include <fstream>
 
 namespace kestrel::server {
 namespace {
@@ -9,6 +12,15 @@ std::string number(double v) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.9g", v);
   return buf;
+}
+
+// Resident set size from /proc/self/statm (its second field, in pages); 0 where unreadable.
+uint64_t resident_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  uint64_t size_pages = 0, resident_pages = 0;
+  if (!(statm >> size_pages >> resident_pages)) return 0;
+  const long page = sysconf(_SC_PAGESIZE);
+  return resident_pages * static_cast<uint64_t>(page > 0 ? page : 4096);
 }
 
 }  // namespace
@@ -111,6 +123,9 @@ std::string Metrics::render() const {
   out += "kestrel_sessions " + std::to_string(sessions_) + "\n";
   out += "# HELP kestrel_kv_cache_bytes Bytes of all sessions' KV caches.\n# TYPE kestrel_kv_cache_bytes gauge\n";
   out += "kestrel_kv_cache_bytes " + std::to_string(kv_bytes_) + "\n";
+  out += "# HELP process_resident_memory_bytes Resident memory of the server process (weights, KV caches, buffers).\n"
+         "# TYPE process_resident_memory_bytes gauge\n";
+  out += "process_resident_memory_bytes " + std::to_string(resident_bytes()) + "\n";
   out += "# HELP kestrel_generation_tokens_total Tokens generated.\n# TYPE kestrel_generation_tokens_total counter\n";
   out += "kestrel_generation_tokens_total " + std::to_string(generated_tokens_) + "\n";
   out += "# HELP kestrel_requests_cancelled_total Generations stopped because the client went away.\n"
