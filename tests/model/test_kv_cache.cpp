@@ -49,11 +49,20 @@ struct Loaded {
 };
 
 // Feeds `a` then `junk`, truncates to n, feeds `b`; returns (positions kept, logits of b).
+// split_at_n: `a` goes in two chunks, its first n tokens and the rest, so that those n are
+// computed as a fresh prefill of them is (a chunk of fewer than kernels::kTileMinTokens tokens
+// computes its rows as decode steps, not as the same positions inside a longer chunk).
 std::pair<size_t, std::vector<float>> after_rollback(Loaded& m, const std::vector<TokenId>& a,
                                                      const std::vector<TokenId>& junk, size_t n,
-                                                     const std::vector<TokenId>& b, size_t n_ctx) {
+                                                     const std::vector<TokenId>& b, size_t n_ctx,
+                                                     bool split_at_n = false) {
   KvCache cache = m.model->new_cache(n_ctx);
-  m.model->forward_hidden(a, cache, Logits::kLast, m.nullptr_hidden(), m.pool);
+  if (split_at_n && n > 0 && n < a.size()) {
+    m.model->forward_hidden(first(a, n), cache, Logits::kLast, m.nullptr_hidden(), m.pool);
+    m.model->forward_hidden(std::span(a).subspan(n), cache, Logits::kLast, m.nullptr_hidden(), m.pool);
+  } else {
+    m.model->forward_hidden(a, cache, Logits::kLast, m.nullptr_hidden(), m.pool);
+  }
   m.model->forward_hidden(junk, cache, Logits::kLast, m.nullptr_hidden(), m.pool);
   EXPECT_EQ(cache.tokens().size(), a.size() + junk.size());
   const size_t kept = cache.truncate(n);
@@ -119,7 +128,7 @@ TEST(KvCache, TruncateWithinTheRingAndBadArguments) {
   const size_t n_vocab = m.model->info().n_vocab;
   const auto a = random_tokens(40, n_vocab, 4), b = random_tokens(5, n_vocab, 5);
   for (const size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{8}, size_t{39}, size_t{40}}) {
-    const auto [kept, logits] = after_rollback(m, a, random_tokens(20, n_vocab, 6), n, b, 128);
+    const auto [kept, logits] = after_rollback(m, a, random_tokens(20, n_vocab, 6), n, b, 128, true);
     EXPECT_EQ(kept, n);
     EXPECT_EQ(logits, m.fresh(first(a, n), b, 128)) << "truncate(" << n << ")";
   }

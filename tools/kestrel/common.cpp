@@ -95,6 +95,15 @@ void SamplingOptions::add_to(CLI::App& cmd) {
       ->capture_default_str();
   cmd.add_flag("--ignore-eos", ignore_eos, "Keep generating past end-of-sequence tokens");
   cmd.add_option("--stop", stop, "Stop string (repeatable)");
+  cmd.add_option("--draft", draft,
+                 "Speculative decoding: none, ngram (prompt lookup: drafts what followed the last few "
+                 "tokens earlier in the text) or auto (the image's drafter when it has one, else ngram, "
+                 "which pauses itself when its drafts miss). The tokens are the same either way")
+      ->check(CLI::IsMember({"none", "ngram", "auto"}))
+      ->capture_default_str();
+  cmd.add_option("--draft-max", draft_max, "Tokens drafted per verification at most")
+      ->check(CLI::Range(size_t{0}, runtime::kMaxDraft))
+      ->capture_default_str();
 }
 
 runtime::GenerateOptions SamplingOptions::generate_options() const {
@@ -104,6 +113,8 @@ runtime::GenerateOptions SamplingOptions::generate_options() const {
   o.sampler.seed = seed < 0 ? std::random_device{}() : static_cast<uint64_t>(seed);
   o.ignore_eos = ignore_eos;
   o.stop = stop;
+  o.draft = runtime::parse_draft_mode(draft);
+  o.draft_max = draft_max;
   return o;
 }
 

@@ -36,6 +36,8 @@ struct SamplingOptions {
   size_t n_predict = 256;
   bool ignore_eos = false;
   std::vector<std::string> stop;
+  std::string draft = "auto";
+  size_t draft_max = runtime::kMaxDraft;
 
   void add_to(CLI::App& cmd);
   runtime::GenerateOptions generate_options() const;

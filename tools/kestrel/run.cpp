@@ -99,7 +99,9 @@ int run(const RunOptions& o) {
                         {"finish_reason", result.finish_reason},
                         {"ttft_ms", result.ttft_ms},
                         {"prefill_tok_s", result.prefill_tok_s},
-                        {"decode_tok_s", result.decode_tok_s}};
+                        {"decode_tok_s", result.decode_tok_s},
+                        {"drafted_tokens", result.drafted_tokens},
+                        {"accepted_tokens", result.accepted_tokens}};
     std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     return 0;
   }
@@ -110,9 +112,9 @@ int run(const RunOptions& o) {
   });
   std::printf("\n");
   std::fflush(stdout);
-  std::fprintf(stderr, "[%zu prompt tokens, %zu generated, prefill %.1f tok/s, decode %.1f tok/s]\n",
+  std::fprintf(stderr, "[%zu prompt tokens, %zu generated, prefill %.1f tok/s, decode %.1f tok/s, drafted %zu, accepted %zu]\n",
                result.prompt_tokens, result.tokens.size(), result.prefill_tok_s,
-               result.decode_tok_s);
+               result.decode_tok_s, result.drafted_tokens, result.accepted_tokens);
   return 0;
 }
 

@@ -4,6 +4,7 @@
 #include <utility>
 #include <vector>
 
+#include "kestrel/kernels/matmul.h"
 #include "kestrel/kernels/ops.h"
 
 namespace kestrel::model {
@@ -12,6 +13,10 @@ void cached_attention(const AttentionShape& s, const float* q, size_t n, size_t 
                       const LayerCache& lc, float* out, ThreadPool& pool) {
   const size_t hd = s.head_dim;
   const size_t q_dim = s.n_heads * hd;
+  if (n > 1 && n < kernels::kTileMinTokens) {
+    for (size_t t = 0; t < n; ++t) cached_attention(s, q + t * q_dim, 1, pos0 + t, lc, out + t * q_dim, pool);
+    return;
+  }
   const size_t group = s.n_heads / s.n_kv_heads;
   const size_t n_items = n * s.n_kv_heads;
   const size_t threads = static_cast<size_t>(pool.size());

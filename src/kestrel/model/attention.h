@@ -24,7 +24,10 @@ struct AttentionShape {
 ///        the window before pos0); slots per KvCache's rule p % capacity;
 ///   out: float32 [n, n_heads * head_dim].
 /// Prefill takes tiles of tokens per KV head; decode (fewer items than threads) splits the
-/// cache range over the threads and merges the partial softmaxes.
+/// cache range over the threads and merges the partial softmaxes. A chunk of fewer than
+/// kernels::kTileMinTokens tokens computes each row exactly as a one-token call at its position
+/// would (as the matmuls do below that size), so that the rows of a speculative verification
+/// step equal the decode steps they stand for, bit for bit.
 void cached_attention(const AttentionShape& shape, const float* q, size_t n, size_t pos0,
                       const LayerCache& lc, float* out, ThreadPool& pool);
 

@@ -7,6 +7,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kestrel/runtime/drafter.h"
 #include "kestrel/runtime/logprobs.h"
 #include "kestrel/runtime/sampler.h"
 
@@ -32,6 +33,12 @@ struct GenerateOptions {
   /// Reuse the session's cached prefix of the prompt (llama-server's cache_prompt). Off by
   /// default: a fresh sequence, as the benchmark methodology wants.
   bool cache_prompt = false;
+  /// Speculative decoding (drafter.h): drafts of up to draft_max tokens, verified in one forward
+  /// pass each. The tokens are exactly those without drafting (the verification rows are
+  /// computed as decode steps are, bit for bit); only the speed changes. draft_max is capped at
+  /// kMaxDraft so that a verification stays below the kernels' tile size.
+  DraftMode draft = DraftMode::kNone;
+  size_t draft_max = kMaxDraft;
 };
 
 struct GenerateResult {
@@ -45,6 +52,8 @@ struct GenerateResult {
   double decode_tok_s = 0;         // (generated - 1) / time after the first token
   std::vector<StepLogprobs> logprobs;  // one per token when top_logprobs >= 0
   bool cancelled = false;          // on_token or on_text returned false
+  size_t drafted_tokens = 0;       // tokens proposed by the drafter and verified
+  size_t accepted_tokens = 0;      // drafted tokens that were the model's own (kept)
 };
 
 /// Called with each piece of text as soon as it is final; return false to stop generating.

@@ -55,12 +55,28 @@ Generation::Generation(Session& session, std::span<const TokenId> prompt, const 
     session.reset();
   }
   next_prompt_ = result_.cached_tokens;
+  if (options.draft != DraftMode::kNone && options.draft_max > 0) {
+    drafter_.emplace(std::min(options.draft_max, kMaxDraft));
+  }
+}
+
+void Generation::prepare_draft() {
+  decode_input_.assign(1, last_);
+  if (!drafter_ || done_) return;
+  // Room for the draft: the tokens still allowed, and the context (the cache holds n_past
+  // positions; the draft and last_ must fit, with one position to spare).
+  const size_t generated = result_.tokens.size();
+  const size_t n_past = session_.cache().n_past, n_ctx = session_.engine().n_ctx();
+  size_t room = options_.max_tokens > generated + 1 ? options_.max_tokens - generated - 1 : 0;
+  room = std::min(room, n_ctx > n_past + 2 ? n_ctx - n_past - 2 : 0);
+  const auto draft = drafter_->draft(history_, room);
+  decode_input_.insert(decode_input_.end(), draft.begin(), draft.end());
 }
 
 std::span<const TokenId> Generation::input(size_t max_tokens) const {
   if (done_) return {};
   if (prefilling()) return prompt_.subspan(next_prompt_, std::min(max_tokens, prompt_.size() - next_prompt_));
-  return {&last_, 1};
+  return std::span<const TokenId>(decode_input_).first(std::clamp<size_t>(max_tokens, 1, decode_input_.size()));
 }
 
 void Generation::advance(size_t n, TokenScores scores) {
@@ -74,6 +90,31 @@ void Generation::advance(size_t n, TokenScores scores) {
     }
   }
   sample(scores);
+  prepare_draft();
+}
+
+void Generation::advance_rows(size_t n, std::span<const TokenScores> rows) {
+  if (done_ || prefilling() || n == 0 || rows.size() != n || n > input(n).size()) {
+    throw Error("Generation::advance_rows: rows that are not a decode step's input");
+  }
+  const std::vector<TokenId> fed(decode_input_.begin(), decode_input_.begin() + static_cast<std::ptrdiff_t>(n));
+  model::KvCache& cache = session_.cache();
+  const size_t n_past_before = cache.n_past - n;
+  size_t kept = 0;  // rows whose sampled token was kept: the first, then each that matched
+  for (size_t j = 0; j < n; ++j) {
+    sample(rows[j]);
+    kept = j + 1;
+    if (done_ || j + 1 == n || last_ != fed[j + 1]) break;
+  }
+  const size_t drafted = n - 1, accepted = kept - 1;
+  result_.drafted_tokens += drafted;
+  result_.accepted_tokens += accepted;
+  if (drafter_) drafter_->verified(drafted, accepted);
+  // The cache holds the n fed tokens; keep those whose next token was sampled from their row.
+  if (kept < n && cache.truncate(n_past_before + kept) != n_past_before + kept) {
+    throw Error("Generation::advance_rows: the KV cache could not roll back the rejected draft");
+  }
+  prepare_draft();
 }
 
 // Serving: stop tokens get -inf so that min_tokens tokens come before the end of the turn.

@@ -6,10 +6,12 @@
 
 #include <chrono>
 #include <cstddef>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "kestrel/runtime/drafter.h"
 #include "kestrel/runtime/generate_options.h"
 #include "kestrel/runtime/sampler.h"
 #include "kestrel/text/tokenizer.h"
@@ -33,7 +35,8 @@ class Generation {
   bool prefilling() const { return next_prompt_ < prompt_.size(); }
 
   /// The tokens to feed next: up to `max_tokens` (>= 1) of the prompt still to prefill, else
-  /// the last sampled token. Empty when done().
+  /// the last sampled token followed by the current draft (if any), cut to max_tokens. Empty
+  /// when done().
   std::span<const TokenId> input(size_t max_tokens) const;
   /// After the caller fed `n` tokens of input() to the session's cache: when they complete the
   /// prompt, or during decode, `scores` are the next token's scores (Session::score) and one
@@ -41,6 +44,12 @@ class Generation {
   /// still incomplete `scores` are not read. Throws kestrel::Error if `n` is not a prefix of
   /// input()'s length.
   void advance(size_t n, TokenScores scores);
+  /// Decode with a draft: the caller fed n >= 1 tokens of input() (the last sampled token and
+  /// n - 1 drafted ones) and `rows` are the scores after each of them (rows.size() == n). Tokens
+  /// are sampled row by row, as advance() would one step at a time, while each equals the draft
+  /// token fed after it; then the session's cache is cut back to the positions whose tokens were
+  /// kept. Throws kestrel::Error if not decoding or the sizes disagree.
+  void advance_rows(size_t n, std::span<const TokenScores> rows);
   /// True when advance(n, ...) will sample, i.e. feeding n tokens of input() needs scores.
   bool needs_scores(size_t n) const { return !prefilling() || next_prompt_ + n >= prompt_.size(); }
 
@@ -56,6 +65,7 @@ class Generation {
  private:
   using Clock = std::chrono::steady_clock;
   void sample(TokenScores scores);
+  void prepare_draft();
   void emit(size_t end);
   void suppress_stop_tokens(TokenScores scores) const;
 
@@ -72,6 +82,8 @@ class Generation {
   bool stopped_by_client_ = false;
   bool done_ = false;
   TokenId last_ = 0;
+  std::optional<NgramDrafter> drafter_;
+  std::vector<TokenId> decode_input_;  // last_, then the draft
   Clock::time_point t0_, t_first_;
   std::vector<float> raw_logits_;  // serving: the model's logits before penalties, for logprobs
   std::vector<TokenId> raw_ids_;   // their token ids when FlashHead scored a candidate set

@@ -24,6 +24,30 @@ TokenScores Session::step(std::span<const TokenId> tokens) {
   return score();
 }
 
+std::span<const TokenScores> Session::step_rows(std::span<const TokenId> tokens) {
+  const size_t n = tokens.size(), d = engine_.model().info().d_model, v = engine_.model().info().n_vocab;
+  if (n == 0 || n > kMaxDraft + 1) {
+    throw Error("Session::step_rows: " + std::to_string(n) + " tokens, expected 1.." + std::to_string(kMaxDraft + 1));
+  }
+  rows_hidden_.resize(n * d);
+  engine_.model().forward_hidden(tokens, cache_, model::Logits::kAll, rows_hidden_.data(), engine_.pool());
+  rows_scores_.resize(n);
+  const head::FlashHead* flash = engine_.flashhead();
+  if (flash == nullptr) {
+    rows_logits_.resize(n * v);
+    head::dense_logits(engine_.model().output_head(), rows_hidden_.data(), n, rows_logits_.data(), engine_.pool());
+    for (size_t i = 0; i < n; ++i) rows_scores_[i] = {std::span<float>(&rows_logits_[i * v], v), {}};
+    return rows_scores_;
+  }
+  rows_candidates_.resize(std::max(rows_candidates_.size(), n));
+  std::vector<const float*> hidden(n);
+  std::vector<head::Candidates*> out(n);
+  for (size_t i = 0; i < n; ++i) hidden[i] = &rows_hidden_[i * d], out[i] = &rows_candidates_[i];
+  flash->search_batch(hidden, engine_.probes(), out, engine_.pool());
+  for (size_t i = 0; i < n; ++i) rows_scores_[i] = {rows_candidates_[i].logits, rows_candidates_[i].ids};
+  return rows_scores_;
+}
+
 TokenScores Session::score() {
   const head::FlashHead* flash = engine_.flashhead();
   if (flash == nullptr) {
@@ -68,8 +92,12 @@ GenerateResult Session::generate(std::span<const TokenId> prompt, const Generate
                                 const TextCallback& on_text) {
   Generation g(*this, prompt, options, on_text);
   while (!g.done()) {
-    const auto in = g.input(prompt.size());
-    g.advance(in.size(), step(in));
+    const auto in = g.input(std::max(prompt.size(), kMaxDraft + 1));
+    if (!g.prefilling() && in.size() > 1) {
+      g.advance_rows(in.size(), step_rows(in));
+    } else {
+      g.advance(in.size(), step(in));
+    }
   }
   return g.finish();
 }

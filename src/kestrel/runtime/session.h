@@ -46,6 +46,10 @@ class Session {
   /// Appends `tokens` and scores the next token with the engine's head: the dense logits, or
   /// FlashHead's candidates (TokenScores::ids set). Valid until the next call.
   TokenScores step(std::span<const TokenId> tokens);
+  /// Appends `tokens` (1 .. kMaxDraft + 1 of them: a decode step's token and its draft) and
+  /// scores the next token after each of them: row i is what step() of tokens[0..i] one at a
+  /// time would return, bit for bit. Valid until the next call.
+  std::span<const TokenScores> step_rows(std::span<const TokenId> tokens);
   /// The last-token hidden state buffer, float32 [d_model], that step() fills and score() reads
   /// (a batched forward writes it directly: Model::forward_batch's BatchSequence::hidden).
   float* hidden() { return hidden_.data(); }
@@ -71,6 +75,10 @@ class Session {
   std::vector<float> logits_;
   std::vector<float> hidden_;
   head::Candidates candidates_;
+  // step_rows: per row hidden states, dense logits or candidates, and the scores handed out.
+  std::vector<float> rows_hidden_, rows_logits_;
+  std::vector<head::Candidates> rows_candidates_;
+  std::vector<TokenScores> rows_scores_;
 };
 
 }  // namespace kestrel::runtime

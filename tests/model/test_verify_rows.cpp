@@ -1,0 +1,80 @@
+// The rows of a speculative verification step: a chunk of k + 1 < 8 tokens fed at once must give
+// each row the hidden state that decoding those tokens one at a time gives, bit for bit, and
+// rolling the cache back to any row and going on must equal never having fed the rest. This is
+// what makes greedy speculative decoding return exactly the non-speculative tokens (and sampled
+// decoding the same tokens for the same seed). Gemma 4 tiny models (window 8: the chunk and the
+// rollback cross the ring) and the default Gemma 3 270M, source and W4A16 weights.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kestrel/formats/gguf.h"
+#include "kestrel/kernels/matmul.h"
+#include "kestrel/model/model.h"
+#include "kestrel/runtime/model_path.h"
+#include "test_models.h"
+
+namespace kestrel::model {
+namespace {
+
+namespace fs = std::filesystem;
+
+void check_rows(const fs::path& path, Precision precision, size_t history_length, const std::string& what) {
+  SCOPED_TRACE(what);
+  const gguf::File file = gguf::File::open(path);
+  ThreadPool pool(2);
+  LoadOptions options;
+  options.precision = precision;
+  const auto model = load_model(file, options, pool);
+  const size_t d = model->info().d_model, n_vocab = model->info().n_vocab;
+  const auto history = random_tokens(history_length, n_vocab, 7);
+  const auto chunk = random_tokens(kernels::kTileMinTokens - 1, n_vocab, 8);
+  std::vector<float> scratch(history_length * d);
+
+  // One token at a time.
+  KvCache one = model->new_cache(256);
+  model->forward_hidden(history, one, Logits::kLast, scratch.data(), pool);
+  std::vector<float> decoded(chunk.size() * d);
+  for (size_t t = 0; t < chunk.size(); ++t) {
+    model->forward_hidden({&chunk[t], 1}, one, Logits::kLast, &decoded[t * d], pool);
+  }
+  for (size_t n = 2; n <= chunk.size(); ++n) {
+    KvCache many = model->new_cache(256);
+    model->forward_hidden(history, many, Logits::kLast, scratch.data(), pool);
+    std::vector<float> rows(n * d);
+    model->forward_hidden({chunk.data(), n}, many, Logits::kAll, rows.data(), pool);
+    for (size_t i = 0; i < n * d; ++i) ASSERT_EQ(rows[i], decoded[i]) << n << " rows, row " << i / d;
+    // Roll back to keep the first `keep` rows, feed the next token: as if only those were fed.
+    for (size_t keep = 1; keep < n; ++keep) {
+      KvCache rolled = many;
+      ASSERT_EQ(rolled.truncate(history_length + keep), history_length + keep);
+      std::vector<float> next(d);
+      model->forward_hidden({&chunk[keep], 1}, rolled, Logits::kLast, next.data(), pool);
+      for (size_t i = 0; i < d; ++i) ASSERT_EQ(next[i], decoded[keep * d + i]) << n << " rows, kept " << keep;
+    }
+  }
+}
+
+TEST(VerifyRows, EqualDecodeStepsGemma4Tiny) {
+  for (const char* name : {"e2b_tiny", "e4b_tiny"}) {
+    check_rows(tiny_gemma4(name), Precision::kSource, 20, std::string(name) + " source");
+    check_rows(tiny_gemma4(name), Precision::kBF16, 20, std::string(name) + " bf16");
+  }
+}
+
+TEST(VerifyRows, EqualDecodeStepsGemma3) {
+  fs::path path;
+  try {
+    path = runtime::default_model_path();
+  } catch (const std::exception& e) {
+    GTEST_SKIP() << e.what();
+  }
+  check_rows(path, Precision::kW4A16, 40, "gemma3 w4a16");
+  check_rows(path, Precision::kSource, 40, "gemma3 source");
+}
+
+}  // namespace
+}  // namespace kestrel::model

@@ -1,0 +1,85 @@
+// The n-gram (prompt lookup) drafter: what it proposes and how it backs off.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "kestrel/base/error.h"
+#include "kestrel/runtime/drafter.h"
+
+namespace kestrel::runtime {
+namespace {
+
+using Ids = std::vector<TokenId>;
+
+TEST(NgramDrafter, ProposesWhatFollowedTheMostRecentEarlierMatch) {
+  NgramDrafter d(6);
+  // "1 2 3" occurs twice before the end; the later occurrence is followed by 7 8.
+  const Ids history = {1, 2, 3, 4, 5, 9, 1, 2, 3, 7, 8, 0, 1, 2, 3};
+  EXPECT_EQ(d.draft(history, 6), (Ids{7, 8}));  // the draft length starts at 2
+  d.verified(2, 2);                              // accepted whole: 4
+  EXPECT_EQ(d.draft(history, 6), (Ids{7, 8, 0, 1}));
+  EXPECT_EQ(d.draft(history, 3), (Ids{7, 8, 0}));  // the caller's limit
+  EXPECT_EQ(d.draft(history, 0), Ids{});
+}
+
+TEST(NgramDrafter, FallsBackToShorterNgramsAndNeedsTwoTokens) {
+  NgramDrafter d(6);
+  EXPECT_EQ(d.draft(Ids{5, 6, 9, 9, 5, 6}, 6), (Ids{9, 9}));  // 2-gram "5 6"
+  EXPECT_EQ(d.draft(Ids{5, 6, 7, 8, 6}, 6), Ids{});            // a 1-gram is not enough
+  EXPECT_EQ(d.draft(Ids{1, 2, 3}, 6), Ids{});                  // no repeat
+  EXPECT_EQ(d.draft(Ids{}, 6), Ids{});
+  EXPECT_EQ(d.draft(Ids{4}, 6), Ids{});
+}
+
+TEST(NgramDrafter, PausesLongerAfterEachDraftThatMissedWhole) {
+  NgramDrafter d(6);
+  const Ids history = {1, 2, 3, 1, 2};
+  auto drafts_in = [&](int steps) {
+    int n = 0;
+    for (int i = 0; i < steps; ++i) n += d.draft(history, 6).empty() ? 0 : 1;
+    return n;
+  };
+  ASSERT_FALSE(d.draft(history, 6).empty());
+  d.verified(2, 0);  // pause 1
+  EXPECT_EQ(drafts_in(1), 0);
+  ASSERT_FALSE(d.draft(history, 6).empty());
+  d.verified(1, 0);  // pause 2
+  EXPECT_EQ(drafts_in(2), 0);
+  ASSERT_FALSE(d.draft(history, 6).empty());
+  d.verified(1, 0);  // pause 4
+  EXPECT_EQ(drafts_in(4), 0);
+  ASSERT_FALSE(d.draft(history, 6).empty());
+  d.verified(1, 1);  // a hit: no pause, and the next miss pauses 1 again
+  ASSERT_FALSE(d.draft(history, 6).empty());
+  d.verified(2, 0);
+  EXPECT_EQ(drafts_in(1), 0);
+  EXPECT_FALSE(d.draft(history, 6).empty());
+  // Misses in a row never pause longer than kMaxPause.
+  for (int i = 0; i < 20; ++i) {
+    while (d.draft(history, 6).empty()) {
+    }
+    d.verified(1, 0);
+  }
+  EXPECT_EQ(drafts_in(static_cast<int>(NgramDrafter::kMaxPause)), 0);
+  EXPECT_FALSE(d.draft(history, 6).empty());
+}
+
+TEST(NgramDrafter, PartialAcceptanceSetsTheLength) {
+  NgramDrafter d(6);
+  const Ids history = {1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2};
+  d.verified(2, 2);
+  d.verified(4, 4);  // 6 (capped)
+  EXPECT_EQ(d.draft(history, 6).size(), 6u);
+  d.verified(6, 2);  // 3
+  EXPECT_EQ(d.draft(history, 6).size(), 3u);
+}
+
+TEST(NgramDrafter, ModeNames) {
+  EXPECT_EQ(parse_draft_mode("none"), DraftMode::kNone);
+  EXPECT_EQ(parse_draft_mode("ngram"), DraftMode::kNgram);
+  EXPECT_EQ(parse_draft_mode("auto"), DraftMode::kAuto);
+  EXPECT_THROW(parse_draft_mode("mtp"), Error);
+}
+
+}  // namespace
+}  // namespace kestrel::runtime
