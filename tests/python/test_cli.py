@@ -41,6 +41,17 @@ def error_of(result, code=1):
     (("perplexity", "-f", "README.md", "--chunks", "-1"), "--chunks: Value -1 not in range"),
     (("run", "-p", "x", "--temp", "nan"), "must be a finite number"),
     (("run", "-p", "x", "-t", "100000"), "--threads: Value 100000 not in range 0 to 256"),
+    # text that is no number says so, not "not in range" (the fresh-user trial's --parallel abc)
+    (("serve", "--parallel", "abc"), "--parallel: Value abc is not an integer"),
+    (("serve", "--queue", "1.5"), "--queue: Value 1.5 is not an integer"),
+    (("serve", "--port", "http"), "--port: Value http is not an integer"),
+    (("run", "-p", "x", "-n", "lots"), "--n-predict: Value lots is not an integer"),
+    (("run", "-p", "x", "--seed", "x1"), "--seed: Value x1 is not an integer"),
+    (("run", "-p", "x", "-n", "99999999999999999999"), "--n-predict: Value 99999999999999999999 not in range"),
+    (("run", "-p", "x", "--temp", "hot"), "--temp: Value hot is not a number"),
+    (("perplexity", "-f", "README.md", "-t", "two"), "--threads: Value two is not an integer"),
+    (("bench", "--concurrency", "1,x"), "--concurrency: Value x is not an integer"),
+    (("build", "default", "-o", "x.kimg", "--radius-weight", "big"), "--radius-weight: Value big is not a number"),
     (("run", "-p", "x", "--bogus"), "--bogus"),
     (("run",), "--prompt, --file or --token-ids"),
 ])

@@ -31,6 +31,7 @@
 #include "kestrel/runtime/bench/sensors.h"
 #include "kestrel/runtime/engine.h"
 #include "kestrel/runtime/model_path.h"
+#include "option_checks.h"
 
 namespace kestrel::tools {
 namespace {
@@ -415,23 +416,23 @@ Command add_bench_command(CLI::App& app) {
                   "Text the prompts are cut from (default: $KESTREL_BENCH_TEXT, else "
                   "../shared/data/oasst/en-validation.jsonl)");
   cmd->add_option("-t,--threads", o->threads, "Threads (default: every core)")
-      ->check(CLI::Range(0, ThreadPool::kMaxThreads));
+      ->check(integer_range(0, ThreadPool::kMaxThreads));
   cmd->add_option("-c,--ctx", o->ctx, "Context size in tokens (KV cache)")
-      ->check(CLI::Range(size_t{2}, size_t{1} << 24))
+      ->check(integer_range(size_t{2}, size_t{1} << 24))
       ->capture_default_str();
   cmd->add_option("--add-rows", o->add_rows,
                   "Add the rows of another bench JSON (e.g. scripts/bench/peers_bench.py's) to the table; repeatable");
   cmd->add_option("--idle-seconds", o->idle_seconds, "Seconds of idle power sampling per model (when a sensor is readable)")
-      ->check(CLI::Range(0.0, 3600.0))
+      ->check(number_range(0.0, 3600.0))
       ->capture_default_str();
   cmd->add_option("--warmup", o->warmup, "Override every suite's warm-up count (quick checks only)")
-      ->check(CLI::Range(size_t{0}, size_t{1000}));
+      ->check(integer_range(size_t{0}, size_t{1000}));
   cmd->add_option("--requests", o->requests, "Override every suite's measured request count (quick checks only)")
-      ->check(CLI::Range(size_t{1}, size_t{1000}));
+      ->check(integer_range(size_t{1}, size_t{1000}));
   cmd->add_option("--prompt-tokens", o->prompt_tokens, "Override every suite's prompt length (quick checks only)")
-      ->check(CLI::Range(size_t{2}, size_t{1} << 20));
+      ->check(integer_range(size_t{2}, size_t{1} << 20));
   cmd->add_option("--output-tokens", o->output_tokens, "Override every suite's output length (quick checks only)")
-      ->check(CLI::Range(size_t{1}, size_t{1} << 20));
+      ->check(integer_range(size_t{1}, size_t{1} << 20));
   cmd->add_option("--dump-prompts", o->dump_prompts,
                   "Only write the suites' prompt token ids (JSON) to this file and exit (for the peers script)");
   cmd->add_flag("--no-progress", o->no_progress, "No progress bar on stderr");
@@ -439,9 +440,9 @@ Command add_bench_command(CLI::App& app) {
                   "Instead of the suites: N greedy requests at once through the continuous-batching "
                   "scheduler, for each N given (e.g. --concurrency 1,2,4): aggregate decode tok/s, ITL, TTFT")
       ->delimiter(',')
-      ->check(CLI::Range(size_t{1}, size_t{64}));
+      ->check(integer_range(size_t{1}, size_t{64}));
   cmd->add_option("--prefill-chunk", o->prefill_chunk, "With --concurrency: the scheduler's prefill chunk")
-      ->check(CLI::Range(size_t{1}, size_t{256}))
+      ->check(integer_range(size_t{1}, size_t{256}))
       ->capture_default_str();
   cmd->add_flag("--sensors", o->sensors,
                 "Only list the power/energy sensors found (and why others are not used), measure the idle "
