@@ -269,18 +269,25 @@ int list_sensors(const BenchCliOptions& o) {
   return 0;
 }
 
-// --text, else $KESTREL_BENCH_TEXT, else the OpenAssistant file; kestrel::Error when missing.
+// --text, else $KESTREL_BENCH_TEXT, else the OpenAssistant file; kestrel::Error, before any model
+// is loaded, when it is missing, not a file, or empty.
 std::filesystem::path bench_text(const BenchCliOptions& o) {
   std::filesystem::path text = o.text;
   if (text.empty()) {
     const char* env = std::getenv("KESTREL_BENCH_TEXT");
     text = env && *env ? env : kDefaultText;
   }
+  const std::string what = "the benchmark text " + text.string();
+  const char* pass = "; pass --text FILE (OpenAssistant's en-validation.jsonl, or any text file)";
   std::error_code ec;
-  if (!std::filesystem::is_regular_file(text, ec)) {
-    throw Error("the benchmark text " + text.string() + " does not exist; pass --text FILE (OpenAssistant's "
-                "en-validation.jsonl, or any text file)");
+  const auto status = std::filesystem::status(text, ec);
+  if (!std::filesystem::exists(status)) throw Error(what + " does not exist" + pass);
+  if (std::filesystem::is_directory(status)) throw Error(what + " is a directory" + pass);
+  // A device or a pipe (/dev/null, <(...)) is not read: it has no text to cut prompts from.
+  if (!std::filesystem::is_regular_file(status)) {
+    throw Error(what + " has no text: it is not a regular file (a device or a pipe)" + pass);
   }
+  if (std::filesystem::file_size(text, ec) == 0 && !ec) throw Error(what + " is empty: it has no text" + pass);
   return text;
 }
 
