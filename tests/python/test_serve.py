@@ -340,9 +340,48 @@ def test_body_too_large_is_413():
     try:
         e = error_of(s.request("POST", "/v1/completions", raw=json.dumps({"prompt": "x" * (2 << 20)})), 413)
         assert "larger than" in e["message"]
+        # a chunked body has no Content-Length to check first: it is cut off at the limit all the same
+        big = json.dumps({"prompt": "x" * (2 << 20)}).encode()
+        chunks = (big[i:i + 65536] for i in range(0, len(big), 65536))
+        status, body = raw_post(s, "/v1/completions", chunks, {"Content-Type": "application/json"}, encode_chunked=True)
+        assert status == 413 and "larger than" in body["error"]["message"], (status, body)
         assert s.request("GET", "/health")[0] == 200
     finally:
         s.stop()
+
+
+def raw_post(server, path, body, headers, encode_chunked=False):
+    """POST with exactly these headers (Server.request always adds Content-Type: application/json)."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
+    conn.request("POST", path, body=body, headers=headers, encode_chunked=encode_chunked)
+    resp = conn.getresponse()
+    text = resp.read().decode("utf-8")
+    conn.close()
+    return resp.status, json.loads(text)
+
+
+def test_json_body_without_json_content_type(server):
+    """A ~9 KB JSON body without Content-Type, or labelled as a form as `curl -d` labels it, is read as
+    JSON like any other body (was 413: cpp-httplib's 8 KiB form limit)."""
+    auth = {"Authorization": f"Bearer {KEY}"}
+    tokenize = json.dumps({"content": "word " * 1800})
+    chat = json.dumps({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "pad": "x" * 9000})
+    assert len(tokenize) > 9000 and len(chat) > 9000
+    for content_type in (None, "application/x-www-form-urlencoded", "text/plain"):
+        headers = dict(auth, **({"Content-Type": content_type} if content_type else {}))
+        status, body = raw_post(server, "/tokenize", tokenize, headers)
+        assert status == 200 and body["count"] > 1800, (content_type, status, body)
+        status, body = raw_post(server, "/v1/chat/completions", chat, headers)
+        assert status == 200 and body["usage"]["completion_tokens"] == 1, (content_type, status, body)
+    # a multipart form is no JSON: 415, and the connection stays usable
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    form = "--b\r\nContent-Disposition: form-data; name=\"a\"\r\n\r\n1\r\n--b--\r\n"
+    conn.request("POST", "/tokenize", body=form, headers=dict(auth, **{"Content-Type": "multipart/form-data; boundary=b"}))
+    resp = conn.getresponse()
+    assert resp.status == 415 and "application/json" in json.loads(resp.read())["error"]["message"]
+    conn.request("GET", "/health")
+    assert conn.getresponse().status == 200
+    conn.close()
 
 
 def test_openai_client_raises_typed_errors(client, model_id):
