@@ -305,6 +305,10 @@ def test_errors_are_openai_shaped(server, model_id):
     assert "json_schema" in e["message"]
     assert error_of(server.request("POST", chat, {**ok, "n": 2}), 400)["param"] == "n"
     assert error_of(server.request("POST", chat, {**ok, "messages": [{"role": "wizard", "content": "x"}]}), 400)
+    # a user message without content, or with null, names messages[i].content (was accepted)
+    for user in ({"role": "user"}, {"role": "user", "content": None}):
+        e = error_of(server.request("POST", chat, {**ok, "messages": [MESSAGES[0], user]}), 400)
+        assert e["param"] == "messages[1].content" and "required" in e["message"], e
     # roles out of order: the Gemma template refuses, with 400 and not 500
     bad_order = [{"role": "assistant", "content": "a"}, {"role": "user", "content": "b"}]
     assert "alternate" in error_of(server.request("POST", chat, {**ok, "messages": bad_order}), 400)["message"]
