@@ -153,6 +153,18 @@ def test_chat_usage_is_the_gemma3_template(server, client, model_id):
     assert c.choices[0].text == r.choices[0].message.content
 
 
+def test_chat_with_only_a_system_message_keeps_its_text(server, client, model_id):
+    """No user turn to fold the system text into: it is the user turn (it was dropped: the prompt was
+    only <bos><start_of_turn>model)."""
+    alone = [{"role": "system", "content": "You are terse."}]
+    r = client.chat.completions.create(model=model_id, messages=alone, max_tokens=2, temperature=0)
+    expected = "<bos><start_of_turn>user\nYou are terse.<end_of_turn>\n<start_of_turn>model\n"
+    _, tok = server.request("POST", "/tokenize", {"content": expected, "add_special": False})
+    _, chat = server.request("POST", "/tokenize", {"messages": alone})
+    assert chat["tokens"] == tok["tokens"]
+    assert r.usage.prompt_tokens == len(tok["tokens"])
+
+
 def test_chat_streaming_equals_non_streaming(client, model_id):
     full = client.chat.completions.create(model=model_id, messages=MESSAGES, max_tokens=16, temperature=0,
                                           extra_body={"ignore_eos": True})
