@@ -51,6 +51,8 @@ def error_of(result, code=1):
     (("run", "-p", "x", "--temp", "hot"), "--temp: Value hot is not a number"),
     (("perplexity", "-f", "README.md", "-t", "two"), "--threads: Value two is not an integer"),
     (("bench", "--concurrency", "1,x"), "--concurrency: Value x is not an integer"),
+    # every request admitted by --queue holds a connection thread: /health needs one more
+    (("serve", "--http-threads", "16"), "--http-threads 16: must exceed --queue 64 by at least 2"),
     (("build", "default", "-o", "x.kimg", "--radius-weight", "big"), "--radius-weight: Value big is not a number"),
     (("run", "-p", "x", "--bogus"), "--bogus"),
     (("run",), "--prompt, --file or --token-ids"),

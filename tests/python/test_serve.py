@@ -8,6 +8,7 @@ import http.client
 import json
 import os
 import random
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -457,6 +458,53 @@ def test_requests_queue_in_fifo_order():
         assert order == [0, 1, 2, 3]
     finally:
         assert server.stop() == 0
+
+
+def test_health_and_metrics_answer_while_the_queue_is_full():
+    """Default --queue (64) and --parallel (4): 64 slow streams fill the sessions and the queue, each
+    holding a connection thread; /health and /metrics still answer within a second, and one request
+    more gets its 429 as quickly. (With 16 connection threads, the fresh-user trial's /health hung.)"""
+    s = Server("--ctx", 1024)
+    body = json.dumps({"prompt": "Tell me a long story.", "max_tokens": 1000, "ignore_eos": True, "stream": True})
+    conns = []
+    try:
+        for _ in range(64):
+            conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=10)
+            conn.request("POST", "/v1/completions", body=body, headers=s.headers())
+            conns.append(conn)
+        # every one is admitted: a thread has taken it and sent the stream's headers
+        resps = [c.getresponse() for c in conns]
+        assert [r.status for r in resps] == [200] * 64
+        deadline = time.time() + 10
+        while True:
+            conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=1)
+            conn.request("GET", "/metrics")
+            text = conn.getresponse().read().decode()
+            conn.close()
+            if "kestrel_queue_depth 60" in text and "kestrel_requests_running 4" in text:
+                break
+            assert time.time() < deadline, text
+            time.sleep(0.05)
+        for path in ("/health", "/metrics", "/health"):
+            t0 = time.time()
+            conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=1)
+            conn.request("GET", path)
+            assert conn.getresponse().status == 200
+            conn.close()
+            assert time.time() - t0 < 1.0
+        t0 = time.time()
+        conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=1)
+        conn.request("POST", "/v1/completions", body=body, headers=s.headers())
+        assert conn.getresponse().status == 429
+        conn.close()
+        assert time.time() - t0 < 1.0
+    finally:
+        for conn in conns:
+            if conn.sock is not None:
+                conn.sock.shutdown(socket.SHUT_RDWR)
+            conn.close()
+        wait_idle(s, timeout=120)
+        assert s.stop() == 0
 
 
 def robustness_run(server, n_requests):

@@ -107,7 +107,9 @@ void App::post(const std::string& pattern, PostHandler handler) {
 
 void App::install_routes() {
   http_.set_payload_max_length(options_.max_body_bytes);
-  http_.new_task_queue = [n = options_.http_threads] { return new httplib::ThreadPool(static_cast<size_t>(n)); };
+  // Enough threads that /health and /metrics are answered while every admitted request (running
+  // or waiting, each holding its connection's thread) streams: http_thread_count.
+  http_.new_task_queue = [n = http_thread_count(options_)] { return new httplib::ThreadPool(n); };
   // Errors raised by httplib itself (unknown path, body too large) get OpenAI's shape too.
   http_.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
