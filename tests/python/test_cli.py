@@ -5,6 +5,7 @@ not from Kestrel's own earlier output.
 """
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -294,3 +295,34 @@ def test_perplexity_kl_base_takes_default():
     assert r.returncode == 0, r.stderr
     j = json.loads(r.stdout)
     assert j["kl_mean"] == 0.0 and j["same_top1_pct"] == 100.0 and j["base_ppl"] == j["ppl"]
+
+
+# --- the README against the binary -----------------------------------------------------------
+
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def readme_section(title):
+    return README.split("### " + title, 1)[1].split("\n### ", 1)[0]
+
+
+@needs_model
+def test_readme_names_every_run_json_field():
+    r = kestrel("run", "-p", "Hi", "-n", 2, "--temp", 0, "-t", 2, "--json")
+    assert r.returncode == 0, r.stderr
+    row = next(line for line in README.splitlines() if line.startswith("| `--json` | print one JSON object"))
+    missing = [key for key in json.loads(r.stdout) if f"`{key}`" not in row]
+    assert not missing, missing
+
+
+def test_readme_bench_section_names_every_bench_option():
+    """Each option of `kestrel bench --help` appears in the README's bench section (long or short name)."""
+    section = readme_section("Benchmark: the model card's methodology")
+    help_text = kestrel("bench", "--help").stdout
+    missing = []
+    for names in re.findall(r"^\s+((?:-\w,)?--[\w-]+)", help_text, re.M):
+        if names.endswith("--help"):
+            continue
+        if not any(re.search(re.escape(n) + r"\b", section) for n in names.split(",")):
+            missing.append(names)
+    assert not missing, missing
