@@ -153,6 +153,24 @@ def test_usage_errors(tmp_path):
         assert "not a kestrel bench report" in error_of(kestrel("bench", "--text", OASST, "--add-rows", bad))
 
 
+def test_text_with_no_text_says_so(tmp_path):
+    """/dev/null and an empty file are named as having no text, before any model loads (not 'does not
+    exist', as the fresh-user trial saw for /dev/null)."""
+    e = error_of(kestrel("bench", "--text", "/dev/null"))
+    assert "/dev/null has no text" in e and "does not exist" not in e, e
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    assert "empty.txt is empty" in error_of(kestrel("bench", "--text", empty))
+    assert "is a directory" in error_of(kestrel("bench", "--text", tmp_path))
+
+
+@needs_model
+def test_whitespace_only_text_says_so(tmp_path):
+    blank = tmp_path / "blank.txt"
+    blank.write_text("\n  \n")
+    assert "blank.txt has no text" in error_of(kestrel("bench", "--text", blank, "--concurrency", 1, "-t", 2))
+
+
 def test_chart_is_a_png(report, tmp_path):
     pytest.importorskip("matplotlib")
     j, _ = report

@@ -5,6 +5,7 @@ not from Kestrel's own earlier output.
 """
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -41,6 +42,19 @@ def error_of(result, code=1):
     (("perplexity", "-f", "README.md", "--chunks", "-1"), "--chunks: Value -1 not in range"),
     (("run", "-p", "x", "--temp", "nan"), "must be a finite number"),
     (("run", "-p", "x", "-t", "100000"), "--threads: Value 100000 not in range 0 to 256"),
+    # text that is no number says so, not "not in range" (the fresh-user trial's --parallel abc)
+    (("serve", "--parallel", "abc"), "--parallel: Value abc is not an integer"),
+    (("serve", "--queue", "1.5"), "--queue: Value 1.5 is not an integer"),
+    (("serve", "--port", "http"), "--port: Value http is not an integer"),
+    (("run", "-p", "x", "-n", "lots"), "--n-predict: Value lots is not an integer"),
+    (("run", "-p", "x", "--seed", "x1"), "--seed: Value x1 is not an integer"),
+    (("run", "-p", "x", "-n", "99999999999999999999"), "--n-predict: Value 99999999999999999999 not in range"),
+    (("run", "-p", "x", "--temp", "hot"), "--temp: Value hot is not a number"),
+    (("perplexity", "-f", "README.md", "-t", "two"), "--threads: Value two is not an integer"),
+    (("bench", "--concurrency", "1,x"), "--concurrency: Value x is not an integer"),
+    # every request admitted by --queue holds a connection thread: /health needs one more
+    (("serve", "--http-threads", "16"), "--http-threads 16: must exceed --queue 64 by at least 2"),
+    (("build", "default", "-o", "x.kimg", "--radius-weight", "big"), "--radius-weight: Value big is not a number"),
     (("run", "-p", "x", "--bogus"), "--bogus"),
     (("run",), "--prompt, --file or --token-ids"),
 ])
@@ -281,3 +295,34 @@ def test_perplexity_kl_base_takes_default():
     assert r.returncode == 0, r.stderr
     j = json.loads(r.stdout)
     assert j["kl_mean"] == 0.0 and j["same_top1_pct"] == 100.0 and j["base_ppl"] == j["ppl"]
+
+
+# --- the README against the binary -----------------------------------------------------------
+
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def readme_section(title):
+    return README.split("### " + title, 1)[1].split("\n### ", 1)[0]
+
+
+@needs_model
+def test_readme_names_every_run_json_field():
+    r = kestrel("run", "-p", "Hi", "-n", 2, "--temp", 0, "-t", 2, "--json")
+    assert r.returncode == 0, r.stderr
+    row = next(line for line in README.splitlines() if line.startswith("| `--json` | print one JSON object"))
+    missing = [key for key in json.loads(r.stdout) if f"`{key}`" not in row]
+    assert not missing, missing
+
+
+def test_readme_bench_section_names_every_bench_option():
+    """Each option of `kestrel bench --help` appears in the README's bench section (long or short name)."""
+    section = readme_section("Benchmark: the model card's methodology")
+    help_text = kestrel("bench", "--help").stdout
+    missing = []
+    for names in re.findall(r"^\s+((?:-\w,)?--[\w-]+)", help_text, re.M):
+        if names.endswith("--help"):
+            continue
+        if not any(re.search(re.escape(n) + r"\b", section) for n in names.split(",")):
+            missing.append(names)
+    assert not missing, missing

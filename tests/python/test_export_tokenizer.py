@@ -81,3 +81,9 @@ def test_chat_template_matches_the_server(hf, server):
     assert hf.encode(text, add_special_tokens=False) == body["tokens"]
     assert text == ("<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello.<end_of_turn>\n"
                     "<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n")
+    # a system message alone is the user turn, in both
+    alone = [{"role": "system", "content": "Be brief."}]
+    text = hf.apply_chat_template(alone, tokenize=False, add_generation_prompt=True)
+    assert text == "<bos><start_of_turn>user\nBe brief.<end_of_turn>\n<start_of_turn>model\n"
+    _, body = server.request("POST", "/tokenize", {"messages": alone})
+    assert hf.encode(text, add_special_tokens=False) == body["tokens"]

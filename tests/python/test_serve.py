@@ -8,6 +8,7 @@ import http.client
 import json
 import os
 import random
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -151,6 +152,18 @@ def test_chat_usage_is_the_gemma3_template(server, client, model_id):
     # the same prompt through /v1/completions (token ids) gives the same greedy text
     c = client.completions.create(model=model_id, prompt=tok["tokens"], max_tokens=6, temperature=0)
     assert c.choices[0].text == r.choices[0].message.content
+
+
+def test_chat_with_only_a_system_message_keeps_its_text(server, client, model_id):
+    """No user turn to fold the system text into: it is the user turn (it was dropped: the prompt was
+    only <bos><start_of_turn>model)."""
+    alone = [{"role": "system", "content": "You are terse."}]
+    r = client.chat.completions.create(model=model_id, messages=alone, max_tokens=2, temperature=0)
+    expected = "<bos><start_of_turn>user\nYou are terse.<end_of_turn>\n<start_of_turn>model\n"
+    _, tok = server.request("POST", "/tokenize", {"content": expected, "add_special": False})
+    _, chat = server.request("POST", "/tokenize", {"messages": alone})
+    assert chat["tokens"] == tok["tokens"]
+    assert r.usage.prompt_tokens == len(tok["tokens"])
 
 
 def test_chat_streaming_equals_non_streaming(client, model_id):
@@ -305,6 +318,10 @@ def test_errors_are_openai_shaped(server, model_id):
     assert "json_schema" in e["message"]
     assert error_of(server.request("POST", chat, {**ok, "n": 2}), 400)["param"] == "n"
     assert error_of(server.request("POST", chat, {**ok, "messages": [{"role": "wizard", "content": "x"}]}), 400)
+    # a user message without content, or with null, names messages[i].content (was accepted)
+    for user in ({"role": "user"}, {"role": "user", "content": None}):
+        e = error_of(server.request("POST", chat, {**ok, "messages": [MESSAGES[0], user]}), 400)
+        assert e["param"] == "messages[1].content" and "required" in e["message"], e
     # roles out of order: the Gemma template refuses, with 400 and not 500
     bad_order = [{"role": "assistant", "content": "a"}, {"role": "user", "content": "b"}]
     assert "alternate" in error_of(server.request("POST", chat, {**ok, "messages": bad_order}), 400)["message"]
@@ -340,9 +357,48 @@ def test_body_too_large_is_413():
     try:
         e = error_of(s.request("POST", "/v1/completions", raw=json.dumps({"prompt": "x" * (2 << 20)})), 413)
         assert "larger than" in e["message"]
+        # a chunked body has no Content-Length to check first: it is cut off at the limit all the same
+        big = json.dumps({"prompt": "x" * (2 << 20)}).encode()
+        chunks = (big[i:i + 65536] for i in range(0, len(big), 65536))
+        status, body = raw_post(s, "/v1/completions", chunks, {"Content-Type": "application/json"}, encode_chunked=True)
+        assert status == 413 and "larger than" in body["error"]["message"], (status, body)
         assert s.request("GET", "/health")[0] == 200
     finally:
         s.stop()
+
+
+def raw_post(server, path, body, headers, encode_chunked=False):
+    """POST with exactly these headers (Server.request always adds Content-Type: application/json)."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
+    conn.request("POST", path, body=body, headers=headers, encode_chunked=encode_chunked)
+    resp = conn.getresponse()
+    text = resp.read().decode("utf-8")
+    conn.close()
+    return resp.status, json.loads(text)
+
+
+def test_json_body_without_json_content_type(server):
+    """A ~9 KB JSON body without Content-Type, or labelled as a form as `curl -d` labels it, is read as
+    JSON like any other body (was 413: cpp-httplib's 8 KiB form limit)."""
+    auth = {"Authorization": f"Bearer {KEY}"}
+    tokenize = json.dumps({"content": "word " * 1800})
+    chat = json.dumps({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "pad": "x" * 9000})
+    assert len(tokenize) > 9000 and len(chat) > 9000
+    for content_type in (None, "application/x-www-form-urlencoded", "text/plain"):
+        headers = dict(auth, **({"Content-Type": content_type} if content_type else {}))
+        status, body = raw_post(server, "/tokenize", tokenize, headers)
+        assert status == 200 and body["count"] > 1800, (content_type, status, body)
+        status, body = raw_post(server, "/v1/chat/completions", chat, headers)
+        assert status == 200 and body["usage"]["completion_tokens"] == 1, (content_type, status, body)
+    # a multipart form is no JSON: 415, and the connection stays usable
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    form = "--b\r\nContent-Disposition: form-data; name=\"a\"\r\n\r\n1\r\n--b--\r\n"
+    conn.request("POST", "/tokenize", body=form, headers=dict(auth, **{"Content-Type": "multipart/form-data; boundary=b"}))
+    resp = conn.getresponse()
+    assert resp.status == 415 and "application/json" in json.loads(resp.read())["error"]["message"]
+    conn.request("GET", "/health")
+    assert conn.getresponse().status == 200
+    conn.close()
 
 
 def test_openai_client_raises_typed_errors(client, model_id):
@@ -402,6 +458,53 @@ def test_requests_queue_in_fifo_order():
         assert order == [0, 1, 2, 3]
     finally:
         assert server.stop() == 0
+
+
+def test_health_and_metrics_answer_while_the_queue_is_full():
+    """Default --queue (64) and --parallel (4): 64 slow streams fill the sessions and the queue, each
+    holding a connection thread; /health and /metrics still answer within a second, and one request
+    more gets its 429 as quickly. (With 16 connection threads, the fresh-user trial's /health hung.)"""
+    s = Server("--ctx", 1024)
+    body = json.dumps({"prompt": "Tell me a long story.", "max_tokens": 1000, "ignore_eos": True, "stream": True})
+    conns = []
+    try:
+        for _ in range(64):
+            conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=10)
+            conn.request("POST", "/v1/completions", body=body, headers=s.headers())
+            conns.append(conn)
+        # every one is admitted: a thread has taken it and sent the stream's headers
+        resps = [c.getresponse() for c in conns]
+        assert [r.status for r in resps] == [200] * 64
+        deadline = time.time() + 10
+        while True:
+            conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=1)
+            conn.request("GET", "/metrics")
+            text = conn.getresponse().read().decode()
+            conn.close()
+            if "kestrel_queue_depth 60" in text and "kestrel_requests_running 4" in text:
+                break
+            assert time.time() < deadline, text
+            time.sleep(0.05)
+        for path in ("/health", "/metrics", "/health"):
+            t0 = time.time()
+            conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=1)
+            conn.request("GET", path)
+            assert conn.getresponse().status == 200
+            conn.close()
+            assert time.time() - t0 < 1.0
+        t0 = time.time()
+        conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=1)
+        conn.request("POST", "/v1/completions", body=body, headers=s.headers())
+        assert conn.getresponse().status == 429
+        conn.close()
+        assert time.time() - t0 < 1.0
+    finally:
+        for conn in conns:
+            if conn.sock is not None:
+                conn.sock.shutdown(socket.SHUT_RDWR)
+            conn.close()
+        wait_idle(s, timeout=120)
+        assert s.stop() == 0
 
 
 def robustness_run(server, n_requests):

@@ -6,6 +6,7 @@ and the memory check of --parallel at start.
 Independent references: a request with cache_prompt false (a cold prefill of the same prompt)
 for the answers, and the openai package's own types for the errors.
 """
+import resource
 import subprocess
 import threading
 import time
@@ -128,10 +129,49 @@ def test_a_full_queue_answers_429_with_retry_after():
 
 
 def test_more_sessions_than_memory_is_a_clear_error():
+    """Checked against the memory available with the model loaded (MemAvailable), not the machine's
+    total: the message names what is needed, what is available, and what to lower."""
     r = subprocess.run([str(KESTREL), "serve", "--port", "0", "-t", "2", "--parallel", "256", "--ctx", "32768"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 1, r.stderr
-    assert "--parallel 256" in r.stderr and "memory" in r.stderr, r.stderr
+    assert "kestrel: error: --parallel 256 needs 255 more sessions of " in r.stderr, r.stderr
+    assert "(a KV cache of 32768 positions)" in r.stderr and "of memory is available" in r.stderr, r.stderr
+    assert "lower --parallel to at most " in r.stderr and "or --ctx" in r.stderr, r.stderr
+
+
+def vm_peak_kib(pid):
+    for line in open(f"/proc/{pid}/status", encoding="ascii"):
+        if line.startswith("VmPeak:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmPeak")
+
+
+def meminfo_kib(key):
+    for line in open("/proc/meminfo", encoding="ascii"):
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    raise AssertionError(f"no {key}")
+
+
+def test_out_of_memory_while_allocating_sessions_is_a_clear_error():
+    """An allocation that fails although the check passed (here: an address-space limit, as
+    `ulimit -v` or a container sets) says so and names --parallel, not 'std::bad_alloc'."""
+    if meminfo_kib("MemAvailable") < 6 << 20:
+        pytest.skip("less than 6 GiB available: the memory check itself would refuse --parallel 24")
+    args = ["--ctx", 32768, "--queue", 8, "--http-threads", 16, "--model-name", "m"]
+    base = Server(*args, "--parallel", 1)  # the address space of one session, loaded and listening
+    try:
+        peak = vm_peak_kib(base.proc.pid)
+    finally:
+        assert base.stop() == 0
+    limit = (peak + (150 << 10)) << 10  # room for about one more session (108 MiB at 32768 positions)
+    r = subprocess.run([str(KESTREL), "serve", "--port", "0", "-t", "2", "--parallel", "24", *map(str, args)],
+                       capture_output=True, text=True, timeout=120,
+                       preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))
+    assert r.returncode == 1, r.stderr
+    assert "std::bad_alloc" not in r.stderr, r.stderr
+    assert "kestrel: error: out of memory allocating session " in r.stderr, r.stderr
+    assert "of --parallel 24" in r.stderr and "lower --parallel or --ctx" in r.stderr, r.stderr
 
 
 def test_clients_in_parallel_all_complete(server):

@@ -18,6 +18,14 @@ TEST(ChatTemplate, SystemFoldedIntoFirstUserTurn) {
             "<start_of_turn>model\n");
 }
 
+// Google's template only prefixes the first user turn with the system text, so a system message
+// alone would vanish; it is the user turn instead.
+TEST(ChatTemplate, SystemAloneIsTheUserTurn) {
+  EXPECT_EQ(render_gemma3({{"system", " You are terse.\n"}}, true),
+            "<bos><start_of_turn>user\nYou are terse.<end_of_turn>\n<start_of_turn>model\n");
+  EXPECT_EQ(render_gemma3({{"system", ""}}, true), "<bos><start_of_turn>model\n");
+}
+
 TEST(ChatTemplate, NoGenerationPrompt) {
   EXPECT_EQ(render_gemma3({{"user", "x"}}, false), "<bos><start_of_turn>user\nx<end_of_turn>\n");
 }

@@ -93,6 +93,23 @@ TEST(Gemma3Tools, WithoutToolsEqualsGemma3Template) {
   EXPECT_EQ(render_gemma3_tools(m, {}, true), render_gemma3(plain, true));
 }
 
+// A system message alone (no user turn to fold it into) is the user turn, with the tools too; the
+// fresh-user trial found its text dropped.
+TEST(Gemma3Tools, SystemAloneIsTheUserTurn) {
+  EXPECT_EQ(render_gemma3_tools({msg("system", " Be brief. ")}, {}, true),
+            "<bos><start_of_turn>user\nBe brief.<end_of_turn>\n<start_of_turn>model\n");
+  EXPECT_EQ(render_gemma3_tools({msg("developer", "Be brief.")}, {}, false),
+            "<bos><start_of_turn>user\nBe brief.<end_of_turn>\n");
+  const std::string with_tools = render_gemma3_tools({msg("system", "S")}, {weather()}, true);
+  EXPECT_EQ(with_tools.rfind("<bos><start_of_turn>user\nS\n\nYou can call these functions", 0), 0u) << with_tools;
+  EXPECT_NE(with_tools.find("get_weather"), std::string::npos);
+  EXPECT_EQ(with_tools.substr(with_tools.size() - 52), "</tool_response>.<end_of_turn>\n<start_of_turn>model\n");
+  // nothing to say: no turn
+  EXPECT_EQ(render_gemma3_tools({msg("system", " ")}, {}, true), "<bos><start_of_turn>model\n");
+  const std::vector<ChatMessage> plain = {{"system", " Be brief. "}};
+  EXPECT_EQ(render_gemma3_tools({msg("system", " Be brief. ")}, {}, true), render_gemma3(plain, true));
+}
+
 TEST(Gemma3Tools, CallsAndResponses) {
   Message call = msg("assistant", "");
   call.tool_calls.push_back({"c1", "get_weather", json{{"city", "Paris"}}});

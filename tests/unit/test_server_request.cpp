@@ -82,9 +82,39 @@ TEST(ChatRequest, WrongTypesAndRangesNameTheField) {
   EXPECT_EQ(chat_error(R"({"messages":[]})"), "messages");
   EXPECT_EQ(chat_error(R"({"messages":[{"content":"x"}]})"), "messages[0].role");
   EXPECT_EQ(chat_error(R"({"messages":[{"role":"user","content":[{"type":"image_url"}]}]})"), "messages[0].content");
+  EXPECT_EQ(chat_error(R"({"messages":[{"role":"user","content":5}]})"), "messages[0].content");
   EXPECT_EQ(chat_error(R"({"messages":[{"role":"assistant","tool_calls":[{"function":{"name":"f","arguments":"{bad"}}]}]})"),
             "messages[0].tool_calls[0]");
   EXPECT_EQ(chat_error("[1,2]"), "(none)");
+}
+
+// Only an assistant message may leave out content (a turn of tool calls); a user, system or tool
+// message without it, or with null, is a 400 naming messages[i].content.
+TEST(ChatRequest, ContentIsRequiredButForAssistants) {
+  EXPECT_EQ(chat_error(R"({"messages":[{"role":"user"}]})"), "messages[0].content");
+  EXPECT_EQ(chat_error(R"({"messages":[{"role":"user","content":null}]})"), "messages[0].content");
+  EXPECT_EQ(chat_error(R"({"messages":[{"role":"system","content":"s"},{"role":"user","content":null}]})"),
+            "messages[1].content");
+  EXPECT_EQ(chat_error(R"({"messages":[{"role":"system"},{"role":"user","content":"x"}]})"), "messages[0].content");
+  EXPECT_EQ(chat_error(R"({"messages":[{"role":"developer","content":null},{"role":"user","content":"x"}]})"),
+            "messages[0].content");
+  EXPECT_EQ(chat_error(R"({"messages":[{"role":"user","content":"x"},{"role":"assistant","content":null,
+      "tool_calls":[{"id":"c","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"c"}]})"),
+            "messages[2].content");
+  try {
+    parse_chat_request(json::parse(R"({"messages":[{"role":"user","content":null}]})"));
+    ADD_FAILURE() << "accepted";
+  } catch (const ApiError& e) {
+    EXPECT_NE(std::string(e.what()).find("messages[0].content is required"), std::string::npos) << e.what();
+  }
+  // still valid: an empty string, an assistant turn of tool calls with null or no content
+  EXPECT_EQ(chat_error(R"({"messages":[{"role":"user","content":""}]})"), "");
+  EXPECT_EQ(chat_error(R"({"messages":[{"role":"user","content":"x"},{"role":"assistant","content":null,
+      "tool_calls":[{"id":"c","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"c","content":"r"}]})"),
+            "");
+  EXPECT_EQ(chat_error(R"({"messages":[{"role":"user","content":"x"},{"role":"assistant",
+      "tool_calls":[{"id":"c","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"c","content":"r"}]})"),
+            "");
 }
 
 TEST(ChatRequest, ContentPartsToolsAndToolMessages) {

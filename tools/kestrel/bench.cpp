@@ -31,6 +31,7 @@
 #include "kestrel/runtime/bench/sensors.h"
 #include "kestrel/runtime/engine.h"
 #include "kestrel/runtime/model_path.h"
+#include "option_checks.h"
 
 namespace kestrel::tools {
 namespace {
@@ -268,18 +269,25 @@ int list_sensors(const BenchCliOptions& o) {
   return 0;
 }
 
-// --text, else $KESTREL_BENCH_TEXT, else the OpenAssistant file; kestrel::Error when missing.
+// --text, else $KESTREL_BENCH_TEXT, else the OpenAssistant file; kestrel::Error, before any model
+// is loaded, when it is missing, not a file, or empty.
 std::filesystem::path bench_text(const BenchCliOptions& o) {
   std::filesystem::path text = o.text;
   if (text.empty()) {
     const char* env = std::getenv("KESTREL_BENCH_TEXT");
     text = env && *env ? env : kDefaultText;
   }
+  const std::string what = "the benchmark text " + text.string();
+  const char* pass = "; pass --text FILE (OpenAssistant's en-validation.jsonl, or any text file)";
   std::error_code ec;
-  if (!std::filesystem::is_regular_file(text, ec)) {
-    throw Error("the benchmark text " + text.string() + " does not exist; pass --text FILE (OpenAssistant's "
-                "en-validation.jsonl, or any text file)");
+  const auto status = std::filesystem::status(text, ec);
+  if (!std::filesystem::exists(status)) throw Error(what + " does not exist" + pass);
+  if (std::filesystem::is_directory(status)) throw Error(what + " is a directory" + pass);
+  // A device or a pipe (/dev/null, <(...)) is not read: it has no text to cut prompts from.
+  if (!std::filesystem::is_regular_file(status)) {
+    throw Error(what + " has no text: it is not a regular file (a device or a pipe)" + pass);
   }
+  if (std::filesystem::file_size(text, ec) == 0 && !ec) throw Error(what + " is empty: it has no text" + pass);
   return text;
 }
 
@@ -415,23 +423,23 @@ Command add_bench_command(CLI::App& app) {
                   "Text the prompts are cut from (default: $KESTREL_BENCH_TEXT, else "
                   "../shared/data/oasst/en-validation.jsonl)");
   cmd->add_option("-t,--threads", o->threads, "Threads (default: every core)")
-      ->check(CLI::Range(0, ThreadPool::kMaxThreads));
+      ->check(integer_range(0, ThreadPool::kMaxThreads));
   cmd->add_option("-c,--ctx", o->ctx, "Context size in tokens (KV cache)")
-      ->check(CLI::Range(size_t{2}, size_t{1} << 24))
+      ->check(integer_range(size_t{2}, size_t{1} << 24))
       ->capture_default_str();
   cmd->add_option("--add-rows", o->add_rows,
                   "Add the rows of another bench JSON (e.g. scripts/bench/peers_bench.py's) to the table; repeatable");
   cmd->add_option("--idle-seconds", o->idle_seconds, "Seconds of idle power sampling per model (when a sensor is readable)")
-      ->check(CLI::Range(0.0, 3600.0))
+      ->check(number_range(0.0, 3600.0))
       ->capture_default_str();
   cmd->add_option("--warmup", o->warmup, "Override every suite's warm-up count (quick checks only)")
-      ->check(CLI::Range(size_t{0}, size_t{1000}));
+      ->check(integer_range(size_t{0}, size_t{1000}));
   cmd->add_option("--requests", o->requests, "Override every suite's measured request count (quick checks only)")
-      ->check(CLI::Range(size_t{1}, size_t{1000}));
+      ->check(integer_range(size_t{1}, size_t{1000}));
   cmd->add_option("--prompt-tokens", o->prompt_tokens, "Override every suite's prompt length (quick checks only)")
-      ->check(CLI::Range(size_t{2}, size_t{1} << 20));
+      ->check(integer_range(size_t{2}, size_t{1} << 20));
   cmd->add_option("--output-tokens", o->output_tokens, "Override every suite's output length (quick checks only)")
-      ->check(CLI::Range(size_t{1}, size_t{1} << 20));
+      ->check(integer_range(size_t{1}, size_t{1} << 20));
   cmd->add_option("--dump-prompts", o->dump_prompts,
                   "Only write the suites' prompt token ids (JSON) to this file and exit (for the peers script)");
   cmd->add_flag("--no-progress", o->no_progress, "No progress bar on stderr");
@@ -439,9 +447,9 @@ Command add_bench_command(CLI::App& app) {
                   "Instead of the suites: N greedy requests at once through the continuous-batching "
                   "scheduler, for each N given (e.g. --concurrency 1,2,4): aggregate decode tok/s, ITL, TTFT")
       ->delimiter(',')
-      ->check(CLI::Range(size_t{1}, size_t{64}));
+      ->check(integer_range(size_t{1}, size_t{64}));
   cmd->add_option("--prefill-chunk", o->prefill_chunk, "With --concurrency: the scheduler's prefill chunk")
-      ->check(CLI::Range(size_t{1}, size_t{256}))
+      ->check(integer_range(size_t{1}, size_t{256}))
       ->capture_default_str();
   cmd->add_flag("--sensors", o->sensors,
                 "Only list the power/energy sensors found (and why others are not used), measure the idle "

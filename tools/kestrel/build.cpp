@@ -19,6 +19,7 @@
 #include "kestrel/runtime/calibration.h"
 #include "kestrel/runtime/engine.h"
 #include "kestrel/runtime/model_path.h"
+#include "option_checks.h"
 
 namespace kestrel::tools {
 namespace {
@@ -218,18 +219,18 @@ Command add_build_command(CLI::App& app) {
                   "w4a16: calibration text (plain text, or OpenAssistant .jsonl: the text of its "
                   "rows in file order) for activation-aware quantization");
   cmd->add_option("--calib-tokens", o->calib_tokens, "Calibration tokens to use at most")
-      ->check(CLI::Range(size_t{64}, size_t{1} << 22))
+      ->check(integer_range(size_t{64}, size_t{1} << 22))
       ->capture_default_str();
   cmd->add_option("--calib-sample", o->calib_sample,
                   "Calibration input rows kept per matrix input for AWQ's scale search")
-      ->check(CLI::Range(size_t{16}, size_t{65536}))
+      ->check(integer_range(size_t{16}, size_t{65536}))
       ->capture_default_str();
   cmd->add_flag("--no-awq", o->no_awq,
                 "With --calib: no AWQ per-channel scaling, only the activation-weighted group fit");
   cmd->add_flag("--gptq", o->gptq,
                 "With --calib: GPTQ error compensation on the recorded input rows (after AWQ's scaling)");
   cmd->add_option("--awq-grid", o->awq_grid, "AWQ: alpha values tried in [0, 1]")
-      ->check(CLI::Range(size_t{2}, size_t{200}))
+      ->check(integer_range(size_t{2}, size_t{200}))
       ->capture_default_str();
   cmd->add_flag("--symmetric", o->symmetric,
                 "w4a16: symmetric groups (scale only) instead of affine groups (scale and min)");
@@ -238,31 +239,27 @@ Command add_build_command(CLI::App& app) {
                   "pair per row: 4.5 instead of 5 bits per weight at group size 32; affine groups only)")
       ->check(CLI::IsMember({8, 16}))
       ->capture_default_str();
-  cmd->add_option("--seed", o->seed, "Seed recorded in the image (for calibrated builds)");
+  cmd->add_option("--seed", o->seed, "Seed recorded in the image (for calibrated builds)")
+      ->check(integer_range(uint64_t{0}, UINT64_MAX));
   cmd->add_option("--license", o->licenses,
                   "Licence/NOTICE file to carry (repeatable; LICENSE*, NOTICE*, *TERMS* files "
                   "next to the source are added automatically)");
   cmd->add_flag("--flashhead", o->flashhead,
                 "Add FlashHead, the two-stage retrieval LM head (docs/flashhead.md)");
   cmd->add_option("--cluster-size", o->cluster_size, "FlashHead: tokens per cluster (must divide the vocabulary)")
-      ->check(CLI::Range(size_t{1}, size_t{4096}))
+      ->check(integer_range(size_t{1}, size_t{4096}))
       ->capture_default_str();
   cmd->add_option("--probes", o->probes, "FlashHead: default clusters probed per step (default: 1/16 of the clusters, 1,024 for a 262,144-token vocabulary)")
-      ->check(CLI::Range(size_t{1}, size_t{1} << 24));
+      ->check(integer_range(size_t{1}, size_t{1} << 24));
   cmd->add_option("--radius-weight", o->radius_weight,
                   "FlashHead: alpha of the stage-1 score centroid.h + alpha |h| radius (0: the mean logit)")
-      ->check(CLI::Validator(
-          [](const std::string& text) {
-            const double v = std::strtod(text.c_str(), nullptr);
-            return std::isfinite(v) && v >= 0.0 && v <= 10.0 ? std::string() : "must be a number in [0, 10], got " + text;
-          },
-          "[0 - 10]"))
+      ->check(number_range(0.0, 10.0))
       ->capture_default_str();
   cmd->add_option("--flashhead-iterations", o->flashhead_iterations, "FlashHead: k-means iterations per level")
-      ->check(CLI::Range(size_t{1}, size_t{100}))
+      ->check(integer_range(size_t{1}, size_t{100}))
       ->capture_default_str();
   cmd->add_option("-t,--threads", o->threads, "Threads (default: every core)")
-      ->check(CLI::Range(0, ThreadPool::kMaxThreads));
+      ->check(integer_range(0, ThreadPool::kMaxThreads));
   // Options that only mean something together: usage errors (exit 2) before any work.
   cmd->callback([o, cmd] {
     const auto given = [cmd](const char* name) { return cmd->get_option(name)->count() > 0; };

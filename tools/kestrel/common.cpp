@@ -5,28 +5,17 @@
 
 #include "kestrel/base/error.h"
 #include "kestrel/runtime/model_path.h"
+#include "option_checks.h"
 
 namespace kestrel::tools {
-namespace {
-
-// CLI::Range lets NaN through (every comparison with NaN is false); this does not.
-const CLI::Validator kFinite(
-    [](const std::string& text) {
-      char* end = nullptr;
-      const double v = std::strtod(text.c_str(), &end);
-      return std::isfinite(v) ? std::string() : "must be a finite number, got " + text;
-    },
-    "FINITE");
-
-}  // namespace
 
 void ModelOptions::add_to(CLI::App& cmd) {
   cmd.add_option("-m,--model", model, "GGUF model file or Kestrel image (default or 'default': $KESTREL_MODEL or Gemma 3 270M)");
-  cmd.add_option("-t,--threads", threads, "Threads (default: every core)")->check(CLI::Range(0, ThreadPool::kMaxThreads));
+  cmd.add_option("-t,--threads", threads, "Threads (default: every core)")->check(integer_range(0, ThreadPool::kMaxThreads));
   cmd.add_option("-c,--ctx", ctx,
                  "Context size in tokens (default 4096, or the model's maximum if smaller; 0: the "
                  "model's maximum)")
-      ->check(CLI::Range(size_t{0}, size_t{1} << 24));
+      ->check(integer_range(size_t{0}, size_t{1} << 24));
   cmd.add_option("--precision", precision,
                  "Layer weights in memory: source (as the file has them), w4a16 (INT4 groups, "
                  "built at load), bf16, fp16")
@@ -40,7 +29,7 @@ void ModelOptions::add_to(CLI::App& cmd) {
       ->check(CLI::IsMember({"auto", "dense", "flash"}))
       ->capture_default_str();
   cmd.add_option("--probes", probes, "FlashHead clusters probed per token (default: the image's)")
-      ->check(CLI::Range(size_t{1}, size_t{1} << 24));
+      ->check(integer_range(size_t{1}, size_t{1} << 24));
 }
 
 runtime::EngineOptions ModelOptions::engine_options() const {
@@ -76,22 +65,22 @@ std::unique_ptr<runtime::Engine> ModelOptions::load_unique() const {
 void SamplingOptions::add_to(CLI::App& cmd) {
   auto& s = sampler;
   cmd.add_option("-n,--n-predict", n_predict, "Tokens to generate at most")
-      ->check(CLI::Range(size_t{0}, size_t{1} << 24))
+      ->check(integer_range(size_t{0}, size_t{1} << 24))
       ->capture_default_str();
   cmd.add_option("--temp", s.temperature, "Temperature (0: greedy)")
-      ->check(kFinite)->check(CLI::Range(0.0f, 100.0f))
+      ->check(number_range(0.0f, 100.0f))
       ->capture_default_str();
-  cmd.add_option("--top-k", s.top_k, "Top-k (0: off)")->check(CLI::Range(0, 1 << 30))->capture_default_str();
-  cmd.add_option("--top-p", s.top_p, "Top-p (1: off)")->check(kFinite)->check(CLI::Range(0.0f, 1.0f))->capture_default_str();
-  cmd.add_option("--min-p", s.min_p, "Min-p (0: off)")->check(kFinite)->check(CLI::Range(0.0f, 1.0f))->capture_default_str();
+  cmd.add_option("--top-k", s.top_k, "Top-k (0: off)")->check(integer_range(0, 1 << 30))->capture_default_str();
+  cmd.add_option("--top-p", s.top_p, "Top-p (1: off)")->check(number_range(0.0f, 1.0f))->capture_default_str();
+  cmd.add_option("--min-p", s.min_p, "Min-p (0: off)")->check(number_range(0.0f, 1.0f))->capture_default_str();
   cmd.add_option("--repeat-penalty", s.repeat_penalty, "Repetition penalty (1: off)")
-      ->check(kFinite)->check(CLI::Range(0.01f, 100.0f))
+      ->check(number_range(0.01f, 100.0f))
       ->capture_default_str();
   cmd.add_option("--repeat-last-n", s.repeat_last_n, "Tokens the penalty looks back over (-1: all)")
-      ->check(CLI::Range(-1, 1 << 24))
+      ->check(integer_range(-1, 1 << 24))
       ->capture_default_str();
   cmd.add_option("--seed", seed, "Random seed (-1: random)")
-      ->check(CLI::Range(int64_t{-1}, INT64_MAX))
+      ->check(integer_range(int64_t{-1}, INT64_MAX))
       ->capture_default_str();
   cmd.add_flag("--ignore-eos", ignore_eos, "Keep generating past end-of-sequence tokens");
   cmd.add_option("--stop", stop, "Stop string (repeatable)");

@@ -7,6 +7,7 @@
 #include "kestrel/formats/gguf.h"
 #include "kestrel/runtime/model_path.h"
 #include "kestrel/text/hf_tokenizer_export.h"
+#include "option_checks.h"
 
 namespace kestrel::tools {
 namespace {
@@ -41,7 +42,8 @@ Command add_export_tokenizer_command(CLI::App& app) {
   cmd->add_option("model", opts->model, "GGUF model or Kestrel image ('default': the default model)")
       ->capture_default_str();
   cmd->add_option("-o,--output", opts->out, "Output directory (created)")->required();
-  cmd->add_option("--model-max-length", opts->max_length, "model_max_length (default: the model's context)");
+  cmd->add_option("--model-max-length", opts->max_length, "model_max_length (default: the model's context)")
+      ->check(integer_range(size_t{0}, size_t{1} << 40));
   return [opts] { return export_tokenizer(*opts); };
 }
 

@@ -10,6 +10,7 @@
 
 #include "commands.h"
 #include "common.h"
+#include "option_checks.h"
 #include "kestrel/base/error.h"
 #include "kestrel/runtime/calibration.h"
 #include "kestrel/runtime/flashhead_eval.h"
@@ -102,7 +103,7 @@ Command add_flashhead_eval_command(CLI::App& app) {
                                  "sampling distance, per probe count");
   cmd->add_option("-m,--model", o->model.model, "Kestrel image built with --flashhead")->required();
   cmd->add_option("-t,--threads", o->model.threads, "Threads (default: every core)")
-      ->check(CLI::Range(0, ThreadPool::kMaxThreads));
+      ->check(integer_range(0, ThreadPool::kMaxThreads));
   cmd->add_option("-f,--file", o->file, "Text file, or OpenAssistant .jsonl (its rows' text)")->required();
   cmd->add_option("--probes", o->probes, "Comma-separated probe counts (default: the image's)")
       ->check(CLI::Validator(
@@ -116,20 +117,25 @@ Command add_flashhead_eval_command(CLI::App& app) {
           },
           "LIST"));
   cmd->add_option("--skip-chars", o->skip_chars, "Skip this many characters of the text first (held-out data)")
+      ->check(integer_range(size_t{0}, size_t{1} << 40))
       ->capture_default_str();
-  cmd->add_option("--max-chars", o->max_chars, "Characters of text to read at most")->capture_default_str();
+  cmd->add_option("--max-chars", o->max_chars, "Characters of text to read at most")
+      ->check(integer_range(size_t{1}, size_t{1} << 40))
+      ->capture_default_str();
   cmd->add_option("--positions", o->positions, "Positions to score at most")
-      ->check(CLI::Range(size_t{1}, size_t{1} << 24))
+      ->check(integer_range(size_t{1}, size_t{1} << 24))
       ->capture_default_str();
   cmd->add_option("--eval-ctx", o->ctx, "Tokens per chunk (each from an empty cache)")
-      ->check(CLI::Range(size_t{2}, size_t{1} << 20))
+      ->check(integer_range(size_t{2}, size_t{1} << 20))
       ->capture_default_str();
   cmd->add_option("--temp", o->sampler.temperature, "Sampling temperature compared (0: skip the TV distance)")
-      ->check(CLI::Range(0.0f, 100.0f))
+      ->check(number_range(0.0, 100.0))
       ->capture_default_str();
-  cmd->add_option("--top-k", o->sampler.top_k, "Top-k of the compared sampler")->capture_default_str();
-  cmd->add_option("--top-p", o->sampler.top_p, "Top-p of the compared sampler")->check(CLI::Range(0.0f, 1.0f))->capture_default_str();
-  cmd->add_option("--min-p", o->sampler.min_p, "Min-p of the compared sampler")->check(CLI::Range(0.0f, 1.0f))->capture_default_str();
+  cmd->add_option("--top-k", o->sampler.top_k, "Top-k of the compared sampler")
+      ->check(integer_range(0, 1 << 30))
+      ->capture_default_str();
+  cmd->add_option("--top-p", o->sampler.top_p, "Top-p of the compared sampler")->check(number_range(0.0, 1.0))->capture_default_str();
+  cmd->add_option("--min-p", o->sampler.min_p, "Min-p of the compared sampler")->check(number_range(0.0, 1.0))->capture_default_str();
   cmd->add_flag("--json", o->json, "Print one JSON object");
   return [o] { return run(*o); };
 }

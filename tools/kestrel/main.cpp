@@ -1,6 +1,7 @@
 // kestrel: the command-line front end.
 #include <cstdio>
 #include <exception>
+#include <new>
 #include <utility>
 
 #include <CLI/CLI.hpp>
@@ -40,6 +41,12 @@ int main(int argc, char** argv) {
     for (const auto& [name, command] : commands) {
       if (app.got_subcommand(name)) return command();
     }
+  } catch (const std::bad_alloc&) {
+    // (what() would only say "std::bad_alloc")
+    std::fflush(stdout);
+    std::fprintf(stderr, "kestrel: error: out of memory: an allocation failed (lower --ctx or --parallel, or use a "
+                         "smaller model or precision)\n");
+    return 1;
   } catch (const std::exception& e) {
     std::fflush(stdout);
     std::fprintf(stderr, "kestrel: error: %s\n", e.what());

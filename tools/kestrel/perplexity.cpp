@@ -10,6 +10,7 @@
 
 #include "commands.h"
 #include "common.h"
+#include "option_checks.h"
 #include "kestrel/base/error.h"
 #include "kestrel/runtime/model_path.h"
 #include "kestrel/runtime/perplexity.h"
@@ -118,13 +119,13 @@ Command add_perplexity_command(CLI::App& app) {
                   "Base model file or image ('default': the default model): also report KL(base || model), "
                   "same top-1 and the base perplexity");
   cmd->add_option("-c,--ctx", opts->ctx, "Tokens per chunk (at least 4); the second half of each is scored")
-      ->check(CLI::Range(size_t{4}, size_t{1} << 24))
+      ->check(integer_range(size_t{4}, size_t{1} << 24))
       ->capture_default_str();
   cmd->add_option("--chunks", opts->chunks, "Chunks to evaluate at most (0: all)")
-      ->check(CLI::Range(size_t{0}, size_t{1} << 24))
+      ->check(integer_range(size_t{0}, size_t{1} << 24))
       ->capture_default_str();
   cmd->add_option("-t,--threads", opts->threads, "Threads (default: every core)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(integer_range(0, ThreadPool::kMaxThreads));
   cmd->add_flag("--json", opts->json, "Print one JSON object with the results");
   return [opts] { return run_perplexity(*opts); };
 }

@@ -5,6 +5,7 @@
 
 #include "commands.h"
 #include "common.h"
+#include "option_checks.h"
 #include "kestrel/runtime/model_path.h"
 #include "kestrel/server/server.h"
 
@@ -37,27 +38,42 @@ Command add_serve_command(CLI::App& app) {
   opts->model.add_to(*cmd);
   auto& s = opts->server;
   cmd->add_option("--host", s.host, "Address to listen on")->capture_default_str();
-  cmd->add_option("--port", s.port, "Port (0: any free port)")->check(CLI::Range(0, 65535))->capture_default_str();
+  cmd->add_option("--port", s.port, "Port (0: any free port)")->check(integer_range(0, 65535))->capture_default_str();
   cmd->add_option("--api-key", s.api_key, "Require 'Authorization: Bearer KEY' (default: $KESTREL_API_KEY, else none)");
   cmd->add_option("--model-name", s.model_id, "Model id for /v1/models and requests (default: the file's stem)");
   cmd->add_option("--max-body-mib", opts->max_body_mib, "Larger request bodies get 413")
-      ->check(CLI::Range(size_t{1}, size_t{1024}))
+      ->check(integer_range(size_t{1}, size_t{1024}))
       ->capture_default_str();
-  cmd->add_option("--http-threads", s.http_threads, "Connections handled at once (requests queue for the engine)")
-      ->check(CLI::Range(2, 256))
-      ->capture_default_str();
+  cmd->add_option("--http-threads", s.http_threads,
+                  "Connection threads (default: --queue + --parallel + 4). Each request admitted by --queue holds "
+                  "one until its response ends; the others answer /health, /metrics and 429s, so at least 2 "
+                  "more than --queue")
+      ->check(integer_range(size_t{3}, size_t{4096}));
   cmd->add_option("--parallel", s.parallel,
                   "Sessions: requests generating together (continuous batching), each with a KV cache "
                   "kept for later requests with the same prefix (prompt cache)")
-      ->check(CLI::Range(size_t{1}, size_t{256}))
+      ->check(integer_range(size_t{1}, size_t{256}))
       ->capture_default_str();
   cmd->add_option("--prefill-chunk", s.prefill_chunk,
                   "Prompt tokens a request prefills per step while others decode (bounds their gap)")
-      ->check(CLI::Range(size_t{1}, size_t{256}))
+      ->check(integer_range(size_t{1}, size_t{256}))
       ->capture_default_str();
-  cmd->add_option("--queue", s.max_queue, "Requests admitted at once (running + waiting); more get 429")
-      ->check(CLI::Range(size_t{1}, size_t{65536}))
+  cmd->add_option("--queue", s.max_queue,
+                  "Requests admitted at once (running + waiting), each holding an HTTP thread (--http-threads); "
+                  "more get 429")
+      ->check(integer_range(size_t{1}, size_t{2048}))
       ->capture_default_str();
+  cmd->callback([opts] {
+    const auto& so = opts->server;
+    if (so.http_threads != 0 && so.http_threads < so.max_queue + server::kMinSpareHttpThreads) {
+      throw CLI::ValidationError("--http-threads " + std::to_string(so.http_threads),
+                                 "must exceed --queue " + std::to_string(so.max_queue) + " by at least " +
+                                     std::to_string(server::kMinSpareHttpThreads) +
+                                     ": every admitted request holds a connection thread while it waits and "
+                                     "streams, and /health, /metrics and 429s need threads too (raise "
+                                     "--http-threads or lower --queue)");
+    }
+  });
   return [opts] { return serve(*opts); };
 }
 

@@ -4,8 +4,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kestrel/base/thread_pool.h"
@@ -94,6 +96,14 @@ class Model {
 /// architecture or missing / misshapen tensors.
 /// Throws kestrel::Error when `what` needs more bytes than the machine's physical memory.
 void check_memory(const std::string& what, size_t bytes);
+
+/// MemAvailable of a /proc/meminfo text, in bytes; nullopt when the text has none.
+std::optional<size_t> mem_available_bytes(std::string_view meminfo);
+/// Memory the kernel can give now without swapping: /proc/meminfo's MemAvailable (free memory
+/// plus the page cache it can reclaim), else the machine's physical memory.
+size_t available_memory();
+/// "1.5 GiB", "300 MiB": a byte count for messages.
+std::string format_bytes(size_t bytes);
 
 /// Layer matrices are converted to options.precision (using `pool` to quantize).
 std::unique_ptr<Model> load_model(const gguf::File& file, const LoadOptions& options,

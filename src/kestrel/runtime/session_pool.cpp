@@ -1,6 +1,7 @@
 #include "kestrel/runtime/session_pool.h"
 
 #include <algorithm>
+#include <new>
 #include <string>
 
 #include "kestrel/base/error.h"
@@ -8,16 +9,40 @@
 
 namespace kestrel::runtime {
 
+size_t session_bytes(Engine& engine) {
+  const model::ModelInfo& info = engine.model().info();
+  return engine.session().cache().bytes() + engine.n_ctx() * sizeof(TokenId) +
+         (info.n_vocab + info.d_model) * sizeof(float);
+}
+
+void check_parallel_memory(size_t n_sessions, size_t per_session, size_t n_ctx, size_t available) {
+  // The first session is the engine's own, allocated with the weights.
+  const size_t more = n_sessions - 1;
+  if (more == 0 || per_session == 0 || more <= available / per_session) return;
+  const size_t fits = 1 + available / per_session;
+  throw Error("--parallel " + std::to_string(n_sessions) + " needs " + std::to_string(more) + " more sessions of " +
+              model::format_bytes(per_session) + " each (a KV cache of " + std::to_string(n_ctx) +
+              " positions), " + model::format_bytes(more * per_session) + ", but only " +
+              model::format_bytes(available) + " of memory is available with the model loaded (MemAvailable); " +
+              (fits > 1 ? "lower --parallel to at most " + std::to_string(fits) + ", or --ctx"
+                        : "lower --parallel to 1, or --ctx"));
+}
+
 SessionPool::SessionPool(Engine& engine, size_t n_sessions) {
   if (n_sessions == 0) throw Error("--parallel must be at least 1");
-  const size_t one = engine.session().cache().bytes();
-  model::check_memory("--parallel " + std::to_string(n_sessions) + " (" + std::to_string(n_sessions) +
-                          " KV caches of " + std::to_string(engine.n_ctx()) + " positions)",
-                      n_sessions * one);
+  const size_t one = session_bytes(engine);
+  check_parallel_memory(n_sessions, one, engine.n_ctx(), model::available_memory());
   sessions_.push_back(&engine.session());
-  for (size_t i = 1; i < n_sessions; ++i) {
-    owned_.push_back(std::make_unique<Session>(engine));
-    sessions_.push_back(owned_.back().get());
+  try {
+    for (size_t i = 1; i < n_sessions; ++i) {
+      owned_.push_back(std::make_unique<Session>(engine));
+      sessions_.push_back(owned_.back().get());
+    }
+  } catch (const std::bad_alloc&) {
+    // The memory went elsewhere meanwhile, or a limit (ulimit -v, a cgroup) is below it.
+    throw Error("out of memory allocating session " + std::to_string(sessions_.size() + 1) + " of --parallel " +
+                std::to_string(n_sessions) + " (" + model::format_bytes(one) + " each, a KV cache of " +
+                std::to_string(engine.n_ctx()) + " positions); lower --parallel or --ctx");
   }
   last_used_.assign(n_sessions, 0);
   busy_.assign(n_sessions, false);

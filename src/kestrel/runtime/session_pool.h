@@ -15,7 +15,9 @@ namespace kestrel::runtime {
 class SessionPool {
  public:
   /// `n_sessions` sessions (>= 1): the engine's default one and n_sessions - 1 more. Throws
-  /// kestrel::Error, naming --parallel, when their KV caches together exceed the machine's memory.
+  /// kestrel::Error, naming --parallel, when the new sessions need more than the memory available
+  /// now (check_parallel_memory with model::available_memory(), the weights being loaded), or
+  /// when allocating them fails all the same (std::bad_alloc).
   SessionPool(Engine& engine, size_t n_sessions);
 
   struct Pick {
@@ -44,5 +46,14 @@ class SessionPool {
   std::vector<bool> busy_;
   uint64_t clock_ = 0;
 };
+
+/// Bytes one more Session of `engine` allocates: its KV cache, the token ids it records, the
+/// step buffers.
+size_t session_bytes(Engine& engine);
+
+/// Throws kestrel::Error when the n_sessions - 1 sessions to allocate, `per_session` bytes each
+/// (a KV cache of n_ctx positions), need more than `available` bytes; the message names
+/// --parallel, both amounts, and the --parallel that fits (or --ctx to lower).
+void check_parallel_memory(size_t n_sessions, size_t per_session, size_t n_ctx, size_t available);
 
 }  // namespace kestrel::runtime

@@ -59,19 +59,57 @@ void App::check_auth(const httplib::Request& req) const {
   }
 }
 
-json App::parse_body(const httplib::Request& req) const {
-  if (json_nesting_depth(req.body) > kMaxJsonDepth) {
+json App::parse_body(const std::string& text) const {
+  if (json_nesting_depth(text) > kMaxJsonDepth) {
     throw bad_request("the request body nests arrays/objects deeper than " + std::to_string(kMaxJsonDepth) + " levels");
   }
-  json body = json::parse(req.body, nullptr, false);
+  json body = json::parse(text, nullptr, false);
   if (body.is_discarded()) throw bad_request("the request body is not valid JSON");
   if (!body.is_object()) throw bad_request("the request body must be a JSON object");
   return body;
 }
 
+void App::post(const std::string& pattern, PostHandler handler) {
+  // httplib's own body reading treats a body labelled application/x-www-form-urlencoded (what
+  // `curl -d` sends without -H) as a form and refuses one over 8 KiB with 413; it also does not
+  // bound a chunked body. Every body here is JSON, whatever its Content-Type says, so the route
+  // reads it itself: at most options.max_body_bytes (413 beyond).
+  http_.Post(pattern, [this, handler = std::move(handler)](const httplib::Request& req, httplib::Response& res,
+                                                           const httplib::ContentReader& read) {
+    std::string body;
+    bool too_large = false;
+    const httplib::ContentReceiver append = [&](const char* data, size_t n) {
+      // Past the limit the rest is read and dropped (as httplib skips a Content-Length body over
+      // it), so that the client, still sending, reads the 413 instead of a reset connection.
+      too_large = too_large || body.size() + n > options_.max_body_bytes;
+      if (!too_large) body.append(data, n);
+      return true;
+    };
+    if (req.is_multipart_form_data()) {
+      // Read (and drop) the parts, so that the connection stays in step, then refuse.
+      read([](const httplib::MultipartFormData&) { return true; }, [](const char*, size_t) { return true; });
+      send_json(res, 415, ApiError::error_body("the request body must be JSON (Content-Type: application/json), "
+                                               "not multipart/form-data", "invalid_request_error", "", ""));
+      return;
+    }
+    if (!read(append) || too_large) {
+      // httplib sets 413 for a Content-Length over the limit (the error handler says so), 400 for
+      // a broken body (a bad chunk, a connection closed early).
+      if (too_large) res.status = 413;
+      if (res.status != 413) {
+        send_json(res, 400, ApiError::error_body("the request body could not be read", "invalid_request_error", "", ""));
+      }
+      return;
+    }
+    handler(req, res, body);
+  });
+}
+
 void App::install_routes() {
   http_.set_payload_max_length(options_.max_body_bytes);
-  http_.new_task_queue = [n = options_.http_threads] { return new httplib::ThreadPool(static_cast<size_t>(n)); };
+  // Enough threads that /health and /metrics are answered while every admitted request (running
+  // or waiting, each holding its connection's thread) streams: http_thread_count.
+  http_.new_task_queue = [n = http_thread_count(options_)] { return new httplib::ThreadPool(n); };
   // Errors raised by httplib itself (unknown path, body too large) get OpenAI's shape too.
   http_.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
@@ -116,17 +154,17 @@ void App::install_routes() {
     });
   });
   install_webui_routes();
-  http_.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    handle_generate(req, res, Endpoint::kChat);
+  post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res, const std::string& body) {
+    handle_generate(req, res, body, Endpoint::kChat);
   });
-  http_.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    handle_generate(req, res, Endpoint::kCompletion);
+  post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res, const std::string& body) {
+    handle_generate(req, res, body, Endpoint::kCompletion);
   });
-  http_.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
+  post("/tokenize", [this](const httplib::Request& req, httplib::Response& res, const std::string& raw) {
     guarded("tokenize", res, [&] {
       check_auth(req);
       check_ready();
-      const json body = parse_body(req);
+      const json body = parse_body(raw);
       std::vector<TokenId> tokens;
       if (body.contains("messages")) {
         GenerationRequest r = parse_chat_request(body);
@@ -154,11 +192,11 @@ void App::install_routes() {
       send_json(res, 200, out);
     });
   });
-  http_.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
+  post("/detokenize", [this](const httplib::Request& req, httplib::Response& res, const std::string& raw) {
     guarded("detokenize", res, [&] {
       check_auth(req);
       check_ready();
-      const json body = parse_body(req);
+      const json body = parse_body(raw);
       auto tokens = body.find("tokens");
       if (tokens == body.end() || !tokens->is_array()) throw bad_request("'tokens' must be an array of token ids", "tokens");
       std::vector<TokenId> ids;
@@ -205,12 +243,13 @@ std::shared_ptr<void> App::admit() {
   return std::shared_ptr<void>(nullptr, [this](void*) { admitted_.fetch_sub(1); });
 }
 
-void App::handle_generate(const httplib::Request& req, httplib::Response& res, Endpoint endpoint) {
+void App::handle_generate(const httplib::Request& req, httplib::Response& res, const std::string& raw,
+                          Endpoint endpoint) {
   const auto arrival = Clock::now();
   guarded(endpoint == Endpoint::kChat ? "chat" : "completions", res, [&] {
     check_auth(req);
     check_ready();
-    const json body = parse_body(req);
+    const json body = parse_body(raw);
     GenerationRequest r = endpoint == Endpoint::kChat ? parse_chat_request(body) : parse_completion_request(body);
     if (!r.model.empty() && r.model != options_.model_id) {
       throw ApiError(404, "the model '" + r.model + "' does not exist; this server serves '" + options_.model_id + "'",

@@ -87,7 +87,10 @@ class App {
     if (!ready_) throw ApiError(503, "the model is still loading", "", "model_loading", "server_error");
   }
   void check_auth(const httplib::Request& req) const;
-  json parse_body(const httplib::Request& req) const;
+  json parse_body(const std::string& body) const;
+  // A POST route that reads its body itself, as JSON whatever the Content-Type (app.cpp says why).
+  using PostHandler = std::function<void(const httplib::Request&, httplib::Response&, const std::string& body)>;
+  void post(const std::string& pattern, PostHandler handler);
   /// GET /props: what the chat page shows about the server (model, context, FlashHead).
   json props() const;
 
@@ -96,7 +99,8 @@ class App {
   // Runs one prompt through the scheduler; metrics of tokens and prompt-cache reuse.
   runtime::GenerateResult generate(const std::vector<TokenId>& prompt, const runtime::GenerateOptions& options,
                                    const runtime::TextCallback& on_text);
-  void handle_generate(const httplib::Request& req, httplib::Response& res, Endpoint endpoint);
+  void handle_generate(const httplib::Request& req, httplib::Response& res, const std::string& raw,
+                       Endpoint endpoint);
   void run_job(Job& job, httplib::DataSink& sink);
   void run_chat(Job& job, const std::function<bool(const std::string&)>& write);
   void run_completion(Job& job, const std::function<bool(const std::string&)>& write);

@@ -199,7 +199,14 @@ void parse_messages(const json& body, GenerationRequest& r) {
     }
     text::Message msg;
     msg.role = *role;
-    if (auto it = m.find("content"); it != m.end()) msg.content = content_text(*it, where + ".content");
+    // OpenAI's rule: every message has content, but an assistant's may be absent or null (a turn
+    // of tool calls). A user turn without it would render as an empty turn, silently.
+    if (const json* content = field(m, "content")) {
+      msg.content = content_text(*content, where + ".content");
+    } else if (msg.role != "assistant") {
+      throw bad_request(where + ".content is required for a '" + msg.role +
+                            "' message (a string or an array of text parts)", where + ".content");
+    }
     if (auto rc = get_string(m, "reasoning_content")) msg.reasoning = *rc;
     else if (auto rs = get_string(m, "reasoning")) msg.reasoning = *rs;
     if (const json* tcs = field(m, "tool_calls")) {

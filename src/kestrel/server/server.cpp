@@ -16,7 +16,16 @@
 
 namespace kestrel::server {
 
+size_t http_thread_count(const ServerOptions& options) {
+  return options.http_threads != 0 ? options.http_threads : options.max_queue + options.parallel + 4;
+}
+
 int serve(const ServerOptions& options, const EngineLoader& load) {
+  if (http_thread_count(options) < options.max_queue + kMinSpareHttpThreads) {
+    throw Error("--http-threads " + std::to_string(http_thread_count(options)) + " must exceed --queue " +
+                std::to_string(options.max_queue) + " by at least " + std::to_string(kMinSpareHttpThreads) +
+                ": every admitted request holds a connection thread, and /health and /metrics need one too");
+  }
   // SIGINT/SIGTERM are taken by one thread (sigwait) that stops the server; every other thread
   // inherits the blocked mask. A closed client socket must not kill the process (SIGPIPE).
   sigset_t signals;

@@ -16,11 +16,19 @@ struct ServerOptions {
   std::string api_key;               // empty: no authentication
   std::string model_id;              // the name /v1/models lists and requests must use
   size_t max_body_bytes = 16u << 20; // larger bodies get 413
-  int http_threads = 16;             // connections served at once (requests queue for the engine)
+  size_t http_threads = 0;           // connection threads; 0: http_thread_count's default
   size_t parallel = 4;               // sessions: requests generating at once, each with a KV cache kept for reuse
   size_t prefill_chunk = 64;         // prompt tokens per step while other requests decode
   size_t max_queue = 64;             // requests admitted at once (running + waiting); more get 429
 };
+
+/// Every admitted request (max_queue of them, running or waiting for a session) holds a
+/// connection thread until its response ends. Threads beyond those answer /health, /metrics,
+/// /v1/models and the 429s while the queue is full; at least this many must be left.
+inline constexpr size_t kMinSpareHttpThreads = 2;
+/// The connection threads: options.http_threads, or by default max_queue + parallel + 4 (spare
+/// threads for the other endpoints, 429s and idle keep-alive connections).
+size_t http_thread_count(const ServerOptions& options);
 
 /// Loads the model; called once, after the socket listens (GET /health answers 503 meanwhile).
 using EngineLoader = std::function<std::unique_ptr<runtime::Engine>()>;
@@ -29,8 +37,9 @@ using EngineLoader = std::function<std::unique_ptr<runtime::Engine>()>;
 /// options.parallel requests generate together (continuous batching, runtime::Scheduler), each
 /// in the session whose KV cache shares the longest prefix with its prompt; more wait (FIFO). Prints "kestrel serve: listening on
 /// http://HOST:PORT" and, once loaded, "kestrel serve: ready" on stderr.
-/// Returns 0 after a signal. Throws kestrel::Error when the address cannot be bound, and
-/// rethrows the loader's exception (after closing the socket) when the model fails to load.
+/// Returns 0 after a signal. Throws kestrel::Error when the address cannot be bound or the
+/// connection threads do not exceed max_queue by kMinSpareHttpThreads, and rethrows the loader's
+/// exception (after closing the socket) when the model fails to load.
 int serve(const ServerOptions& options, const EngineLoader& load);
 
 }  // namespace kestrel::server

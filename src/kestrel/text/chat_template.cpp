@@ -43,6 +43,12 @@ std::string render_gemma3(const std::vector<ChatMessage>& messages, bool add_gen
     out += "<start_of_turn>" + role + "\n" + (i == first ? system_prefix : "") + trim(m.content) +
            "<end_of_turn>\n";
   }
+  // A system message and no user turn to fold it into: Google's template (a prefix of the first
+  // user turn) drops it, and so does llama.cpp's; it becomes the user turn here instead, so that
+  // the instruction is not lost silently.
+  if (first == 1 && messages.size() == 1 && !trim(messages[0].content).empty()) {
+    out += "<start_of_turn>user\n" + trim(messages[0].content) + "<end_of_turn>\n";
+  }
   if (add_generation_prompt) out += "<start_of_turn>model\n";
   return out;
 }

@@ -435,6 +435,8 @@ std::string render_gemma3_tools(const std::vector<Message>& messages, const std:
            "<end_of_turn>\n";
     ++turn;
   }
+  // No turn to fold the system text into: it is the user turn (as render_gemma3).
+  if (turn == 0 && !trim(system).empty()) out += "<start_of_turn>user\n" + trim(system) + "<end_of_turn>\n";
   if (add_generation_prompt) out += "<start_of_turn>model\n";
   return out;
 }

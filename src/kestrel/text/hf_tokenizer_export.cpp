@@ -34,7 +34,8 @@ std::string dump(const json& j, int indent) { return j.dump(indent, ' ', false, 
 
 const std::string& gemma3_jinja_template() {
   // Same output as render_gemma3: a leading system message is folded into the first user
-  // turn, content is trimmed, assistant is written "model", roles must alternate.
+  // turn (or is the user turn when no other message follows), content is trimmed, assistant is
+  // written "model", roles must alternate.
   static const std::string kTemplate =
       "{{ bos_token }}"
       "{%- set sys = '' -%}{%- set msgs = messages -%}"
@@ -48,6 +49,9 @@ const std::string& gemma3_jinja_template() {
       "{{ '<start_of_turn>' + ('model' if m['role'] == 'assistant' else m['role']) + '\\n' }}"
       "{{ (sys if loop.first else '') + (m['content'] | trim) + '<end_of_turn>\\n' }}"
       "{%- endfor -%}"
+      "{%- if sys and not msgs and (messages[0]['content'] | trim) -%}"
+      "{{ '<start_of_turn>user\\n' + (messages[0]['content'] | trim) + '<end_of_turn>\\n' }}"
+      "{%- endif -%}"
       "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\\n' }}{%- endif -%}";
   return kTemplate;
 }

@@ -33,6 +33,9 @@ std::vector<TokenId> text_token_stream(const text::Tokenizer& tokenizer, const s
     throw Error("cannot read the benchmark text " + path.string() + ": not a regular file");
   }
   const std::string text = calibration_text(path, std::numeric_limits<size_t>::max());
+  if (text.find_first_not_of(" \t\r\n") == std::string::npos) {
+    throw Error("the benchmark text " + path.string() + " has no text (it is empty or only whitespace)");
+  }
   return tokenizer.encode(text, /*add_special=*/false, /*parse_special=*/false);
 }
 

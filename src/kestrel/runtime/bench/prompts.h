@@ -21,7 +21,8 @@ std::vector<std::vector<TokenId>> cut_prompts(std::span<const TokenId> stream, s
 
 /// The whole text of `path` (a text file as is, or for an OpenAssistant .jsonl the "text" of
 /// its non-deleted rows in file order joined by blank lines), tokenized once by `tokenizer`
-/// without BOS and without parsing control tokens. Throws kestrel::Error if it cannot be read.
+/// without BOS and without parsing control tokens. Throws kestrel::Error if it cannot be read or
+/// holds no text.
 std::vector<TokenId> text_token_stream(const text::Tokenizer& tokenizer, const std::filesystem::path& path);
 
 /// The prompts of `spec` (spec.prompts_needed() of them) cut from `stream` with the tokenizer's BOS.

@@ -1,0 +1,51 @@
+// Checks of numeric command-line options that name what is wrong with the value: text that is no
+// number at all ("Value abc is not an integer") apart from a number out of range. CLI::Range
+// alone reports every value it cannot convert as "not in range".
+#pragma once
+
+#include <cmath>
+#include <cstdlib>
+#include <string>
+#include <type_traits>
+
+#include <CLI/CLI.hpp>
+
+namespace kestrel::tools {
+
+/// True when `text` is an integer as CLI11 reads one (decimal, 0x hex, 0 octal, a sign), also one
+/// too large for 64 bits (that is a range error, not a type error).
+inline bool is_integer_text(const std::string& text) {
+  char* end = nullptr;
+  std::strtoll(text.c_str(), &end, 0);
+  return end != text.c_str() && *end == '\0';
+}
+
+/// The check of an integer option: "Value abc is not an integer", else CLI::Range's
+/// "Value 300 not in range 1 to 256".
+template <typename T>
+CLI::Validator integer_range(T lo, T hi) {
+  static_assert(std::is_integral_v<T>, "integer_range is for integer options");
+  const CLI::Range range(lo, hi);
+  return CLI::Validator(
+      [range](std::string& text) {
+        return is_integer_text(text) ? range(text) : "Value " + text + " is not an integer";
+      },
+      range.get_description());
+}
+
+/// The check of a floating-point option: "Value abc is not a number", "must be a finite number,
+/// got nan" (CLI::Range lets NaN through), else "Value 3 not in range 0 to 2".
+inline CLI::Validator number_range(double lo, double hi) {
+  const CLI::Range range(lo, hi);
+  return CLI::Validator(
+      [range](std::string& text) {
+        char* end = nullptr;
+        const double v = std::strtod(text.c_str(), &end);
+        if (end == text.c_str() || *end != '\0') return "Value " + text + " is not a number";
+        if (!std::isfinite(v)) return "must be a finite number, got " + text;
+        return range(text);
+      },
+      range.get_description());
+}
+
+}  // namespace kestrel::tools
