@@ -91,7 +91,7 @@ void SamplingOptions::add_to(CLI::App& cmd) {
       ->check(CLI::IsMember({"none", "ngram", "auto"}))
       ->capture_default_str();
   cmd.add_option("--draft-max", draft_max, "Tokens drafted per verification at most")
-      ->check(CLI::Range(size_t{0}, runtime::kMaxDraft))
+      ->check(integer_range(size_t{0}, runtime::kMaxDraft))
       ->capture_default_str();
 }
 
