@@ -63,6 +63,7 @@ def prompt_tokens(llm, oasst, n):
 def run_kestrel(binary, model, ids_file, n_out, threads, ctx, extra=()):
     out = subprocess.run([binary, "run", "-m", model, "--token-ids", ids_file, "-n", str(n_out),
                           "--temp", "0", "--ignore-eos", "-t", str(threads), "-c", str(ctx), "--json",
+                          "--draft", "none",  # llama.cpp decodes without drafting here: like for like
                           *extra],
                          check=True, capture_output=True, text=True).stdout
     j = json.loads(out)

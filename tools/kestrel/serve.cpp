@@ -6,6 +6,7 @@
 #include "commands.h"
 #include "common.h"
 #include "option_checks.h"
+#include "kestrel/runtime/drafter.h"
 #include "kestrel/runtime/model_path.h"
 #include "kestrel/server/server.h"
 
@@ -57,6 +58,14 @@ Command add_serve_command(CLI::App& app) {
   cmd->add_option("--prefill-chunk", s.prefill_chunk,
                   "Prompt tokens a request prefills per step while others decode (bounds their gap)")
       ->check(integer_range(size_t{1}, size_t{256}))
+      ->capture_default_str();
+  cmd->add_option("--draft", s.draft,
+                  "Speculative decoding while a single request is running: none, ngram (prompt lookup) or "
+                  "auto (the image's drafter when it has one, else ngram). The tokens are the same either way")
+      ->check(CLI::IsMember({"none", "ngram", "auto"}))
+      ->capture_default_str();
+  cmd->add_option("--draft-max", s.draft_max, "Tokens drafted per verification at most")
+      ->check(integer_range(size_t{0}, runtime::kMaxDraft))
       ->capture_default_str();
   cmd->add_option("--queue", s.max_queue,
                   "Requests admitted at once (running + waiting), each holding an HTTP thread (--http-threads); "

@@ -167,6 +167,27 @@ void Scheduler::step() {
     return true;
   });
   if (running_.empty()) return;
+  // A request decoding alone verifies its draft (speculative decoding) in a step of its own;
+  // with others running, every request feeds one token per step (batching already fills it).
+  if (running_.size() == 1 && !running_[0]->generation->prefilling()) {
+    const auto& job = running_[0];
+    Generation& g = *job->generation;
+    const auto in = g.input(kMaxDraft + 1);
+    if (in.size() > 1) {
+      try {
+        g.advance_rows(in.size(), job->session->step_rows(in));
+      } catch (...) {
+        complete(job, std::current_exception());
+        running_.clear();
+        return;
+      }
+      if (g.done()) {
+        complete(job, nullptr);
+        running_.clear();
+      }
+      return;
+    }
+  }
   // The rows of this step: every decoding request's token, then prompt chunks in arrival order
   // (limited to prefill_chunk while others decode, so that their streams keep flowing).
   struct Row {

@@ -313,6 +313,8 @@ void App::handle_generate(const httplib::Request& req, httplib::Response& res, c
     o.min_tokens = r.min_tokens;
     o.top_logprobs = r.top_logprobs;
     o.cache_prompt = r.cache_prompt;
+    o.draft = draft_mode_;
+    o.draft_max = options_.draft_max;
     res.status = 200;
     res.set_header("Cache-Control", "no-cache");
     // The charset parameter also keeps httplib from gzip-compressing the body: its compressor

@@ -52,7 +52,9 @@ struct Job {
 
 class App {
  public:
-  explicit App(const ServerOptions& options) : options_(options) {}
+  /// Throws kestrel::Error for an unknown options.draft.
+  explicit App(const ServerOptions& options)
+      : options_(options), draft_mode_(runtime::parse_draft_mode(options.draft)) {}
 
   void install_routes();
   /// GET / (the chat page), /metrics/live (live metrics) and /ui/FILE (their static files).
@@ -110,6 +112,7 @@ class App {
                                         bool& wrote, std::vector<runtime::StepLogprobs>& pending);
 
   ServerOptions options_;
+  runtime::DraftMode draft_mode_;
   httplib::Server http_;
   std::unique_ptr<runtime::Engine> engine_;
   std::unique_ptr<runtime::Scheduler> scheduler_;  // after engine_: stopped before it goes

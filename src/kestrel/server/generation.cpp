@@ -33,6 +33,7 @@ runtime::GenerateResult App::generate(const std::vector<TokenId>& prompt, const 
   runtime::GenerateResult result = scheduler_->run(prompt, options, on_text);
   metrics_.tokens(result.prompt_tokens, result.tokens.size());
   metrics_.prompt_cache(result.cached_tokens);
+  metrics_.drafts(result.drafted_tokens, result.accepted_tokens);
   return result;
 }
 
@@ -97,7 +98,8 @@ void App::run_chat(Job& job, const std::function<bool(const std::string&)>& writ
   };
   runtime::GenerateResult result = generate(job.prompts[0], o, on_text);
   if (result.cancelled) return;
-  const json usage = usage_json(result.prompt_tokens, result.tokens.size(), result.cached_tokens);
+  const json usage = usage_json(result.prompt_tokens, result.tokens.size(), result.cached_tokens,
+                                result.drafted_tokens, result.accepted_tokens);
   if (job.stream) {
     send_events(parser.finish());
     const std::string finish = n_tool_calls > 0 ? "tool_calls" : result.finish_reason;
@@ -135,7 +137,7 @@ void App::run_chat(Job& job, const std::function<bool(const std::string&)>& writ
 
 void App::run_completion(Job& job, const std::function<bool(const std::string&)>& write) {
   const text::Tokenizer& tok = engine_->tokenizer();
-  size_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
+  size_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0, drafted_tokens = 0, accepted_tokens = 0;
   json choices = json::array();
   for (size_t i = 0; i < job.prompts.size(); ++i) {
     std::vector<runtime::StepLogprobs> pending;
@@ -161,6 +163,8 @@ void App::run_completion(Job& job, const std::function<bool(const std::string&)>
     prompt_tokens += result.prompt_tokens;
     cached_tokens += result.cached_tokens;
     completion_tokens += result.tokens.size();
+    drafted_tokens += result.drafted_tokens;
+    accepted_tokens += result.accepted_tokens;
     if (job.stream) {
       json lp = job.top_logprobs >= 0 && !pending.empty() ? completion_logprobs(tok, pending, offset) : json(nullptr);
       json chunk = completion_object(job.meta, json::array({completion_choice(i, "", result.finish_reason, lp)}), nullptr);
@@ -171,7 +175,7 @@ void App::run_completion(Job& job, const std::function<bool(const std::string&)>
       choices.push_back(completion_choice(i, result.text, result.finish_reason, lp));
     }
   }
-  const json usage = usage_json(prompt_tokens, completion_tokens, cached_tokens);
+  const json usage = usage_json(prompt_tokens, completion_tokens, cached_tokens, drafted_tokens, accepted_tokens);
   if (job.stream) {
     if (job.include_usage) write(sse_event(usage_chunk(job.meta, "text_completion", usage)));
     write(sse_done());

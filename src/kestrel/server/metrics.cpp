@@ -95,6 +95,12 @@ void Metrics::prompt_cache(size_t cached_tokens) {
   cached_tokens_ += cached_tokens;
 }
 
+void Metrics::drafts(size_t drafted, size_t accepted) {
+  std::lock_guard lock(mu_);
+  drafted_ += drafted;
+  accepted_ += accepted;
+}
+
 void Metrics::sessions(size_t n, size_t kv_bytes) {
   std::lock_guard lock(mu_);
   sessions_ = n;
@@ -119,6 +125,12 @@ std::string Metrics::render() const {
   out += "# HELP kestrel_prompt_tokens_cached_total Prompt tokens taken from a KV cache instead of prefilled.\n"
          "# TYPE kestrel_prompt_tokens_cached_total counter\n";
   out += "kestrel_prompt_tokens_cached_total " + std::to_string(cached_tokens_) + "\n";
+  out += "# HELP kestrel_draft_tokens_total Tokens drafted for speculative decoding and verified.\n"
+         "# TYPE kestrel_draft_tokens_total counter\n";
+  out += "kestrel_draft_tokens_total " + std::to_string(drafted_) + "\n";
+  out += "# HELP kestrel_draft_accepted_tokens_total Drafted tokens that were the model's own (kept).\n"
+         "# TYPE kestrel_draft_accepted_tokens_total counter\n";
+  out += "kestrel_draft_accepted_tokens_total " + std::to_string(accepted_) + "\n";
   out += "# HELP kestrel_sessions Sessions (KV caches) the server holds (--parallel).\n# TYPE kestrel_sessions gauge\n";
   out += "kestrel_sessions " + std::to_string(sessions_) + "\n";
   out += "# HELP kestrel_kv_cache_bytes Bytes of all sessions' KV caches.\n# TYPE kestrel_kv_cache_bytes gauge\n";

@@ -38,6 +38,7 @@ class Metrics {
   void load(size_t waiting, size_t running);  // requests waiting for a session, and generating
   void cancelled();                    // a client went away during generation
   void prompt_cache(size_t cached_tokens);  // a prompt ran; cached_tokens of it came from a KV cache
+  void drafts(size_t drafted, size_t accepted);  // speculative decoding: tokens drafted and accepted
   void sessions(size_t n, size_t kv_bytes); // the sessions allocated and their KV cache bytes
   std::string render() const;
 
@@ -46,6 +47,7 @@ class Metrics {
   std::map<std::pair<std::string, int>, uint64_t> requests_;
   uint64_t prompt_tokens_ = 0, generated_tokens_ = 0, cancelled_ = 0;
   uint64_t cache_hits_ = 0, cache_misses_ = 0, cached_tokens_ = 0;
+  uint64_t drafted_ = 0, accepted_ = 0;
   size_t sessions_ = 0, kv_bytes_ = 0;
   int64_t queue_depth_ = 0, running_ = 0;
   Histogram ttft_, itl_, latency_;

@@ -10,11 +10,15 @@ std::string sse_event(const json& j) { return "data: " + dump(j) + "\n\n"; }
 
 std::string sse_done() { return "data: [DONE]\n\n"; }
 
-json usage_json(size_t prompt_tokens, size_t completion_tokens, size_t cached_tokens) {
+json usage_json(size_t prompt_tokens, size_t completion_tokens, size_t cached_tokens, size_t drafted_tokens,
+                size_t accepted_tokens) {
   return {{"prompt_tokens", prompt_tokens},
           {"completion_tokens", completion_tokens},
           {"total_tokens", prompt_tokens + completion_tokens},
-          {"prompt_tokens_details", {{"cached_tokens", cached_tokens}}}};
+          {"prompt_tokens_details", {{"cached_tokens", cached_tokens}}},
+          {"completion_tokens_details",
+           {{"accepted_prediction_tokens", accepted_tokens},
+            {"rejected_prediction_tokens", drafted_tokens - accepted_tokens}}}};
 }
 
 json chat_chunk(const ResponseMeta& meta, const json& delta, const std::string& finish_reason, const json& logprobs,

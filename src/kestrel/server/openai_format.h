@@ -28,7 +28,11 @@ struct ResponseMeta {
   std::string model;
 };
 
-nlohmann::json usage_json(size_t prompt_tokens, size_t completion_tokens, size_t cached_tokens);
+/// OpenAI's usage object. Speculative decoding's counts go where OpenAI reports predicted
+/// outputs: completion_tokens_details.accepted_prediction_tokens (drafted tokens kept) and
+/// rejected_prediction_tokens (drafted tokens verified and dropped). accepted <= drafted.
+nlohmann::json usage_json(size_t prompt_tokens, size_t completion_tokens, size_t cached_tokens,
+                          size_t drafted_tokens = 0, size_t accepted_tokens = 0);
 
 /// A chat.completion.chunk with one choice (index 0) carrying `delta`; finish_reason null
 /// when empty. `logprobs` (chat shape, or null) goes on the choice. include_usage adds

@@ -185,10 +185,11 @@
           const details = chunk.usage.prompt_tokens_details;
           answer.stats.cachedTokens = details ? details.cached_tokens : 0;
         }
-        // Speculative decoding's counters, under llama-server's names, when the server sends them.
-        if (chunk.timings && chunk.timings.draft_n !== undefined) {
-          answer.stats.drafted = chunk.timings.draft_n;
-          answer.stats.accepted = chunk.timings.draft_n_accepted;
+        // Speculative decoding's counters: OpenAI's predicted-output fields of the usage.
+        const completion = chunk.usage && chunk.usage.completion_tokens_details;
+        if (completion && completion.accepted_prediction_tokens !== undefined) {
+          answer.stats.accepted = completion.accepted_prediction_tokens;
+          answer.stats.drafted = completion.accepted_prediction_tokens + completion.rejected_prediction_tokens;
         }
         redraw();
       });
