@@ -215,8 +215,9 @@ FAKE_STREAM = [
         "name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]}, "finish_reason": None}]},
     {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
     {"choices": [], "usage": {"prompt_tokens": 30, "completion_tokens": 12, "total_tokens": 42,
-                              "prompt_tokens_details": {"cached_tokens": 5}},
-     "timings": {"draft_n": 9, "draft_n_accepted": 7}},
+                              "prompt_tokens_details": {"cached_tokens": 5},
+                              "completion_tokens_details": {"accepted_prediction_tokens": 7,
+                                                            "rejected_prediction_tokens": 2}}},
 ]
 
 
