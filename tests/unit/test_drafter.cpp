@@ -74,6 +74,20 @@ TEST(NgramDrafter, PartialAcceptanceSetsTheLength) {
   EXPECT_EQ(d.draft(history, 6).size(), 3u);
 }
 
+TEST(NgramDrafter, PartlyAcceptedDraftsPauseWhileTheRateIsLow) {
+  NgramDrafter d(6);
+  const Ids history = {1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2};
+  // A third of each draft accepted: the rate falls 1 -> 0.83 -> 0.71 -> 0.62 -> 0.55 -> 0.49.
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_FALSE(d.draft(history, 6).empty()) << i;
+    d.verified(3, 1);
+  }
+  ASSERT_FALSE(d.draft(history, 6).empty());
+  d.verified(3, 1);                      // under kMinRate: pause 1
+  EXPECT_TRUE(d.draft(history, 6).empty());
+  EXPECT_FALSE(d.draft(history, 6).empty());
+}
+
 TEST(NgramDrafter, ModeNames) {
   EXPECT_EQ(parse_draft_mode("none"), DraftMode::kNone);
   EXPECT_EQ(parse_draft_mode("ngram"), DraftMode::kNgram);

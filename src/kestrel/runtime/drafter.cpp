@@ -38,10 +38,11 @@ std::vector<TokenId> NgramDrafter::draft(std::span<const TokenId> history, size_
 
 void NgramDrafter::verified(size_t drafted, size_t accepted) {
   if (drafted == 0) return;
+  rate_ = (1 - kRateWeight) * rate_ + kRateWeight * static_cast<double>(accepted) / static_cast<double>(drafted);
   if (accepted == drafted) {
     length_ = std::min(max_draft_, 2 * length_);
     next_pause_ = 1;
-  } else if (accepted > 0) {
+  } else if (accepted > 0 && rate_ >= kMinRate) {
     length_ = std::max<size_t>(1, accepted + 1);
     next_pause_ = 1;
   } else {

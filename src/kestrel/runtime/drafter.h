@@ -32,15 +32,20 @@ DraftMode parse_draft_mode(const std::string& name);
 /// run: it pays off where the text repeats itself (code edits, tables, JSON, quotations).
 ///
 /// Adaptive: the draft length starts at 2, doubles (up to max_draft) after a draft that was
-/// accepted whole and shrinks to one more than the accepted count otherwise; a draft of which
-/// nothing was accepted pauses drafting for a number of steps that doubles with each such
-/// failure in a row (1, 2, 4, ... kMaxPause), so text that does not repeat itself costs about
-/// one verification row per kMaxPause steps.
+/// accepted whole and shrinks to one more than the accepted count otherwise. A draft of which
+/// nothing was accepted, or any partly accepted one while the acceptance rate (an exponential
+/// average over drafts, weight kRateWeight for the newest) is under kMinRate, pauses drafting
+/// for a number of steps that doubles with each such draft in a row (1, 2, 4, ... kMaxPause):
+/// a verification row costs about half a decode step on the development machine
+/// (docs/speculative.md), so drafts accepted less than half the time do not pay, and text that
+/// does not repeat itself costs about one verification row per kMaxPause steps.
 class NgramDrafter {
  public:
   static constexpr size_t kMinNgram = 2;
   static constexpr size_t kMaxNgram = 4;
   static constexpr size_t kMaxPause = 64;
+  static constexpr double kMinRate = 0.5;
+  static constexpr double kRateWeight = 0.25;
 
   explicit NgramDrafter(size_t max_draft) : max_draft_(max_draft) {}
 
@@ -55,7 +60,8 @@ class NgramDrafter {
   size_t max_draft_;
   size_t length_ = 2;
   size_t pause_ = 0;        // steps left without drafting
-  size_t next_pause_ = 1;   // the pause after the next draft that fails whole
+  size_t next_pause_ = 1;   // the pause after the next draft that fails
+  double rate_ = 1.0;       // acceptance rate, exponential average over drafts
 };
 
 }  // namespace kestrel::runtime
