@@ -6,6 +6,7 @@ and the memory check of --parallel at start.
 Independent references: a request with cache_prompt false (a cold prefill of the same prompt)
 for the answers, and the openai package's own types for the errors.
 """
+import os
 import resource
 import subprocess
 import threading
@@ -236,17 +237,19 @@ def load_run(s, n_requests, clients, ctx, seed):
 def test_load_sixteen_clients_random_lengths_and_disconnects():
     """CI's size of the load test: 32 requests from 16 clients (random prompt lengths up to the
     context, a quarter dropped mid-stream) on 4 sessions with a queue of 12: only 200, 400
-    (prompt over the context) and 429 (queue full); healthy after; RSS within 5 %."""
+    (prompt over the context) and 429 (queue full); healthy after; RSS within 5 %.
+    The issue's size: KESTREL_LOAD_REQUESTS=200 (docs/benchmarks.md, Sessions)."""
+    n_requests = int(os.environ.get("KESTREL_LOAD_REQUESTS", "32"))
     s = Server("--ctx", 512, "--parallel", 4, "--queue", 12)
     try:
         load_run(s, 8, 8, 512, seed=1)  # warm-up: allocator pools, thread stacks
         wait_idle(s)
         rss0 = s.rss_kib()
-        results = load_run(s, 32, 16, 512, seed=2)
+        results = load_run(s, n_requests, 16, 512, seed=2)
         wait_idle(s)
         assert set(results) <= {"dropped", 200, 400, 429}, set(results)
         print({k: results.count(k) for k in set(results)})
-        assert results.count(200) >= 16, results
+        assert results.count(200) >= n_requests // 2, results
         assert s.request("GET", "/health") == (200, {"status": "ok"})
         rss1 = s.rss_kib()
         assert rss1 <= rss0 * 1.05, (rss0, rss1)
