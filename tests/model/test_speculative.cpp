@@ -49,10 +49,10 @@ TEST_F(Speculative, ParityPromptsGiveTheSameTokens) {
   const auto goldens = nlohmann::json::parse(in);
   size_t drafted = 0;
   const auto& refs = goldens["references"]["q4_k_m"];
-  for (size_t i = 0; i < refs.size(); ++i) {  // every prompt greedy, every third sampled too (CI time)
+  for (size_t i = 0; i < refs.size(); i += 2) {  // half the prompts greedy, a sixth sampled too (CI time)
     const auto prompt = refs[i]["tokens"].get<std::vector<TokenId>>();
     drafted += same_tokens(*engine_, prompt, 32, 0.0f).drafted_tokens;
-    if (i % 3 == 0) drafted += same_tokens(*engine_, prompt, 32, 0.9f).drafted_tokens;
+    if (i % 6 == 0) drafted += same_tokens(*engine_, prompt, 32, 0.9f).drafted_tokens;
   }
   EXPECT_GT(drafted, 0u);
 }
