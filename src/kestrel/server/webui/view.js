@@ -26,7 +26,7 @@ const KestrelView = (() => {
     if (s.completionTokens !== undefined) parts.push(`${s.completionTokens} token${s.completionTokens === 1 ? '' : 's'}`);
     if (s.cachedTokens !== undefined) parts.push(`${s.cachedTokens} cached`);
     if (s.flashhead !== undefined && s.flashhead !== null) parts.push(`FlashHead ${s.flashhead ? 'on' : 'off'}`);
-    if (s.drafted !== undefined) parts.push(`${s.drafted} drafted / ${s.accepted} accepted`);
+    if (s.drafted) parts.push(`${s.drafted} drafted / ${s.accepted} accepted`);  // none without drafting
     if (msg.stopped) parts.push('stopped');
     else if (s.finish === 'length') parts.push('cut at max tokens');
     return parts.join(' · ');
