@@ -210,6 +210,20 @@ def test_stop_string_cuts_the_text(client, model_id):
     assert "".join(c.choices[0].text for c in chunks if c.choices) == base[:base.index(stop)]
 
 
+def test_an_answer_cut_inside_a_character_ends_and_the_server_goes_on(server):
+    """A 4-byte emoji is 4 byte tokens here: max_tokens 1 or 3 stops inside it. The bytes held
+    back are flushed at the end (once deadlocked the scheduler: its flush queued an event under
+    the lock that completing the request held)."""
+    for stream in (False, True):
+        for max_tokens in (1, 3):
+            body = {"prompt": "\U0001FAE8\U0001FABF\U0001FAE8\U0001FABF\U0001FAE8\U0001FABF\U0001FAE8",
+                    "max_tokens": max_tokens, "temperature": 0, "stream": stream}
+            status, out = server.request("POST", "/v1/completions", body, timeout=60)
+            assert status == 200, out
+    status, out = server.request("POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 2}, timeout=60)
+    assert status == 200 and out["usage"]["completion_tokens"] >= 1
+
+
 def test_seed_reproducibility(client, model_id):
     def sample(seed):
         return client.completions.create(model=model_id, prompt="Once upon a time", max_tokens=24,

@@ -120,6 +120,10 @@ void Scheduler::report_load() {
 }
 
 void Scheduler::complete(const std::shared_ptr<Job>& job, std::exception_ptr error) {
+  // finish() may emit the text it held back (the bytes of a character cut by max_tokens, a
+  // partial stop string): its callback queues an event under job->mu, so not under that lock.
+  GenerateResult result;
+  if (!error && job->generation) result = job->generation->finish();
   if (job->session != nullptr) pool_.release(job->session);
   job->session = nullptr;
   {
@@ -127,7 +131,7 @@ void Scheduler::complete(const std::shared_ptr<Job>& job, std::exception_ptr err
     if (error) {
       job->error = error;
     } else if (job->generation) {
-      job->result = job->generation->finish();
+      job->result = std::move(result);
     }
     job->finished = true;
   }
