@@ -104,6 +104,31 @@ def test_completions_report_cached_tokens(server):
     assert status == 400 and bad["error"]["param"] == "cache_prompt"
 
 
+def test_a_waiting_request_whose_client_left_never_runs():
+    """Requests waiting for a session write a heartbeat about once a second, so one whose client
+    closed the connection is dropped before it takes a session (it used to be prefilled and
+    started first, holding up everyone behind it). Only the running request's prompt counts."""
+    s = Server("--parallel", 1, "--queue", 8)
+    try:
+        first = open_stream(s, 400)
+        first[1].fp.readline()  # running
+        waiting = [open_stream(s, 400) for _ in range(4)]
+        time.sleep(0.3)
+        assert s.metric("kestrel_queue_depth") == 4
+        p0 = s.metric("kestrel_prompt_tokens_total")
+        for conn, resp in waiting:
+            drop(conn, resp)
+        time.sleep(2.5)  # a heartbeat a second notices
+        drop(*first)
+        wait_idle(s)
+        status, one = s.request("POST", "/v1/completions", {"prompt": "Tell me a long story.", "max_tokens": 1})
+        assert status == 200
+        per_prompt = one["usage"]["prompt_tokens"]
+        assert s.metric("kestrel_prompt_tokens_total") - p0 == 2 * per_prompt  # the first and this one
+    finally:
+        assert s.stop() == 0
+
+
 def test_a_full_queue_answers_429_with_retry_after():
     s = Server("--model-name", "m", "--queue", 1)
     try:

@@ -30,6 +30,10 @@ struct GenerateOptions {
   bool render_special = false;     // control tokens appear in the text (Gemma 4 tool-call markers)
   std::vector<TokenId> stop_token_ids;  // more tokens that end generation, besides stop_tokens()
   TokenCallback on_token;          // see TokenCallback
+  /// Scheduler::run: called on the caller's thread about once a second while no token comes
+  /// (waiting for a session, a long prefill); return false to cancel (a client that went away:
+  /// a waiting request then never takes a session).
+  std::function<bool()> on_wait;
   /// Reuse the session's cached prefix of the prompt (llama-server's cache_prompt). Off by
   /// default: a fresh sequence, as the benchmark methodology wants.
   bool cache_prompt = false;

@@ -94,7 +94,11 @@ GenerateResult Scheduler::run(std::span<const TokenId> prompt, const GenerateOpt
   // Deliver the events on this thread; a callback that returns false cancels the request.
   for (;;) {
     std::unique_lock lock(job->mu);
-    job->cv.wait(lock, [&] { return !job->events.empty() || job->finished; });
+    if (!job->cv.wait_for(lock, std::chrono::seconds(1), [&] { return !job->events.empty() || job->finished; })) {
+      lock.unlock();
+      if (!job->cancelled && options.on_wait && !options.on_wait()) job->cancelled = true;
+      continue;
+    }
     if (job->events.empty()) break;  // finished, and everything delivered
     Job::Event e = std::move(job->events.front());
     job->events.pop_front();

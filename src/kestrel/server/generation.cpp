@@ -89,6 +89,7 @@ void App::run_chat(Job& job, const std::function<bool(const std::string&)>& writ
   };
   auto& o = job.options;
   o.on_token = token_callback(job, write, wrote, pending);
+  o.on_wait = [&] { return write(job.stream ? std::string(":\n\n") : std::string(" ")); };  // sees a closed connection
   if (job.stream) {
     write(sse_event(chat_chunk(job.meta, {{"role", "assistant"}, {"content", ""}}, "", nullptr, job.include_usage)));
   }
@@ -145,6 +146,7 @@ void App::run_completion(Job& job, const std::function<bool(const std::string&)>
     size_t offset = 0;
     auto o = job.options;
     o.on_token = token_callback(job, write, wrote, pending);
+    o.on_wait = [&] { return write(job.stream ? std::string(":\n\n") : std::string(" ")); };
     runtime::TextCallback on_text = [&](std::string_view piece) {
       if (!job.stream) return write("");
       json lp = nullptr;
