@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <iterator>
 #include <string>
 #include <utility>
 
@@ -66,17 +68,20 @@ GemmaDecoder::Scratch::Scratch(const GemmaConfig& c, size_t n) {
     n_rot = std::max(n_rot, l.rope.n_rot);
     d_ff = std::max(d_ff, l.d_ff);
   }
-  x.resize(n * c.d_model);
-  xn.resize(n * c.d_model);
-  q.resize(n * q_dim);
-  attn.resize(n * q_dim);
-  k.resize(n * kv_dim);
-  v.resize(n * kv_dim);
-  cos_sin.resize(n * n_rot);
-  gate.resize(n * d_ff);
-  up.resize(n * d_ff);
-  pl.resize(n * c.n_layers() * c.ple_dim);
-  ple_gate.resize(n * c.ple_dim);
+  constexpr size_t kAlign = 64 / sizeof(float);
+  const auto padded = [](size_t floats) { return (floats + kAlign - 1) / kAlign * kAlign; };
+  float** const arrays[] = {&x, &xn, &q, &attn, &k, &v, &cos_sin, &gate, &up, &pl, &ple_gate};
+  const size_t sizes[] = {n * c.d_model, n * c.d_model, n * q_dim, n * q_dim, n * kv_dim, n * kv_dim,
+                          n * n_rot, n * d_ff, n * d_ff, n * c.n_layers() * c.ple_dim, n * c.ple_dim};
+  size_t total = kAlign;
+  for (const size_t floats : sizes) total += padded(floats);
+  arena_.resize(total);
+  const auto base = reinterpret_cast<uintptr_t>(arena_.data());
+  size_t offset = ((base + 63) / 64 * 64 - base) / sizeof(float);  // to the first 64-byte boundary
+  for (size_t i = 0; i < std::size(sizes); ++i) {
+    *arrays[i] = arena_.data() + offset;
+    offset += padded(sizes[i]);
+  }
 }
 
 GemmaDecoder::GemmaDecoder(const gguf::File& file, const LoadOptions& options, ThreadPool& pool)
@@ -116,14 +121,14 @@ GemmaDecoder::GemmaDecoder(const gguf::File& file, const LoadOptions& options, T
     Layer l;
     l.attn_norm = store_.vector(blk(il, "attn_norm"), c.d_model);
     l.wq = store_.matrix(blk(il, "attn_q"), q_dim, c.d_model);
-    l.q_norm = store_.vector(blk(il, "attn_q_norm"), hd);
     if (c.owns_kv(il)) {
       l.wk = store_.matrix(blk(il, "attn_k"), kv_dim, c.d_model);
       if (!c.v_optional || store_.has(blk(il, "attn_v")) || store_.has(blk(il, "attn_v") + image::kQ4Suffix)) {
         l.wv = store_.matrix(blk(il, "attn_v"), kv_dim, c.d_model);
       }
-      l.k_norm = store_.vector(blk(il, "attn_k_norm"), hd);
     }
+    l.q_norm = store_.vector(blk(il, "attn_q_norm"), hd);
+    if (c.owns_kv(il)) l.k_norm = store_.vector(blk(il, "attn_k_norm"), hd);
     l.wo = store_.matrix(blk(il, "attn_output"), c.d_model, q_dim);
     l.post_attn_norm = store_.vector(blk(il, "post_attention_norm"), c.d_model);
     l.ffn_norm = store_.vector(blk(il, "ffn_norm"), c.d_model);
@@ -248,12 +253,12 @@ void GemmaDecoder::forward_chunk(std::span<const TokenId> tokens, std::span<cons
       kernels::scale_inplace(&s.x[t * d], c.embed_scale, d);
     }
   });
-  if (c.ple_dim > 0) ple_.compute(tokens, s.x.data(), s.pl.data(), pool, observer);
+  if (c.ple_dim > 0) ple_.compute(tokens, s.x, s.pl, pool, observer);
   for (size_t il = 0; il < c.n_layers(); ++il) {
     attention_block(il, n, segs, s, pool, observer);
     mlp_block(il, n, s, pool, observer);
     if (c.ple_dim > 0) ple_block(il, n, s, pool, observer);
-    if (layers_[il].out_scale != 1.0f) kernels::scale_inplace(s.x.data(), layers_[il].out_scale, n * d);
+    if (layers_[il].out_scale != 1.0f) kernels::scale_inplace(s.x, layers_[il].out_scale, n * d);
   }
   // Each segment: its tokens into its cache, rms(x) · w_out of the rows `which` asks for.
   for (const Segment& seg : segs) {
@@ -274,18 +279,18 @@ void GemmaDecoder::attention_block(size_t il, size_t n, std::span<const Segment>
   const size_t d = c.d_model, hd = lc.head_dim, n_kv = lc.n_kv_heads, n_rot = lc.rope.n_rot;
   const size_t q_dim = c.n_heads * hd, kv_dim = n_kv * hd;
   const bool owns_kv = c.owns_kv(il);
-  rms_norm_rows(s.x.data(), l.attn_norm, s.xn.data(), n, d, c.rms_eps, pool);
+  rms_norm_rows(s.x, l.attn_norm, s.xn, n, d, c.rms_eps, pool);
   if (observer) {
-    observer->observe(blk(il, "attn_q"), s.xn.data(), n, d);
-    if (owns_kv) observer->observe(blk(il, "attn_k"), s.xn.data(), n, d);
-    if (owns_kv && l.wv.data != nullptr) observer->observe(blk(il, "attn_v"), s.xn.data(), n, d);
+    observer->observe(blk(il, "attn_q"), s.xn, n, d);
+    if (owns_kv) observer->observe(blk(il, "attn_k"), s.xn, n, d);
+    if (owns_kv && l.wv.data != nullptr) observer->observe(blk(il, "attn_v"), s.xn, n, d);
   }
-  kernels::MatmulOutput qkv[3] = {{&l.wq, s.q.data(), q_dim}};
+  kernels::MatmulOutput qkv[3] = {{&l.wq, s.q, q_dim}};
   size_t n_out = 1;
-  if (owns_kv) qkv[n_out++] = {&l.wk, s.k.data(), kv_dim};
-  if (owns_kv && l.wv.data != nullptr) qkv[n_out++] = {&l.wv, s.v.data(), kv_dim};
-  kernels::matmul_same_input({qkv, n_out}, s.xn.data(), n, d, pool);
-  if (owns_kv && l.wv.data == nullptr) std::copy_n(s.k.data(), n * kv_dim, s.v.data());
+  if (owns_kv) qkv[n_out++] = {&l.wk, s.k, kv_dim};
+  if (owns_kv && l.wv.data != nullptr) qkv[n_out++] = {&l.wv, s.v, kv_dim};
+  kernels::matmul_same_input({qkv, n_out}, s.xn, n, d, pool);
+  if (owns_kv && l.wv.data == nullptr) std::copy_n(s.k, n * kv_dim, s.v);
 
   pool.parallel_for(n, 1, [&](size_t b, size_t e) {
     for (size_t t = b; t < e; ++t) {
@@ -318,9 +323,9 @@ void GemmaDecoder::attention_block(size_t il, size_t n, std::span<const Segment>
     cached_attention(shape, &s.q[seg.first * q_dim], seg.n, seg.pos0, seg.cache->layers[lc.kv_source],
                      &s.attn[seg.first * q_dim], pool);
   }
-  if (observer) observer->observe(blk(il, "attn_output"), s.attn.data(), n, q_dim);
-  kernels::matmul(l.wo, s.attn.data(), n, q_dim, s.xn.data(), d, pool);
-  add_post_normed(s.x.data(), s.xn.data(), l.post_attn_norm, n, d, c.rms_eps, pool);
+  if (observer) observer->observe(blk(il, "attn_output"), s.attn, n, q_dim);
+  kernels::matmul(l.wo, s.attn, n, q_dim, s.xn, d, pool);
+  add_post_normed(s.x, s.xn, l.post_attn_norm, n, d, c.rms_eps, pool);
 }
 
 void GemmaDecoder::mlp_block(size_t il, size_t n, Scratch& s, ThreadPool& pool,
@@ -328,18 +333,18 @@ void GemmaDecoder::mlp_block(size_t il, size_t n, Scratch& s, ThreadPool& pool,
   const GemmaConfig& c = config_;
   const Layer& l = layers_[il];
   const size_t d = c.d_model, f = c.layers[il].d_ff;
-  rms_norm_rows(s.x.data(), l.ffn_norm, s.xn.data(), n, d, c.rms_eps, pool);
+  rms_norm_rows(s.x, l.ffn_norm, s.xn, n, d, c.rms_eps, pool);
   if (observer) {
-    for (const char* m : {"ffn_gate", "ffn_up"}) observer->observe(blk(il, m), s.xn.data(), n, d);
+    for (const char* m : {"ffn_gate", "ffn_up"}) observer->observe(blk(il, m), s.xn, n, d);
   }
-  const kernels::MatmulOutput gate_up[] = {{&l.gate, s.gate.data(), f}, {&l.up, s.up.data(), f}};
-  kernels::matmul_same_input(gate_up, s.xn.data(), n, d, pool);
+  const kernels::MatmulOutput gate_up[] = {{&l.gate, s.gate, f}, {&l.up, s.up, f}};
+  kernels::matmul_same_input(gate_up, s.xn, n, d, pool);
   pool.parallel_for(n, 1, [&](size_t b, size_t e) {
     kernels::gelu_tanh_mul(&s.gate[b * f], &s.up[b * f], &s.gate[b * f], (e - b) * f);
   });
-  if (observer) observer->observe(blk(il, "ffn_down"), s.gate.data(), n, f);
-  kernels::matmul(l.down, s.gate.data(), n, f, s.xn.data(), d, pool);
-  add_post_normed(s.x.data(), s.xn.data(), l.post_ffn_norm, n, d, c.rms_eps, pool);
+  if (observer) observer->observe(blk(il, "ffn_down"), s.gate, n, f);
+  kernels::matmul(l.down, s.gate, n, f, s.xn, d, pool);
+  add_post_normed(s.x, s.xn, l.post_ffn_norm, n, d, c.rms_eps, pool);
 }
 
 // x += rms(W_proj (gelu(W_gate x) · pl_i)) · w_post_norm, pl_i this layer's per-layer input.
@@ -348,14 +353,14 @@ void GemmaDecoder::ple_block(size_t il, size_t n, Scratch& s, ThreadPool& pool,
   const GemmaConfig& c = config_;
   const Layer& l = layers_[il];
   const size_t d = c.d_model, p = c.ple_dim, width = c.n_layers() * p;
-  if (observer) observer->observe(blk(il, "inp_gate"), s.x.data(), n, d);
-  kernels::matmul(l.ple_gate, s.x.data(), n, d, s.ple_gate.data(), p, pool);
+  if (observer) observer->observe(blk(il, "inp_gate"), s.x, n, d);
+  kernels::matmul(l.ple_gate, s.x, n, d, s.ple_gate, p, pool);
   for (size_t t = 0; t < n; ++t) {
     kernels::gelu_tanh_mul(&s.ple_gate[t * p], &s.pl[t * width + il * p], &s.ple_gate[t * p], p);
   }
-  if (observer) observer->observe(blk(il, "proj"), s.ple_gate.data(), n, p);
-  kernels::matmul(l.ple_proj, s.ple_gate.data(), n, p, s.xn.data(), d, pool);
-  add_post_normed(s.x.data(), s.xn.data(), l.ple_post_norm, n, d, c.rms_eps, pool);
+  if (observer) observer->observe(blk(il, "proj"), s.ple_gate, n, p);
+  kernels::matmul(l.ple_proj, s.ple_gate, n, p, s.xn, d, pool);
+  add_post_normed(s.x, s.xn, l.ple_post_norm, n, d, c.rms_eps, pool);
 }
 
 }  // namespace kestrel::model

@@ -77,18 +77,26 @@ class GemmaDecoder final : public Model {
     float* hidden = nullptr;  // final hidden states per `which` (kAll: n rows, kLast: the last), or null
   };
 
-  /// Activations of one chunk, sized once for its rows and the widest layer and reused by every
-  /// layer (float32, row-major, one row per token).
-  struct Scratch {
-    std::vector<float> x;        // [n, d_model] the residual stream
-    std::vector<float> xn;       // [n, d_model] normed input of a block, then its output
-    std::vector<float> q, attn;  // [n, n_heads * head_dim]
-    std::vector<float> k, v;     // [n, n_kv_heads * head_dim]
-    std::vector<float> cos_sin;  // [n, n_rot]
-    std::vector<float> gate, up; // [n, d_ff]
-    std::vector<float> pl;       // [n, n_layers * ple_dim] per-layer inputs
-    std::vector<float> ple_gate; // [n, ple_dim]
+  /// Activations of one chunk, float32 row-major with one row per token, in one allocation
+  /// sized for the chunk's rows and the widest layer and reused by every layer. Each array
+  /// starts on a 64-byte boundary.
+  class Scratch {
+   public:
     Scratch(const GemmaConfig& c, size_t n);
+    float* x = nullptr;         // [n, d_model] the residual stream
+    float* xn = nullptr;        // [n, d_model] normed input of a block, then its output
+    float* q = nullptr;         // [n, n_heads * head_dim]
+    float* attn = nullptr;      // [n, n_heads * head_dim]
+    float* k = nullptr;         // [n, n_kv_heads * head_dim]
+    float* v = nullptr;         // [n, n_kv_heads * head_dim]
+    float* cos_sin = nullptr;   // [n, n_rot]
+    float* gate = nullptr;      // [n, d_ff]
+    float* up = nullptr;        // [n, d_ff]
+    float* pl = nullptr;        // [n, n_layers * ple_dim] per-layer inputs
+    float* ple_gate = nullptr;  // [n, ple_dim]
+
+   private:
+    std::vector<float> arena_;
   };
 
   /// Throws kestrel::Error when forward_hidden(tokens, cache) could not run: no tokens, a cache
