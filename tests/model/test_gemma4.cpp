@@ -19,7 +19,7 @@
 #include "kestrel/image/hf_gemma3.h"
 #include "kestrel/image/hf_gemma4.h"
 #include "kestrel/image/tensor_types.h"
-#include "kestrel/model/gemma4.h"
+#include "kestrel/model/gemma_config.h"
 #include "kestrel/model/model.h"
 #include "kestrel/text/tokenizer.h"
 
@@ -242,20 +242,44 @@ INSTANTIATE_TEST_SUITE_P(Models, Gemma4Tiny, ::testing::Values("e2b_tiny", "e4b_
 
 TEST(Gemma4Config, KvSharingFollowsTheLastOwnerOfEachType) {
   const gguf::File file = gguf::File::open(data_dir("e4b_tiny") / "model.gguf");
-  const Gemma4Config c = Gemma4Config::from_gguf(file);
+  const GemmaConfig c = GemmaConfig::from_gguf(file);
   // (sliding x3, full) x2, 4 shared layers: owners 0..3; sliding 4,5,6 read 2, full 7 reads 3.
-  EXPECT_EQ(c.first_shared(), 4u);
-  EXPECT_EQ(c.kv_source(1), 1u);
-  EXPECT_EQ(c.kv_source(4), 2u);
-  EXPECT_EQ(c.kv_source(6), 2u);
-  EXPECT_EQ(c.kv_source(7), 3u);
-  EXPECT_EQ(c.head_dim(0), 32u);
-  EXPECT_EQ(c.head_dim(3), 64u);
+  ASSERT_EQ(c.n_layers(), 8u);
+  EXPECT_TRUE(c.owns_kv(3));
+  EXPECT_FALSE(c.owns_kv(4));
+  EXPECT_EQ(c.layers[1].kv_source, 1u);
+  EXPECT_EQ(c.layers[4].kv_source, 2u);
+  EXPECT_EQ(c.layers[6].kv_source, 2u);
+  EXPECT_EQ(c.layers[7].kv_source, 3u);
+  EXPECT_EQ(c.layers[0].head_dim, 32u);
+  EXPECT_EQ(c.layers[3].head_dim, 64u);
+  EXPECT_EQ(c.layers[0].window, 8u);
+  EXPECT_EQ(c.layers[3].window, 0u);
+  EXPECT_TRUE(c.layers[3].rope.freq_factors);
+  EXPECT_FALSE(c.layers[0].rope.freq_factors);
+  EXPECT_FLOAT_EQ(c.layers[0].query_scale, 1.0f);
+  EXPECT_TRUE(c.v_norm);
+  EXPECT_EQ(c.ple_dim, 16u);
   const gguf::File e2b = gguf::File::open(data_dir("e2b_tiny") / "model.gguf");
-  const Gemma4Config c2 = Gemma4Config::from_gguf(e2b);
-  EXPECT_EQ(c2.d_ff[2], 96u);   // KV-owning layer
-  EXPECT_EQ(c2.d_ff[3], 192u);  // double-wide on KV-shared layers
+  const GemmaConfig c2 = GemmaConfig::from_gguf(e2b);
+  EXPECT_EQ(c2.layers[2].d_ff, 96u);   // KV-owning layer
+  EXPECT_EQ(c2.layers[3].d_ff, 192u);  // double-wide on KV-shared layers
   EXPECT_FLOAT_EQ(c2.final_softcap, 30.0f);
+}
+
+TEST(Gemma4Config, AKvSharedLayerMustReadAnOwnerOfItsShape) {
+  const gguf::File file = gguf::File::open(data_dir("e4b_tiny") / "model.gguf");
+  GemmaConfig c = GemmaConfig::from_gguf(file);
+  EXPECT_NO_THROW(c.validate());
+  GemmaConfig other_type = c;
+  other_type.layers[7].kv_source = 2;  // a full layer reading a sliding layer's cache
+  EXPECT_THROW(other_type.validate(), Error);
+  GemmaConfig later = c;
+  later.layers[2].kv_source = 3;  // a source after the layer
+  EXPECT_THROW(later.validate(), Error);
+  GemmaConfig odd_rope = c;
+  odd_rope.layers[0].rope.n_rot = 31;
+  EXPECT_THROW(odd_rope.validate(), Error);
 }
 
 }  // namespace

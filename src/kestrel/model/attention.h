@@ -1,6 +1,7 @@
 // Causal (optionally sliding-window) grouped-query attention of a chunk of queries over a
-// layer's fp16 KV cache, split over the thread pool. Used by Gemma 4, whose layers differ in
-// head size and may read another layer's cache (KV sharing).
+// layer's fp16 KV cache, split over the thread pool. The Gemma decoder calls it on every layer
+// with that layer's shape (Gemma 4's layers differ in head size) and cache (a KV-shared layer
+// reads its source layer's).
 #pragma once
 
 #include <cstddef>

@@ -8,8 +8,7 @@
 #include <vector>
 
 #include "kestrel/base/error.h"
-#include "kestrel/model/gemma3.h"
-#include "kestrel/model/gemma4.h"
+#include "kestrel/model/gemma_decoder.h"
 
 namespace kestrel::model {
 
@@ -74,10 +73,9 @@ std::string format_bytes(size_t bytes) {
 
 std::unique_ptr<Model> load_model(const gguf::File& file, const LoadOptions& options,
                                   ThreadPool& pool) {
-  const std::string arch = file.get_string("general.architecture");
-  if (arch == "gemma3") return std::make_unique<Gemma3Model>(file, options, pool);
-  if (arch == "gemma4") return std::make_unique<Gemma4Model>(file, options, pool);
-  throw Error("unsupported model architecture '" + arch + "' (supported: gemma3, gemma4)");
+  // Every supported architecture is a configuration of the Gemma decoder; GemmaConfig::from_gguf
+  // rejects the others before any weight is read.
+  return std::make_unique<GemmaDecoder>(file, options, pool);
 }
 
 }  // namespace kestrel::model
