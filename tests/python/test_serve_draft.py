@@ -67,3 +67,9 @@ def test_bad_draft_option_is_a_usage_error():
     import subprocess
     r = subprocess.run([str(KESTREL), "serve", "--draft", "mtp"], capture_output=True, text=True)
     assert r.returncode != 0 and "--draft" in r.stderr
+
+
+def test_props_say_whether_the_server_drafts(servers):
+    drafting, plain = servers
+    assert drafting.request("GET", "/props")[1]["speculative"] == {"draft": "ngram", "draft_max": 6}
+    assert plain.request("GET", "/props")[1]["speculative"] is None

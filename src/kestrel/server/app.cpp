@@ -228,7 +228,9 @@ json App::props() const {
           {"chat_format", chat_template_ == ChatTemplate::kGemma4 ? "gemma4" : "gemma3"},
           {"instruction_tuned", engine_->has_chat_template()},
           {"flashhead", flashhead},
-          {"speculative", nullptr}};
+          {"speculative", draft_mode_ == runtime::DraftMode::kNone || options_.draft_max == 0
+                              ? json(nullptr)
+                              : json{{"draft", options_.draft}, {"draft_max", options_.draft_max}}}};
 }
 
 std::shared_ptr<void> App::admit() {
