@@ -135,6 +135,19 @@ def test_controls_are_labelled_for_screen_readers(browser, server):
     assert toggle.get_attribute("aria-expanded") == "false"
     toggle.click()
     assert toggle.get_attribute("aria-expanded") == "true" and by_id(browser, "settings").is_displayed()
+    # Escape closes it from the keyboard and gives the focus back to its button.
+    from selenium.webdriver.common.keys import Keys
+    by_id(browser, "temperature").send_keys(Keys.ESCAPE)
+    assert toggle.get_attribute("aria-expanded") == "false" and not by_id(browser, "settings").is_displayed()
+    assert browser.switch_to.active_element == toggle
+
+
+def test_extra_fields_cannot_take_over_the_request(browser, server):
+    open_chat(browser, server)
+    set_fields(browser, extra='{"stream": false}')
+    type_and_enter(browser, "Hello")
+    wait_for(lambda: "set by the page" in by_id(browser, "settings-error").text, 10, "the settings error")
+    set_fields(browser, extra="")
 
 
 def test_enter_sends_and_the_reply_streams(browser, server):

@@ -231,9 +231,14 @@
       }
     });
     document.addEventListener('keydown', (e) => {
-      if (e.key === 'Escape' && state.controller) {
+      if (e.key !== 'Escape') return;
+      if (state.controller) {
         e.preventDefault();
         stop();
+      } else if (!$('settings').hidden) {
+        e.preventDefault();
+        setSettingsOpen(false);
+        $('settings-toggle').focus();
       }
     });
     $('stop').addEventListener('click', stop);

@@ -53,6 +53,10 @@ const KestrelSettings = (() => {
       if (!fields || typeof fields !== 'object' || Array.isArray(fields)) {
         throw new Error('extra request fields must be a JSON object');
       }
+      // The page streams the conversation it shows: these stay its own.
+      for (const key of ['stream', 'stream_options', 'messages', 'model']) {
+        if (key in fields) throw new Error(`extra request fields: "${key}" is set by the page`);
+      }
       Object.assign(out, fields);
     }
     return out;
