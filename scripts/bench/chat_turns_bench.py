@@ -18,20 +18,11 @@ import sys
 import time
 from pathlib import Path
 
+from machine import cpu
 from serve_client import served
 
 ROOT = Path(__file__).resolve().parents[2]
 OASST = ROOT.parent / "shared" / "data" / "oasst" / "en-validation.jsonl"
-
-
-def cpu():
-    flags, name = "", ""
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name") and not name:
-            name = line.split(":", 1)[1].strip()
-        if line.startswith("flags") and not flags:
-            flags = " ".join(f for f in line.split(":", 1)[1].split() if f.startswith(("avx", "amx", "fma", "f16c")))
-    return name, flags
 
 
 def texts():

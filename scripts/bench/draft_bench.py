@@ -22,6 +22,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from machine import cpu
+
 ROOT = Path(__file__).resolve().parents[2]
 WIKITEXT = ROOT.parent / "shared" / "data" / "wikitext2" / "wiki.test.raw"
 KESTREL = ROOT / "build" / "kestrel"
@@ -90,16 +92,6 @@ def run(model, prompt, mode, args, extra):
         cmd += ["--temp", "0"]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
-
-
-def cpu():
-    flags, name = "", ""
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name") and not name:
-            name = line.split(":", 1)[1].strip()
-        if line.startswith("flags") and not flags:
-            flags = " ".join(f for f in line.split(":", 1)[1].split() if f.startswith(("avx", "amx", "fma", "f16c")))
-    return name, flags
 
 
 def main():
