@@ -224,6 +224,23 @@ def test_an_answer_cut_inside_a_character_ends_and_the_server_goes_on(server):
     assert status == 200 and out["usage"]["completion_tokens"] >= 1
 
 
+def test_shutdown_mid_stream_ends_the_stream_with_an_error():
+    """SIGTERM while a stream runs: the stream ends with an error event saying the server stops
+    (it used to end after an ordinary chunk, so a client could not tell the answer was cut)."""
+    s = Server()
+    conn, resp = open_stream(s, 2000)
+    try:
+        for _ in range(6):
+            resp.fp.readline()
+        s.proc.terminate()
+        rest = resp.fp.read().decode(errors="replace")  # raw: the lines above were read raw too
+        events = [line for line in rest.splitlines() if line.startswith("data: ")]
+        assert events and "error" in events[-1] and "stopping" in events[-1], rest[-400:]
+    finally:
+        conn.close()
+        assert s.stop() == 0
+
+
 def test_seed_reproducibility(client, model_id):
     def sample(seed):
         return client.completions.create(model=model_id, prompt="Once upon a time", max_tokens=24,

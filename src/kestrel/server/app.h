@@ -108,6 +108,8 @@ class App {
   void run_completion(Job& job, const std::function<bool(const std::string&)>& write);
   // Token callback: TTFT/ITL metrics, a heartbeat write when a token produced no output
   // (so that a closed connection is noticed), and logprobs collection for streaming.
+  /// After a cancelled generation: throws kestrel::Error when the server is stopping.
+  void cut_short() const;
   runtime::TokenCallback token_callback(Job& job, const std::function<bool(const std::string&)>& write,
                                         bool& wrote, std::vector<runtime::StepLogprobs>& pending);
 

@@ -37,6 +37,12 @@ runtime::GenerateResult App::generate(const std::vector<TokenId>& prompt, const 
   return result;
 }
 
+void App::cut_short() const {
+  // A client that went away reads nothing more; one cut by the server's shutdown gets an error
+  // (run_job writes it) instead of a stream that just ends, so it knows the answer is incomplete.
+  if (stopping_) throw Error("the server is stopping; the answer was cut short");
+}
+
 void App::run_job(Job& job, httplib::DataSink& sink) {
   bool alive = true;
   std::function<bool(const std::string&)> write = [&](const std::string& s) {
@@ -98,7 +104,7 @@ void App::run_chat(Job& job, const std::function<bool(const std::string&)>& writ
     return write("");
   };
   runtime::GenerateResult result = generate(job.prompts[0], o, on_text);
-  if (result.cancelled) return;
+  if (result.cancelled) return cut_short();
   const json usage = usage_json(result.prompt_tokens, result.tokens.size(), result.cached_tokens,
                                 result.drafted_tokens, result.accepted_tokens);
   if (job.stream) {
@@ -161,7 +167,7 @@ void App::run_completion(Job& job, const std::function<bool(const std::string&)>
       return write(sse_event(chunk));
     };
     runtime::GenerateResult result = generate(job.prompts[i], o, on_text);
-    if (result.cancelled) return;
+    if (result.cancelled) return cut_short();
     prompt_tokens += result.prompt_tokens;
     cached_tokens += result.cached_tokens;
     completion_tokens += result.tokens.size();
