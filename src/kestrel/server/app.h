@@ -106,12 +106,13 @@ class App {
   void run_job(Job& job, httplib::DataSink& sink);
   void run_chat(Job& job, const std::function<bool(const std::string&)>& write);
   void run_completion(Job& job, const std::function<bool(const std::string&)>& write);
-  // Token callback: TTFT/ITL metrics, a heartbeat write when a token produced no output
-  // (so that a closed connection is noticed), and logprobs collection for streaming.
   /// After a cancelled generation: throws kestrel::Error when the server is stopping.
   void cut_short() const;
-  runtime::TokenCallback token_callback(Job& job, const std::function<bool(const std::string&)>& write,
-                                        bool& wrote, std::vector<runtime::StepLogprobs>& pending);
+  // Sets o.on_token (TTFT/ITL metrics, a heartbeat write when a token produced no output, and
+  // logprobs collection for streaming) and o.on_wait (a heartbeat while no token comes), so
+  // that a closed connection is noticed whatever the request is doing.
+  void watch_connection(Job& job, runtime::GenerateOptions& o, const std::function<bool(const std::string&)>& write,
+                        bool& wrote, std::vector<runtime::StepLogprobs>& pending);
 
   ServerOptions options_;
   runtime::DraftMode draft_mode_;

@@ -6,11 +6,14 @@
 
 namespace kestrel::server {
 
-runtime::TokenCallback App::token_callback(Job& job, const std::function<bool(const std::string&)>& write,
-                                           bool& wrote, std::vector<runtime::StepLogprobs>& pending) {
+void App::watch_connection(Job& job, runtime::GenerateOptions& o, const std::function<bool(const std::string&)>& write,
+                           bool& wrote, std::vector<runtime::StepLogprobs>& pending) {
+  // An SSE comment, or whitespace before a JSON body: written to learn whether the client is there.
+  const std::string heartbeat = job.stream ? ":\n\n" : " ";
+  o.on_wait = [&write, heartbeat] { return write(heartbeat); };
   auto last = std::make_shared<Clock::time_point>();
   auto count = std::make_shared<size_t>(0);
-  return [this, &job, &write, &wrote, &pending, last, count](TokenId, const runtime::StepLogprobs* lp) {
+  o.on_token = [this, &job, &write, &wrote, &pending, heartbeat, last, count](TokenId, const runtime::StepLogprobs* lp) {
     const auto now = Clock::now();
     if ((*count)++ == 0) {
       metrics_.ttft(std::chrono::duration<double>(now - job.arrival).count());
@@ -22,7 +25,7 @@ runtime::TokenCallback App::token_callback(Job& job, const std::function<bool(co
     // A token whose text is held back (a possible stop string, a tool call being collected)
     // writes nothing; the heartbeat makes a closed connection fail this step instead.
     bool alive = !stopping_;
-    if (alive && !wrote && *count > 1) alive = write(job.stream ? std::string(":\n\n") : std::string(" "));
+    if (alive && !wrote && *count > 1) alive = write(heartbeat);
     wrote = false;
     return alive;
   };
@@ -94,8 +97,7 @@ void App::run_chat(Job& job, const std::function<bool(const std::string&)>& writ
     }
   };
   auto& o = job.options;
-  o.on_token = token_callback(job, write, wrote, pending);
-  o.on_wait = [&] { return write(job.stream ? std::string(":\n\n") : std::string(" ")); };  // sees a closed connection
+  watch_connection(job, o, write, wrote, pending);
   if (job.stream) {
     write(sse_event(chat_chunk(job.meta, {{"role", "assistant"}, {"content", ""}}, "", nullptr, job.include_usage)));
   }
@@ -151,8 +153,7 @@ void App::run_completion(Job& job, const std::function<bool(const std::string&)>
     bool wrote = true;
     size_t offset = 0;
     auto o = job.options;
-    o.on_token = token_callback(job, write, wrote, pending);
-    o.on_wait = [&] { return write(job.stream ? std::string(":\n\n") : std::string(" ")); };
+    watch_connection(job, o, write, wrote, pending);
     runtime::TextCallback on_text = [&](std::string_view piece) {
       if (!job.stream) return write("");
       json lp = nullptr;
