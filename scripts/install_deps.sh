@@ -37,6 +37,11 @@ pip_quiet() {
 }
 echo "== pip: scripts/requirements.txt"
 pip_quiet -r scripts/requirements.txt
+# xgrammar's Python package, the tests' reference for structured output, without torch and
+# triton (gigabytes; the tests never use them): tests/python/xgrammar_ref.py loads it.
+pip_quiet --no-deps xgrammar==0.2.8 apache-tvm-ffi==0.1.15.post2
+# xgrammar's C++ core (structured output) into ${KESTREL_DEPS:-~/.cache/kestrel/deps}.
+scripts/build_xgrammar.sh
 # With --peers, or when some llama-cpp-python is installed already (so that the test command,
 # which runs without --peers, repairs a default build before its tests use it):
 if [[ "${1:-}" == "--peers" ]] || "$PY" -c "import llama_cpp" 2>/dev/null; then
