@@ -48,7 +48,9 @@ def load_xgrammar():
     try:
         _module = importlib.import_module("xgrammar")
     except Exception as e:  # a broken install raises more than ImportError
+        raise ImportError(f"xgrammar does not import: {e!r}") from e
+    finally:
+        # xgrammar keeps its own reference; a later `import torch` elsewhere must still fail.
         if stubbed:
             del sys.modules["torch"]
-        raise ImportError(f"xgrammar does not import: {e!r}") from e
     return _module
