@@ -14,6 +14,7 @@
 #include "kestrel/runtime/calibration.h"
 #include "kestrel/runtime/engine.h"
 #include "kestrel/runtime/flashhead_eval.h"
+#include "kestrel/runtime/grammar.h"
 #include "kestrel/runtime/model_path.h"
 #include "kestrel/runtime/session.h"
 #include "image_dir.h"
@@ -159,6 +160,44 @@ TEST_F(FlashHeadImage, GreedyContinuationsMatchTheDenseHead) {
   EXPECT_EQ(n, 20);
   EXPECT_GE(identical, 18) << identical << " of " << n << " continuations identical";
   std::printf("greedy continuations identical: %d of %d\n", identical, n);
+}
+
+// Structured output with FlashHead (runtime/grammar.h). Greedy decoding under a grammar: when
+// a step allows at most kGrammarExactLimit tokens FlashHead scores exactly those, and when it
+// allows none of the candidates the dense head scores the step; either way the step's scores
+// over the allowed tokens are the dense head's, so the tokens equal the dense head's under the
+// same grammar.
+runtime::GenerateResult constrained(runtime::Engine& e, const std::string& pattern, size_t max_tokens) {
+  runtime::GenerateOptions g;
+  g.max_tokens = max_tokens;
+  g.sampler.temperature = 0;
+  g.grammar = e.grammars().compile({runtime::GrammarSpec::Kind::kRegex, pattern});
+  return e.generate(kPrompt, g);
+}
+
+TEST_F(FlashHeadImage, GrammarWithFewAllowedTokensScoresExactlyThose) {
+  auto dense = engine(dir_ / "fh.kimg", runtime::HeadMode::kDense);
+  auto flash = engine(dir_ / "fh.kimg", runtime::HeadMode::kFlash);
+  const std::string pattern = " (Paris|Lyon|Zanzibar|quokka), ([0-9]{2}|none)\\.";
+  const auto f = constrained(flash, pattern, 32), d = constrained(dense, pattern, 32);
+  EXPECT_EQ(f.tokens, d.tokens);
+  EXPECT_EQ(f.finish_reason, "stop");
+  EXPECT_GT(f.grammar_exact_steps, 0u);
+  EXPECT_EQ(f.grammar_exact_steps, f.tokens.size());  // every step allows few tokens
+  EXPECT_EQ(d.grammar_exact_steps + d.grammar_dense_steps, 0u);  // the dense head needs neither
+  std::printf("constrained: '%s'\n", f.text.c_str());
+}
+
+TEST_F(FlashHeadImage, GrammarThatAllowsNoCandidateFallsBackToTheDenseHead) {
+  // After "The capital of France is", thousands of CJK tokens are allowed, but FlashHead's
+  // candidates at one probe (the cluster nearest an English continuation) hold none of them.
+  auto dense = engine(dir_ / "fh.kimg", runtime::HeadMode::kDense);
+  auto flash = engine(dir_ / "fh.kimg", runtime::HeadMode::kFlash, 1);
+  const std::string pattern = "[\u4e00-\u9fff]{1,6}";
+  const auto f = constrained(flash, pattern, 8), d = constrained(dense, pattern, 8);
+  EXPECT_GT(f.grammar_dense_steps, 0u);
+  EXPECT_EQ(f.tokens.front(), d.tokens.front());  // the first step fell back: the dense head's choice
+  EXPECT_FALSE(f.text.empty());
 }
 
 TEST_F(FlashHeadImage, SameTop1OnHeldOutTextAtTheDefaultProbes) {
