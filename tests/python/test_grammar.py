@@ -9,6 +9,8 @@
    detokenizer writes them as nothing), while the HF vocabulary spells them out as text. The
    tokens Kestrel treats so must be HF's special tokens plus at most a few that llama.cpp also
    renders as nothing (end-of-generation texts such as "</s>").
+   For JSON schemas both sides bound numbers to 16 digits before and after the point, as
+   llama.cpp's converter does (the same text edit of xgrammar's EBNF on both sides).
 2. Answers: every answer generated under a JSON schema parses and validates with the `jsonschema`
    package, and one cut by max_tokens says finish_reason "length".
 """
@@ -151,7 +153,11 @@ def compare(reference, kind, spec_path, spec_text, tokens):
     control = control.copy()
     control[extra] = True
     if kind == "json_schema":
-        compiled = compiler.compile_grammar(xgr.Grammar.from_json_schema(spec_text, any_whitespace=False, strict_mode=True))
+        # Kestrel bounds numbers to 16 + 16 digits as llama.cpp does (grammar.cpp, bound_number_digits)
+        ebnf = str(xgr.Grammar.from_json_schema(spec_text, any_whitespace=False, strict_mode=True))
+        ebnf = ebnf.replace("[1-9] [0-9]*", "[1-9] [0-9]{0,15}")
+        ebnf = ebnf.replace("basic_number_digits{1, -1}", "basic_number_digits{1, 16}")
+        compiled = compiler.compile_grammar(xgr.Grammar.from_ebnf(ebnf))
     elif kind == "regex":
         compiled = compiler.compile_regex(spec_text)
     else:

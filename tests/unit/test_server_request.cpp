@@ -74,8 +74,20 @@ TEST(ChatRequest, WrongTypesAndRangesNameTheField) {
   EXPECT_EQ(chat_error(with(R"("n":2)")), "n");
   EXPECT_EQ(chat_error(with(R"("top_logprobs":2)")), "top_logprobs");  // needs logprobs
   EXPECT_EQ(chat_error(with(R"("logprobs":true,"top_logprobs":21)")), "top_logprobs");
-  EXPECT_EQ(chat_error(with(R"("response_format":{"type":"json_schema"})")), "response_format");
+  EXPECT_EQ(chat_error(with(R"("response_format":{"type":"json_schema"})")), "response_format.json_schema");
+  EXPECT_EQ(chat_error(with(R"("response_format":{"type":"json_schema","json_schema":{"name":"x"}})")),
+            "response_format.json_schema.schema");
+  EXPECT_EQ(chat_error(with(R"("response_format":{"type":"json_schema","json_schema":{"schema":{},"strict":1}})")),
+            "response_format.json_schema.strict");
+  EXPECT_EQ(chat_error(with(R"("response_format":{"type":"json_schema","json_schema":{"schema":{}}})")), "");
   EXPECT_EQ(chat_error(with(R"("response_format":{"type":"json_object"})")), "");
+  EXPECT_EQ(chat_error(with(R"("response_format":{"type":"yaml"})")), "response_format.type");
+  EXPECT_EQ(chat_error(with(R"("grammar":5)")), "grammar");
+  EXPECT_EQ(chat_error(with(R"("grammar":"")")), "grammar");
+  EXPECT_EQ(chat_error(with(R"("json_schema":"{}")")), "json_schema");
+  // one constraint at a time
+  EXPECT_EQ(chat_error(with(R"("grammar":"root ::= \"a\"","json_schema":{})")), "grammar");
+  EXPECT_EQ(chat_error(with(R"("response_format":{"type":"json_object"},"grammar":"root ::= \"a\"")")), "grammar");
   EXPECT_EQ(chat_error(with(R"("tools":{})")), "tools");
   EXPECT_EQ(chat_error(with(R"("tool_choice":"sometimes")")), "tool_choice");
   EXPECT_EQ(chat_error(with(R"("tool_choice":"required")")), "tool_choice");  // without tools

@@ -54,6 +54,23 @@ auto compiled(const char* what, F&& f) {
   }
 }
 
+// Numbers in a JSON Schema grammar get at most 16 digits before the decimal point and 16 after
+// it, as llama.cpp's json-schema-to-grammar writes them (integral part [1-9][0-9]{0,15},
+// decimal part [0-9]{1,16}): a small model may otherwise write digits until max_tokens. A
+// digit-only pattern of the user's, e.g. "[1-9][0-9]*", is bounded the same way; every answer
+// still validates. Works on xgrammar's printed EBNF of the schema (its rule shapes as of 0.2.8;
+// tests/python/test_grammar.py compares the masks with xgrammar's own).
+std::string bound_number_digits(std::string ebnf) {
+  auto replace_all = [&](std::string_view from, std::string_view to) {
+    for (size_t at = ebnf.find(from); at != std::string::npos; at = ebnf.find(from, at + to.size())) {
+      ebnf.replace(at, from.size(), to);
+    }
+  };
+  replace_all("[1-9] [0-9]*", "[1-9] [0-9]{0,15}");
+  replace_all("basic_number_digits{1, -1}", "basic_number_digits{1, 16}");
+  return ebnf;
+}
+
 }  // namespace
 
 struct GrammarCompiler::Impl {
@@ -81,12 +98,15 @@ std::shared_ptr<const CompiledGrammar> GrammarCompiler::compile(const GrammarSpe
       // Compact JSON (", " and ": " separators, no free whitespace): a small model given free
       // whitespace can emit newlines forever; the answer parses the same.
       return make(compiled("JSON schema", [&] {
-        return c.CompileJSONSchema(spec.text, /*any_whitespace=*/false, std::nullopt, std::nullopt, spec.strict);
+        const auto grammar = xgrammar::Grammar::FromJSONSchema(spec.text, /*any_whitespace=*/false, std::nullopt,
+                                                               std::nullopt, spec.strict);
+        return c.CompileGrammar(xgrammar::Grammar::FromEBNF(bound_number_digits(grammar.ToString()), "root"));
       }));
     case Kind::kJsonObject:
       return make(compiled("JSON schema", [&] {
-        return c.CompileJSONSchema(R"({"type": "object"})", /*any_whitespace=*/false, std::nullopt, std::nullopt,
-                                   /*strict_mode=*/false);
+        const auto grammar = xgrammar::Grammar::FromJSONSchema(R"({"type": "object"})", /*any_whitespace=*/false,
+                                                               std::nullopt, std::nullopt, /*strict_mode=*/false);
+        return c.CompileGrammar(xgrammar::Grammar::FromEBNF(bound_number_digits(grammar.ToString()), "root"));
       }));
     case Kind::kRegex:
       return make(compiled("regular expression", [&] { return c.CompileRegex(spec.text); }));

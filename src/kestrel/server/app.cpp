@@ -261,6 +261,9 @@ void App::handle_generate(const httplib::Request& req, httplib::Response& res, c
     // a keyword that would not be enforced, is the client's 400 naming the field.
     std::shared_ptr<const runtime::CompiledGrammar> grammar;
     if (r.grammar) {
+      if (r.grammar->kind == runtime::GrammarSpec::Kind::kJsonSchema) {
+        r.grammar->text = schema_in_client_order(raw, r.grammar_param);
+      }
       try {
         grammar = engine_->grammars().compile(*r.grammar);
       } catch (const runtime::InvalidGrammar& e) {

@@ -363,6 +363,13 @@ GenerationRequest parse_chat_request(const json& body) {
   return r;
 }
 
+std::string schema_in_client_order(std::string_view raw_body, const std::string& param) {
+  const auto body = nlohmann::ordered_json::parse(raw_body);
+  const auto& schema = param == "response_format" ? body.at("response_format").at("json_schema").at("schema")
+                                                  : body.at(param);
+  return schema.dump();
+}
+
 GenerationRequest parse_completion_request(const json& body) {
   GenerationRequest r;
   r.endpoint = Endpoint::kCompletion;

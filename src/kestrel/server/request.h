@@ -67,6 +67,11 @@ inline constexpr size_t kMaxJsonDepth = 64;
 /// a schema object. (Whether a schema or grammar compiles is checked when it is compiled.)
 GenerationRequest parse_chat_request(const nlohmann::json& body);
 
+/// The JSON Schema of a request whose r.grammar came from `param` ("response_format" or
+/// "json_schema"), re-read from the raw body with its keys in the client's order (the parsed
+/// body sorts them, and a schema's property order is the order the answer writes them in).
+std::string schema_in_client_order(std::string_view raw_body, const std::string& param);
+
 /// Validates a /v1/completions body; prompt is a string, an array of strings, an array of
 /// token ids or an array of arrays of token ids. Throws ApiError (400) as parse_chat_request.
 GenerationRequest parse_completion_request(const nlohmann::json& body);
