@@ -9,12 +9,14 @@
    detokenizer writes them as nothing), while the HF vocabulary spells them out as text. The
    tokens Kestrel treats so must be HF's special tokens plus at most a few that llama.cpp also
    renders as nothing (end-of-generation texts such as "</s>").
-   For JSON schemas both sides bound numbers to 16 digits before and after the point, as
-   llama.cpp's converter does (the same text edit of xgrammar's EBNF on both sides).
+   For JSON schemas Python compiles the grammar Kestrel compiled (its EBNF text): xgrammar's own
+   conversion of the schema (asserted equal as text where no date format is involved) with
+   Kestrel's two edits, numbers bounded to 16 + 16 digits and dates as strict RFC 3339 patterns.
 2. Answers: every answer generated under a JSON schema parses and validates with the `jsonschema`
    package, and one cut by max_tokens says finish_reason "length".
 """
 import json
+import re
 import os
 import subprocess
 
@@ -67,7 +69,7 @@ SCHEMAS = {"person": PERSON, "order": ORDER, "numbers": NUMBERS}
 TEXT = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"], "additionalProperties": False}
 HANDWRITTEN = {
     "person": '{"name": "Ann Lee", "age": 31, "email": "ann@example.org", "city": "Kyoto", "tags": ["a", "b c"]}',
-    "order": '{"id": -12, "when": "2024-02-29T10:30:00Z", "items": [{"sku": "ABC-0042", "qty": 3}], "paid": true, "note": null}',
+    "order": '{"id": -12, "when": "2024-12-31T10:30:00.25+05:30", "items": [{"sku": "ABC-0042", "qty": 3}], "paid": true, "note": null}',
     "numbers": '{"x": 3.25, "n": -5}',
     # (xgrammar admits escapes only in strings without length limits)
     "text": '{"text": "caf\\u00e9 \\"quoted\\"\\n\\\\ and caf\u00e9 \u6771\u4eac"}',
@@ -107,7 +109,7 @@ def kestrel_masks(kind, spec_path, tokens):
     lines = [json.loads(line) for line in r.stdout.splitlines()]
     masks = [line for line in lines if "mask" in line]
     accepted = [line["accepted"] for line in lines if "token" in line]
-    return masks, accepted, lines[0]["special"]
+    return masks, accepted, lines[0]["special"], lines[1]["ebnf"]
 
 
 def unpack(hex_words, n_vocab):
@@ -147,16 +149,20 @@ def sampled_tokens(schema_path, prompt, seed, n=80):
 def compare(reference, kind, spec_path, spec_text, tokens):
     compiler, control = reference
     n_vocab = control.size
-    ours, ours_accepted, special = kestrel_masks(kind, spec_path, tokens)
+    ours, ours_accepted, special, ebnf = kestrel_masks(kind, spec_path, tokens)
     extra = sorted(set(special) - set(np.flatnonzero(control).tolist()) - {1, 106})
     assert len(extra) <= 8, f"Kestrel treats {len(extra)} more tokens as control than HF, e.g. {extra[:8]}"
     control = control.copy()
     control[extra] = True
     if kind == "json_schema":
-        # Kestrel bounds numbers to 16 + 16 digits as llama.cpp does (grammar.cpp, bound_number_digits)
-        ebnf = str(xgr.Grammar.from_json_schema(spec_text, any_whitespace=False, strict_mode=True))
-        ebnf = ebnf.replace("[1-9] [0-9]*", "[1-9] [0-9]{0,15}")
-        ebnf = ebnf.replace("basic_number_digits{1, -1}", "basic_number_digits{1, 16}")
+        # Kestrel's edits of a schema's grammar (docs/structured-output.md): dates and times as
+        # strict RFC 3339 patterns, numbers bounded to 16 + 16 digits as llama.cpp does. Without
+        # date formats, its grammar is xgrammar's conversion with the digit bounds, as text.
+        if '"format": "date' not in spec_text and '"format": "time' not in spec_text:
+            theirs = str(xgr.Grammar.from_json_schema(spec_text, any_whitespace=False, strict_mode=True))
+            theirs = theirs.replace("[1-9] [0-9]*", "[1-9] [0-9]{0,15}")
+            theirs = theirs.replace("basic_number_digits{1, -1}", "basic_number_digits{1, 16}")
+            assert str(xgr.Grammar.from_ebnf(theirs)) == ebnf
         compiled = compiler.compile_grammar(xgr.Grammar.from_ebnf(ebnf))
     elif kind == "regex":
         compiled = compiler.compile_regex(spec_text)
@@ -208,7 +214,7 @@ def test_a_token_outside_the_grammar_is_refused(tmp_path, hf_tokenizer):
     spec = tmp_path / "n.json"
     spec.write_text(json.dumps(NUMBERS))
     tokens = hf_tokenizer.encode('{"x": 11', add_special_tokens=False)  # 11 > maximum 10
-    _, accepted, _ = kestrel_masks("json_schema", spec, tokens)
+    _, accepted, _, _ = kestrel_masks("json_schema", spec, tokens)
     assert accepted[-1] is False and all(accepted[:-1])
 
 
@@ -217,3 +223,26 @@ def test_answers_cut_by_max_tokens_say_length(tmp_path):
     spec.write_text(json.dumps(PERSON))
     out = sampled_tokens(spec, PROMPTS["person"], 3, n=5)
     assert out["finish_reason"] == "length" and len(out["tokens"]) == 5
+
+
+def run_cli(*args):
+    return subprocess.run([str(KESTREL), "run", "--raw", "-t", "2", "--temp", "0", "--json", *map(str, args)],
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_cli_regex_lark_grammar_and_errors(tmp_path):
+    r = run_cli("-p", "The year the war ended:", "-n", "12", "--regex", r" (19|20)[0-9]{2}\.")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["finish_reason"] == "stop" and re.fullmatch(r" (19|20)[0-9]{2}\.", out["text"]), out
+    lark = tmp_path / "answer.lark"
+    lark.write_text('start: " " ANSWER "!"\nANSWER: "yes" | "no"\n')
+    r = run_cli("-p", "Is water wet? Answer:", "-n", "8", "--grammar", lark)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["text"] in (" yes!", " no!")
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"type": "array", "items": {"type": "integer"}, "contains": {"const": 3}}))
+    r = run_cli("-p", "x", "-n", "4", "--json-schema", bad)
+    assert r.returncode == 1 and '"contains"' in r.stderr and "kestrel: error:" in r.stderr
+    r = run_cli("-p", "x", "-n", "4", "--regex", "(unclosed")
+    assert r.returncode == 1 and "regular expression" in r.stderr

@@ -146,3 +146,23 @@ def test_metrics_count_flashhead_grammar_steps(server):
     status, text = server.request("GET", "/metrics")
     assert status == 200
     assert "kestrel_grammar_exact_steps_total" in text and "kestrel_grammar_dense_steps_total" in text
+
+
+def test_concurrent_constrained_requests_each_validate(server):
+    from concurrent.futures import ThreadPoolExecutor
+    schemas = [CITY,
+               {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "maximum": 9}},
+                "required": ["ok", "n"], "additionalProperties": False},
+               {"type": "array", "items": {"enum": ["red", "green", "blue"]}, "minItems": 2, "maxItems": 4}]
+
+    def ask(i):
+        body = {"prompt": f"JSON number {i}:\n", "max_tokens": 200, "temperature": 0.8, "seed": i,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schemas[i % 3]}}}
+        return i, server.request("POST", "/v1/completions", body)
+
+    with ThreadPoolExecutor(4) as pool:
+        for i, (status, r) in pool.map(ask, range(6)):
+            assert status == 200, r
+            choice = r["choices"][0]
+            assert choice["finish_reason"] == "stop", choice["text"]
+            valid(choice["text"], schemas[i % 3])

@@ -6,13 +6,15 @@
 // bitmask as hex (32-bit words, bit t of word t/32 for token t, each word 8 hex digits, least
 // significant first), then the token's acceptance: {"token", "accepted"}; stops at a refusal.
 // The first line lists the tokens no grammar may emit (the detokenizer writes them as nothing):
-// {"special": [ids]}.
+// {"special": [ids]}; the second the grammar compiled, as EBNF: {"ebnf": text}.
 #include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "kestrel/formats/gguf.h"
 #include "kestrel/runtime/grammar.h"
@@ -59,7 +61,8 @@ int main(int argc, char** argv) {
     std::stringstream text;
     text << in.rdbuf();
     kestrel::runtime::GrammarCompiler compiler(tokenizer, tokenizer.stop_tokens(), 2);
-    kestrel::runtime::TokenConstraint c(compiler.compile({parse_kind(argv[2]), text.str(), true}));
+    const GrammarSpec spec{parse_kind(argv[2]), text.str(), true};
+    kestrel::runtime::TokenConstraint c(compiler.compile(spec));
     std::string special;
     for (size_t i = 0; i < tokenizer.n_vocab(); ++i) {
       if (tokenizer.token_to_piece(static_cast<kestrel::runtime::TokenId>(i)).empty()) {
@@ -67,6 +70,7 @@ int main(int argc, char** argv) {
       }
     }
     std::printf("{\"special\": [%s]}\n", special.c_str());
+    std::printf("%s\n", nlohmann::json{{"ebnf", compiler.ebnf(spec)}}.dump().c_str());
     std::vector<kestrel::runtime::TokenId> tokens;
     for (long long t; std::cin >> t;) tokens.push_back(static_cast<kestrel::runtime::TokenId>(t));
     for (size_t i = 0; i <= tokens.size(); ++i) {

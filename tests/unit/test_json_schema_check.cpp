@@ -5,6 +5,8 @@
 
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "kestrel/runtime/grammar.h"
 
 using kestrel::runtime::check_json_schema;
@@ -206,4 +208,17 @@ TEST(JsonSchemaCheck, RejectsDeepNesting) {
   schema += "true";
   for (int i = 0; i < 300; ++i) schema += "}";
   EXPECT_THROW(check_json_schema(schema), InvalidGrammar);
+}
+
+TEST(StrictDateFormats, FormatsBecomePatternsAndDataIsLeftAlone) {
+  const auto out = nlohmann::json::parse(kestrel::runtime::with_strict_date_formats(
+      R"({"type":"object","properties":{"d":{"type":"string","format":"date"},"t":{"type":"string","format":"date-time"},
+          "e":{"type":"string","format":"email"}},"default":{"format":"date"},"enum":[{"format":"time"}]})"));
+  const auto& p = out.at("properties");
+  EXPECT_FALSE(p.at("d").contains("format"));
+  EXPECT_NE(p.at("d").at("pattern").get<std::string>().find("02-(0[1-9]|1[0-9]|2[0-8])"), std::string::npos);
+  EXPECT_NE(p.at("t").at("pattern").get<std::string>().find("T([01][0-9]|2[0-3])"), std::string::npos);
+  EXPECT_EQ(p.at("e").at("format"), "email");
+  EXPECT_EQ(out.at("default").at("format"), "date");
+  EXPECT_EQ(out.at("enum")[0].at("format"), "time");
 }

@@ -87,36 +87,44 @@ GrammarCompiler::GrammarCompiler(const text::Tokenizer& tokenizer, std::vector<T
 
 GrammarCompiler::~GrammarCompiler() = default;
 
-std::shared_ptr<const CompiledGrammar> GrammarCompiler::compile(const GrammarSpec& spec) {
+namespace {
+
+// The xgrammar grammar of a spec, with Kestrel's edits for JSON (grammar.h, GrammarSpec).
+xgrammar::Grammar grammar_of(const GrammarSpec& spec) {
   using Kind = GrammarSpec::Kind;
-  std::lock_guard lock(impl_->mutex);
-  auto& c = impl_->compiler;
-  auto make = [&](xgrammar::CompiledGrammar g) { return std::make_shared<const CompiledGrammar>(std::move(g), n_vocab_); };
+  // Compact JSON (", " and ": " separators, no free whitespace): a small model given free
+  // whitespace can emit newlines forever; the answer parses the same.
+  auto json = [](const std::string& schema, bool strict) {
+    const auto grammar = xgrammar::Grammar::FromJSONSchema(schema, /*any_whitespace=*/false, std::nullopt,
+                                                           std::nullopt, strict);
+    return xgrammar::Grammar::FromEBNF(bound_number_digits(grammar.ToString()), "root");
+  };
   switch (spec.kind) {
     case Kind::kJsonSchema:
       check_json_schema(spec.text);
-      // Compact JSON (", " and ": " separators, no free whitespace): a small model given free
-      // whitespace can emit newlines forever; the answer parses the same.
-      return make(compiled("JSON schema", [&] {
-        const auto grammar = xgrammar::Grammar::FromJSONSchema(spec.text, /*any_whitespace=*/false, std::nullopt,
-                                                               std::nullopt, spec.strict);
-        return c.CompileGrammar(xgrammar::Grammar::FromEBNF(bound_number_digits(grammar.ToString()), "root"));
-      }));
+      return compiled("JSON schema", [&] { return json(with_strict_date_formats(spec.text), spec.strict); });
     case Kind::kJsonObject:
-      return make(compiled("JSON schema", [&] {
-        const auto grammar = xgrammar::Grammar::FromJSONSchema(R"({"type": "object"})", /*any_whitespace=*/false,
-                                                               std::nullopt, std::nullopt, /*strict_mode=*/false);
-        return c.CompileGrammar(xgrammar::Grammar::FromEBNF(bound_number_digits(grammar.ToString()), "root"));
-      }));
+      return compiled("JSON schema", [&] { return json(R"({"type": "object"})", false); });
     case Kind::kRegex:
-      return make(compiled("regular expression", [&] { return c.CompileRegex(spec.text); }));
+      return compiled("regular expression", [&] { return xgrammar::Grammar::FromRegex(spec.text); });
     case Kind::kEbnf:
-      return make(compiled("grammar", [&] { return c.CompileGrammar(spec.text, "root"); }));
+      return compiled("grammar", [&] { return xgrammar::Grammar::FromEBNF(spec.text, "root"); });
     case Kind::kLark:
-      return make(compiled("Lark grammar", [&] { return c.CompileLark(spec.text); }));
+      return compiled("Lark grammar", [&] { return xgrammar::Grammar::FromLark(spec.text); });
   }
   throw InvalidGrammar("unknown grammar kind");
 }
+
+}  // namespace
+
+std::shared_ptr<const CompiledGrammar> GrammarCompiler::compile(const GrammarSpec& spec) {
+  const xgrammar::Grammar grammar = grammar_of(spec);
+  std::lock_guard lock(impl_->mutex);
+  return std::make_shared<const CompiledGrammar>(
+      compiled("grammar", [&] { return impl_->compiler.CompileGrammar(grammar); }), n_vocab_);
+}
+
+std::string GrammarCompiler::ebnf(const GrammarSpec& spec) { return grammar_of(spec).ToString(); }
 
 struct TokenConstraint::Impl {
   std::shared_ptr<const CompiledGrammar> grammar;

@@ -65,6 +65,9 @@ class GrammarCompiler {
   /// Throws InvalidGrammar when the spec does not compile (naming the reason) or a JSON
   /// Schema uses a keyword that would not be enforced (check_json_schema).
   std::shared_ptr<const CompiledGrammar> compile(const GrammarSpec& spec);
+  /// The grammar compile() compiles, as EBNF text (xgrammar's syntax, root rule "root"): for
+  /// tests that compare the masks with another build of the library. Throws as compile().
+  std::string ebnf(const GrammarSpec& spec);
 
   size_t n_vocab() const { return n_vocab_; }
 
@@ -78,6 +81,14 @@ class GrammarCompiler {
 /// enforce, with its JSON pointer, or when `schema` is not a JSON object (or true). Keywords
 /// that only annotate (title, description, examples, default, $comment, ...) are accepted.
 void check_json_schema(const std::string& schema);
+
+/// `schema` (JSON text) with every `"format": "date"`, `"date-time"` or `"time"` replaced by a
+/// `"pattern"` that admits only valid values of RFC 3339's full-date / date-time / full-time
+/// (years 0001-9999, days that exist in their month, February up to the 28th; hours 00-23,
+/// seconds 00-59, fractions of up to 6 digits, Z or an offset): xgrammar's own formats check
+/// the shape only (2021-02-31 passes) while JSON Schema's formats are RFC 3339's. A strict
+/// subset: every answer validates. Values of enum, const, default and examples are left alone.
+std::string with_strict_date_formats(const std::string& schema);
 
 /// One generation's position in a compiled grammar: which tokens may come next, and the
 /// tokens accepted so far. Not thread-safe (one per generation).
