@@ -63,7 +63,7 @@ TEST(ToolGrammar, Gemma4RequiredParallelAndTypes) {
   EXPECT_NE(g.find("(\"1\" | \"2\" | \"3\")"), std::string::npos) << g;
   EXPECT_NE(g.find("(\"[\" (g4_str (\",\" g4_str){0,3})? \"]\")"), std::string::npos) << g;
   EXPECT_NE(g.find("(\"true\" | \"false\")"), std::string::npos) << g;
-  EXPECT_NE(g.find("(g4_uint (\".\" [0-9]{1,16})? ([eE] [-+]? [0-9]{1,3})?)"), std::string::npos) << g;
+  EXPECT_NE(g.find("(g4_uint (\".\" [0-9]{1,16})? ([eE] [-+]? [0-9]{1,2})?)"), std::string::npos) << g;
   // Absent parameters: any object.
   EXPECT_NE(g.find("g4_call1 ::= Token(7) \"call:ping\" g4_obj Token(8)\n"), std::string::npos) << g;
   // Named: only that function.

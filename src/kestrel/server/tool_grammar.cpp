@@ -74,7 +74,7 @@ constexpr const char* kGemma4Common = R"(g4_chars ::= ([^<|] | "|"* "<"+ [^<|] |
 g4_str ::= g4_q g4_chars g4_q
 g4_uint ::= "0" | [1-9] [0-9]{0,15}
 g4_int ::= "-"? g4_uint
-g4_num ::= g4_int ("." [0-9]{1,16})? ([eE] [-+]? [0-9]{1,3})?
+g4_num ::= g4_int ("." [0-9]{1,16})? ([eE] [-+]? [0-9]{1,2})?
 g4_key ::= [A-Za-z_] [A-Za-z0-9_]{0,63}
 g4_any ::= g4_str | g4_num | "true" | "false" | "null" | g4_obj | g4_arr
 g4_obj ::= "{" (g4_key ":" g4_any ("," g4_key ":" g4_any)*)? "}"
@@ -130,9 +130,17 @@ class Gemma4Writer {
         types.push_back("array");
       }
       if (types.empty()) {
-        check_unused(schema, ptr, {});
-        return "g4_any";
+          return "g4_any";
       }
+      // The keywords each type uses; any other (but annotations) is refused.
+      std::set<std::string> used;
+      for (const auto& type : types) {
+        if (type == "string") used.insert("maxLength");
+        if (type == "integer" || type == "number") used.insert({"minimum", "maximum"});
+        if (type == "array") used.insert({"items", "minItems", "maxItems"});
+        if (type == "object") used.insert({"properties", "required", "additionalProperties"});
+      }
+      check_unused(schema, ptr, used);
       for (const auto& type : types) alternatives.push_back(typed(type, schema, ptr, depth));
     }
     if (schema.value("nullable", false) == true) alternatives.push_back("\"null\"");
@@ -230,7 +238,6 @@ class Gemma4Writer {
 
   std::string typed(const std::string& type, const json& schema, const std::string& ptr, int depth) {
     if (type == "string") {
-      check_unused(schema, ptr, {"maxLength"});
       if (auto m = schema.find("maxLength"); m != schema.end()) {
         if (!m->is_number_integer() || m->get<int64_t>() < 0) fail(ptr, "maxLength", "must be a non-negative integer");
         const std::string body = fresh("chars");
@@ -241,7 +248,6 @@ class Gemma4Writer {
       return "g4_str";
     }
     if (type == "integer" || type == "number") {
-      check_unused(schema, ptr, {"minimum", "maximum"});
       const auto lo = number_of(schema, "minimum");
       const auto hi = number_of(schema, "maximum");
       if (schema.contains("minimum") && !lo) fail(ptr, "minimum", "must be a number");
@@ -264,18 +270,15 @@ class Gemma4Writer {
         fail(ptr, "minimum", "is supported only as 0 (or 1 for integers) without maximum");
       }
       if (type == "integer") return integer;
-      return "(" + integer + " (\".\" [0-9]{1,16})? ([eE] [-+]? [0-9]{1,3})?)";
+      return "(" + integer + " (\".\" [0-9]{1,16})? ([eE] [-+]? [0-9]{1,2})?)";
     }
     if (type == "boolean") {
-      check_unused(schema, ptr, {});
       return "(\"true\" | \"false\")";
     }
     if (type == "null") {
-      check_unused(schema, ptr, {});
       return "\"null\"";
     }
     if (type == "array") {
-      check_unused(schema, ptr, {"items", "minItems", "maxItems"});
       std::string item = "g4_any";
       if (auto it = schema.find("items"); it != schema.end()) item = value(*it, ptr + "/items", depth + 1);
       auto count = [&](const char* key) -> std::optional<int64_t> {
@@ -296,7 +299,6 @@ class Gemma4Writer {
       return "(\"[\" " + (lo > 0 ? items : "(" + items + ")?") + " \"]\")";
     }
     if (type == "object") {
-      check_unused(schema, ptr, {"properties", "required", "additionalProperties"});
       return object(schema, ptr, depth);
     }
     fail(ptr, "type", "'" + type + "' is not a JSON Schema type");
