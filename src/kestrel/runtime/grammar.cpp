@@ -4,6 +4,7 @@
 #include <cmath>
 #include <exception>
 #include <utility>
+#include <variant>
 
 #include <dlpack/dlpack.h>
 #include <xgrammar/xgrammar.h>
@@ -21,12 +22,18 @@ namespace {
 
 // The bytes each token stands for, as the detokenizer writes them (text::Tokenizer::
 // token_to_piece); "" for control, unknown and unused tokens, which xgrammar then treats as
-// special (never allowed by a grammar). Given to xgrammar as a RAW vocabulary: no decoding.
-std::vector<std::string> token_bytes(const text::Tokenizer& tokenizer) {
+// special (never allowed by a grammar). With `control_as_text`, control tokens are their piece
+// text (as the detokenizer renders them with render_special). Stop tokens are xgrammar's stop
+// tokens either way. Given to xgrammar as a RAW vocabulary: no decoding.
+std::vector<std::string> token_bytes(const text::Tokenizer& tokenizer, bool control_as_text) {
   std::vector<std::string> vocab(tokenizer.n_vocab());
   for (size_t i = 0; i < vocab.size(); ++i) {
     const auto id = static_cast<TokenId>(i);
     const auto type = tokenizer.type(id);
+    if (type == text::TokenType::kControl && control_as_text) {
+      vocab[i] = tokenizer.token_to_piece(id, true);
+      continue;
+    }
     if (type == text::TokenType::kControl || type == text::TokenType::kUnknown || type == text::TokenType::kUnused) {
       continue;
     }
@@ -73,13 +80,30 @@ std::string bound_number_digits(std::string ebnf) {
 
 }  // namespace
 
-struct GrammarCompiler::Impl {
+// One xgrammar vocabulary and its compiler (with its cache of compiled grammars).
+struct Vocabulary {
   xgrammar::TokenizerInfo info;
   xgrammar::GrammarCompiler compiler;
-  std::mutex mutex;  // xgrammar's compiler is thread-safe; compile() is serialized to bound memory and threads
-  Impl(const text::Tokenizer& tokenizer, std::vector<TokenId> stop_tokens, int n_threads)
-      : info(token_bytes(tokenizer), xgrammar::VocabType::RAW, std::nullopt, std::move(stop_tokens), false),
+  Vocabulary(const text::Tokenizer& tokenizer, bool control_as_text, const std::vector<TokenId>& stop_tokens,
+             int n_threads)
+      : info(token_bytes(tokenizer, control_as_text), xgrammar::VocabType::RAW, std::nullopt, stop_tokens, false),
         compiler(info, std::max(1, n_threads)) {}
+};
+
+struct GrammarCompiler::Impl {
+  const text::Tokenizer& tokenizer;
+  std::vector<TokenId> stop_tokens;
+  int n_threads;
+  Vocabulary plain;
+  std::unique_ptr<Vocabulary> control_as_text;  // built on first use
+  std::mutex mutex;  // xgrammar's compiler is thread-safe; compile() is serialized to bound memory and threads
+  Impl(const text::Tokenizer& tok, std::vector<TokenId> stop, int threads)
+      : tokenizer(tok), stop_tokens(std::move(stop)), n_threads(threads), plain(tok, false, stop_tokens, threads) {}
+  xgrammar::GrammarCompiler& compiler(bool with_control_text) {
+    if (!with_control_text) return plain.compiler;
+    if (!control_as_text) control_as_text = std::make_unique<Vocabulary>(tokenizer, true, stop_tokens, n_threads);
+    return control_as_text->compiler;
+  }
 };
 
 GrammarCompiler::GrammarCompiler(const text::Tokenizer& tokenizer, std::vector<TokenId> stop_tokens, int n_threads)
@@ -111,6 +135,16 @@ xgrammar::Grammar grammar_of(const GrammarSpec& spec) {
       return compiled("grammar", [&] { return xgrammar::Grammar::FromEBNF(spec.text, "root"); });
     case Kind::kLark:
       return compiled("Lark grammar", [&] { return xgrammar::Grammar::FromLark(spec.text); });
+    case Kind::kStructuralTag:
+      return compiled("structural tag", [&] {
+        auto tag = xgrammar::Grammar::FromStructuralTag(spec.text);
+        if (const auto* error = std::get_if<xgrammar::StructuralTagError>(&tag)) {
+          std::visit([](const auto& e) { throw InvalidGrammar(std::string("invalid structural tag: ") + e.what()); },
+                     *error);
+        }
+        // Its JSON parts (tool-call arguments) get the digit bounds too.
+        return xgrammar::Grammar::FromEBNF(bound_number_digits(std::get<xgrammar::Grammar>(tag).ToString()), "root");
+      });
   }
   throw InvalidGrammar("unknown grammar kind");
 }
@@ -120,8 +154,9 @@ xgrammar::Grammar grammar_of(const GrammarSpec& spec) {
 std::shared_ptr<const CompiledGrammar> GrammarCompiler::compile(const GrammarSpec& spec) {
   const xgrammar::Grammar grammar = grammar_of(spec);
   std::lock_guard lock(impl_->mutex);
-  return std::make_shared<const CompiledGrammar>(
-      compiled("grammar", [&] { return impl_->compiler.CompileGrammar(grammar); }), n_vocab_);
+  auto& compiler = impl_->compiler(spec.control_tokens_as_text);
+  return std::make_shared<const CompiledGrammar>(compiled("grammar", [&] { return compiler.CompileGrammar(grammar); }),
+                                                 n_vocab_);
 }
 
 std::string GrammarCompiler::ebnf(const GrammarSpec& spec) { return grammar_of(spec).ToString(); }

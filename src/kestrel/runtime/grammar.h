@@ -40,12 +40,18 @@ struct GrammarSpec {
     kRegex,       // text: a regular expression the whole answer matches
     kEbnf,        // text: a GBNF/EBNF grammar (llama.cpp's GBNF syntax), root rule "root"
     kLark,        // text: a Lark grammar, root rule "start"
+    kStructuralTag,  // text: an xgrammar structural tag ({"type": "structural_tag", "format": ...})
   };
   Kind kind = Kind::kJsonObject;
   std::string text;
   /// JSON Schema only: no properties or items beyond those the schema lists (OpenAI's strict
   /// mode and additionalProperties false by default), as xgrammar's strict_mode.
   bool strict = true;
+  /// Match against a second vocabulary in which control tokens (Gemma 4's <|tool_call>,
+  /// <|"|>, ...) are their piece text instead of never allowed, so that a grammar can emit
+  /// them: by text, or exactly with xgrammar's Token(id). Stop, unknown and unused tokens stay
+  /// as in the first. Built on first use (one more xgrammar vocabulary and compiler cache).
+  bool control_tokens_as_text = false;
 };
 
 /// A compiled grammar: shared, read-only, for any number of generations.
@@ -53,8 +59,8 @@ class CompiledGrammar;
 
 /// Compiles grammars for one vocabulary. The vocabulary is the tokenizer's, decoded as the
 /// detokenizer decodes it (U+2581 as a space, <0xXX> as a byte); control, unknown and unused
-/// tokens are never allowed by a grammar; `stop_tokens` are allowed exactly where the grammar
-/// may end. Compiled grammars are cached (same spec: same result). Thread-safe.
+/// tokens are never allowed by a grammar (unless GrammarSpec::control_tokens_as_text);
+/// `stop_tokens` are allowed exactly where the grammar may end. Compiled grammars are cached (same spec: same result). Thread-safe.
 class GrammarCompiler {
  public:
   GrammarCompiler(const text::Tokenizer& tokenizer, std::vector<TokenId> stop_tokens, int n_threads);

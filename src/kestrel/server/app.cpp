@@ -3,6 +3,7 @@
 
 #include "kestrel/server/api_error.h"
 #include "kestrel/server/app.h"
+#include "kestrel/server/tool_grammar.h"
 #include "kestrel/text/reply_parser.h"
 
 namespace kestrel::server {
@@ -256,6 +257,21 @@ void App::handle_generate(const httplib::Request& req, httplib::Response& res, c
     if (!r.model.empty() && r.model != options_.model_id) {
       throw ApiError(404, "the model '" + r.model + "' does not exist; this server serves '" + options_.model_id + "'",
                      "model", "model_not_found");
+    }
+    // tool_choice "required" or a named function: the reply is forced through a grammar of the
+    // model's call format (docs/serving.md#forced-tool-calls).
+    if (endpoint == Endpoint::kChat && forces_tool_call(r)) {
+      if (r.grammar) {
+        throw bad_request("'" + r.grammar_param + "' cannot be combined with tool_choice '" +
+                              (r.tool_choice_named ? "{function: " + r.tool_choice + "}" : r.tool_choice) +
+                              "', which already decides the answer's shape", r.grammar_param);
+      }
+      try {
+        r.grammar = forced_tool_grammar(chat_template_, r, engine_->tokenizer());
+      } catch (const runtime::InvalidGrammar& e) {
+        throw bad_request(e.what(), "tools");
+      }
+      r.grammar_param = "tools";
     }
     // Compiled before the request takes a place: a schema or grammar that does not compile, or
     // a keyword that would not be enforced, is the client's 400 naming the field.

@@ -13,7 +13,7 @@ ChatPrompt build_chat_prompt(ChatTemplate chat_template, const GenerationRequest
   std::vector<text::Message> messages = request.messages;
   std::string instruction;
   if (request.json_object) instruction += "Answer with one valid JSON object and nothing else.";
-  if (request.tool_choice == "required") {
+  if (request.tool_choice == "required" && !request.tool_choice_named) {
     instruction += std::string(instruction.empty() ? "" : " ") + "Answer by calling one of the functions.";
   } else if (request.tool_choice != "auto" && request.tool_choice != "none") {
     instruction += std::string(instruction.empty() ? "" : " ") + "Answer by calling the function " +
@@ -28,6 +28,7 @@ ChatPrompt build_chat_prompt(ChatTemplate chat_template, const GenerationRequest
   }
   ChatPrompt out;
   out.parse_tools = !request.tools.empty();
+  out.forced_tools = out.parse_tools && request.tool_choice != "auto" && request.tool_choice != "none";
   try {
     if (chat_template == ChatTemplate::kGemma4) {
       out.text = text::render_gemma4(messages, request.tools, true, request.enable_thinking);

@@ -22,11 +22,13 @@ struct ChatPrompt {
   text::ReplyFormat reply_format = text::ReplyFormat::kGemma3;
   bool parse_tools = false;              // tools were offered: parse calls out of the reply
   bool render_special = false;           // decode control tokens (Gemma 4's markers)
+  bool forced_tools = false;             // tool_choice required/named: only calls (and "\n" between them)
   std::vector<std::string> stop_pieces;  // vocabulary pieces that end the reply
 };
 
 /// Renders the request's messages and tools. A json_object response format and a required or
-/// named tool_choice become one instruction line in the system text (not enforced by sampling).
+/// named tool_choice also become one instruction line in the system text (both are enforced
+/// while sampling too: the server compiles a grammar for them, tool_grammar.h).
 /// Throws ApiError 400 when the template refuses the conversation (roles out of order).
 ChatPrompt build_chat_prompt(ChatTemplate chat_template, const GenerationRequest& request);
 

@@ -82,6 +82,11 @@ void App::run_chat(Job& job, const std::function<bool(const std::string&)>& writ
   };
   auto send_events = [&](std::vector<text::ReplyEvent> events) {
     for (auto& e : events) {
+      // A forced reply's only text is the newline between Gemma 3 calls: not content.
+      if (job.chat.forced_tools && e.kind == text::ReplyEvent::Kind::kContent &&
+          e.text.find_first_not_of(" \n") == std::string::npos) {
+        continue;
+      }
       json delta;
       if (e.kind == text::ReplyEvent::Kind::kContent) {
         delta = {{"content", e.text}};
@@ -128,6 +133,9 @@ void App::run_chat(Job& job, const std::function<bool(const std::string&)>& writ
                             {"type", "function"},
                             {"function", {{"name", e.call.name}, {"arguments", dump(e.call.arguments)}}}});
     }
+  }
+  if (job.chat.forced_tools && !tool_calls.empty() && content.find_first_not_of(" \n") == std::string::npos) {
+    content.clear();  // the newlines between Gemma 3 calls
   }
   json message = {{"role", "assistant"}, {"content", content.empty() && !tool_calls.empty() ? json(nullptr) : json(content)}};
   if (!reasoning.empty()) message["reasoning_content"] = reasoning;

@@ -310,10 +310,12 @@ void parse_tools(const json& body, GenerationRequest& r) {
       for (const auto& t : r.tools) found = found || t.name == *name;
       if (!found) throw bad_request("'tool_choice' names '" + *name + "', which is not in 'tools'", "tool_choice");
       r.tool_choice = *name;
+      r.tool_choice_named = true;
     } else {
       wrong_type("tool_choice", "a string or an object", *choice);
     }
   }
+  if (auto parallel = get_bool(body, "parallel_tool_calls")) r.parallel_tool_calls = *parallel;
   if (r.tool_choice == "none") r.tools.clear();
   if (r.tool_choice == "required" && r.tools.empty()) {
     throw bad_request("'tool_choice' is 'required' but no 'tools' were given", "tool_choice");

@@ -27,6 +27,8 @@ struct GenerationRequest {
   std::vector<text::Message> messages;
   std::vector<text::ToolDefinition> tools;  // empty when tool_choice is "none"
   std::string tool_choice = "auto";         // none, auto, required, or the forced function's name
+  bool tool_choice_named = false;           // tool_choice names a function (even one named "required")
+  bool parallel_tool_calls = true;          // OpenAI's default: a forced reply may make several calls
   bool enable_thinking = false;             // chat_template_kwargs.enable_thinking (Gemma 4)
   bool json_object = false;                 // response_format {"type": "json_object"}
 
