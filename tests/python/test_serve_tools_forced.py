@@ -70,7 +70,8 @@ def run_cases(client, cases, max_tokens):
         r = client.chat.completions.create(
             model=client.model_id, messages=[{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}],
             tools=tools, tool_choice=tool_choice, temperature=temperature, seed=seed,
-            parallel_tool_calls=parallel, max_tokens=max_tokens)
+            # (a parallel reply may make up to 8 calls: room for all of them, so that it ends by stop)
+            parallel_tool_calls=parallel, max_tokens=max_tokens * (4 if parallel else 1))
         calls = check(r.choices[0], tools, forced)
         if not parallel:
             assert len(calls) == 1
@@ -169,3 +170,13 @@ def test_forced_tool_errors(gemma3, gemma4):
     status, body = gemma3.request("POST", "/v1/chat/completions", {"messages": msgs, "tools": bad, "tool_choice": "required"})
     assert status == 400 and body["error"]["param"] == "tools", body
     assert "tools[0] (f)" in body["error"]["message"] and "not" in body["error"]["message"], body
+
+
+def test_forced_reply_cut_by_max_tokens_says_length(gemma3):
+    gemma3_client = client_for(gemma3)
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {
+        "type": "object", "properties": {"query": {"type": "string", "maxLength": 200}}, "required": ["query"]}}}]
+    r = gemma3_client.chat.completions.create(
+        model=gemma3_client.models.list().data[0].id, messages=[{"role": "user", "content": "Search for cats."}],
+        tools=tools, tool_choice="required", max_tokens=6, temperature=0)
+    assert r.choices[0].finish_reason == "length"

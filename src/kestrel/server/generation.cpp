@@ -117,7 +117,8 @@ void App::run_chat(Job& job, const std::function<bool(const std::string&)>& writ
                                 result.drafted_tokens, result.accepted_tokens);
   if (job.stream) {
     send_events(parser.finish());
-    const std::string finish = n_tool_calls > 0 ? "tool_calls" : result.finish_reason;
+    // An answer cut by max_tokens says "length", tool calls or not (OpenAI's behaviour).
+    const std::string finish = n_tool_calls > 0 && result.finish_reason != "length" ? "tool_calls" : result.finish_reason;
     write(sse_event(chat_chunk(job.meta, json::object(), finish, logprobs_json(), job.include_usage)));
     if (job.include_usage) write(sse_event(usage_chunk(job.meta, "chat.completion.chunk", usage)));
     write(sse_done());
@@ -143,7 +144,8 @@ void App::run_chat(Job& job, const std::function<bool(const std::string&)>& writ
   json choice = {{"index", 0},
                  {"message", message},
                  {"logprobs", job.top_logprobs >= 0 ? chat_logprobs(tok, result.logprobs) : json(nullptr)},
-                 {"finish_reason", tool_calls.empty() ? result.finish_reason : "tool_calls"}};
+                 {"finish_reason", tool_calls.empty() || result.finish_reason == "length" ? result.finish_reason
+                                                                                           : "tool_calls"}};
   write(dump({{"id", job.meta.id},
               {"object", "chat.completion"},
               {"created", job.meta.created},
