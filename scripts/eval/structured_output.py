@@ -437,7 +437,8 @@ def markdown_summary(s: dict, records: list[dict]) -> str:
         return fmt.format(v) if v is not None else "-"
 
     lines = [
-        f"| cases | parse | valid | stop within {s['max_tokens']} | decode tok/s, schema | decode tok/s, none | ratio |",
+        f"| cases | parse | valid | stop within {s['max_tokens']} | decode tok/s, schema | decode tok/s, none "
+        "| ratio |",
         "| --- | --- | --- | --- | --- | --- | --- |",
         f"| {s['cases']} | {pct('parsed')} | {pct('valid')} | {pct('stop')} | {num(s['median_tok_s_constrained'])} | "
         f"{num(s['median_tok_s_unconstrained'])} | {num(s['ratio'], '{:.3f}')} |",
