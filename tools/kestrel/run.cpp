@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -14,6 +15,7 @@
 #include "commands.h"
 #include "common.h"
 #include "kestrel/base/error.h"
+#include "kestrel/runtime/grammar.h"
 #include "kestrel/text/chat_template.h"
 
 namespace kestrel::tools {
@@ -29,6 +31,9 @@ struct RunOptions {
   bool raw = false;
   bool chat = false;
   bool json = false;
+  std::string json_schema_file;  // structured output: a JSON Schema,
+  std::string grammar_file;      // a GBNF/EBNF grammar (Lark when the name ends in .lark),
+  std::string regex;             // or a regular expression
 };
 
 constexpr uintmax_t kMaxPromptFileBytes = 64u << 20;
@@ -66,6 +71,17 @@ std::vector<runtime::TokenId> read_token_ids(const std::string& path) {
   return ids;
 }
 
+std::optional<runtime::GrammarSpec> grammar_spec(const RunOptions& o) {
+  using Kind = runtime::GrammarSpec::Kind;
+  if (!o.json_schema_file.empty()) return runtime::GrammarSpec{Kind::kJsonSchema, read_file(o.json_schema_file)};
+  if (!o.grammar_file.empty()) {
+    const bool lark = std::filesystem::path(o.grammar_file).extension() == ".lark";
+    return runtime::GrammarSpec{lark ? Kind::kLark : Kind::kEbnf, read_file(o.grammar_file)};
+  }
+  if (!o.regex.empty()) return runtime::GrammarSpec{Kind::kRegex, o.regex};
+  return std::nullopt;
+}
+
 int run(const RunOptions& o) {
   runtime::Engine engine = o.model.load();
   std::vector<runtime::TokenId> prompt;
@@ -88,7 +104,8 @@ int run(const RunOptions& o) {
       prompt = engine.tokenizer().encode(text::render_gemma3(messages, true), false, true);
     }
   }
-  const auto options = o.sampling.generate_options();
+  auto options = o.sampling.generate_options();
+  if (auto spec = grammar_spec(o)) options.grammar = engine.grammars().compile(*spec);
   runtime::GenerateResult result;
   if (o.json) {
     result = engine.generate(prompt, options);
@@ -101,7 +118,9 @@ int run(const RunOptions& o) {
                         {"prefill_tok_s", result.prefill_tok_s},
                         {"decode_tok_s", result.decode_tok_s},
                         {"drafted_tokens", result.drafted_tokens},
-                        {"accepted_tokens", result.accepted_tokens}};
+                        {"accepted_tokens", result.accepted_tokens},
+                        {"grammar_exact_steps", result.grammar_exact_steps},
+                        {"grammar_dense_steps", result.grammar_dense_steps}};
     std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     return 0;
   }
@@ -138,6 +157,15 @@ Command add_run_command(CLI::App& app) {
                              "Apply the Gemma chat template (default when the model file has one)");
   raw->excludes(chat);
   cmd->add_flag("--json", opts->json, "Print one JSON object with tokens, text and timings");
+  auto* schema = cmd->add_option("--json-schema", opts->json_schema_file,
+                                 "Structured output: the answer is JSON that matches this JSON Schema file "
+                                 "(enforced while sampling; docs/structured-output.md)");
+  auto* grammar = cmd->add_option("--grammar", opts->grammar_file,
+                                  "Structured output: the answer matches this grammar file (GBNF/EBNF with "
+                                  "root rule 'root', or Lark with rule 'start' when the name ends in .lark)");
+  auto* regex = cmd->add_option("--regex", opts->regex, "Structured output: the answer matches this regular expression");
+  schema->excludes(grammar)->excludes(regex);
+  grammar->excludes(regex);
   cmd->callback([cmd] {
     if (cmd->count("--prompt") + cmd->count("--file") + cmd->count("--token-ids") == 0) {
       throw CLI::RequiredError("one of --prompt, --file or --token-ids");

@@ -49,4 +49,17 @@ void dense_logits(const OutputHead& head, const float* hidden, size_t n_rows, fl
   });
 }
 
+void token_logits(const OutputHead& head, const float* hidden, std::span<const TokenId> tokens, float* logits,
+                  ThreadPool& pool) {
+  const size_t d = head.weight.cols;
+  pool.parallel_for(tokens.size(), 32, [&](size_t b, size_t e) {
+    for (size_t i = b; i < e; ++i) {
+      const size_t row = head.row_of(tokens[i]);
+      const kernels::Matrix one = kernels::row_slice(head.weight, row, 1);
+      kernels::matmul_rows(one, hidden, 1, d, &logits[i], 1, 0, 1);
+    }
+    apply_softcap(logits + b, e - b, head.final_softcap);
+  });
+}
+
 }  // namespace kestrel::head

@@ -43,4 +43,11 @@ void apply_softcap(float* z, size_t n, float cap);
 void dense_logits(const OutputHead& head, const float* hidden, size_t n_rows, float* logits,
                   ThreadPool& pool);
 
+/// Exact logits of the listed tokens only: logits[i] = softcap(W[row_of(tokens[i])] . hidden),
+/// bit-identical to dense_logits' value for that token (the same per-row arithmetic). For a
+/// grammar that allows few tokens (runtime/grammar.h). hidden: float32 [d_model]; logits:
+/// float32 [tokens.size()]; token ids within the vocabulary.
+void token_logits(const OutputHead& head, const float* hidden, std::span<const TokenId> tokens, float* logits,
+                  ThreadPool& pool);
+
 }  // namespace kestrel::head

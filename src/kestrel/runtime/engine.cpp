@@ -60,4 +60,11 @@ Engine::~Engine() = default;
 
 Session& Engine::session() { return *session_; }
 
+GrammarCompiler& Engine::grammars() {
+  std::call_once(grammars_once_, [&] {
+    grammars_ = std::make_unique<GrammarCompiler>(tokenizer_, stop_tokens_, static_cast<int>(pool_.size()));
+  });
+  return *grammars_;
+}
+
 }  // namespace kestrel::runtime

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -16,6 +17,7 @@
 #include "kestrel/head/flashhead.h"
 #include "kestrel/model/model.h"
 #include "kestrel/runtime/generate_options.h"
+#include "kestrel/runtime/grammar.h"
 #include "kestrel/runtime/sampler.h"
 #include "kestrel/runtime/session.h"
 #include "kestrel/text/tokenizer.h"
@@ -66,6 +68,9 @@ class Engine {
   /// The FlashHead in use, or null when the dense head scores tokens.
   const head::FlashHead* flashhead() const { return flash_.get(); }
   size_t probes() const { return probes_; }
+  /// Compiles grammars for this model's vocabulary and stop tokens (created on first use, then
+  /// shared by every Session). Thread-safe.
+  GrammarCompiler& grammars();
 
   /// The default Session and its operations; see Session.
   Session& session();
@@ -88,6 +93,8 @@ class Engine {
   size_t probes_ = 0;
   std::vector<TokenId> stop_tokens_;
   std::unique_ptr<Session> session_;
+  std::once_flag grammars_once_;
+  std::unique_ptr<GrammarCompiler> grammars_;
 };
 
 }  // namespace kestrel::runtime

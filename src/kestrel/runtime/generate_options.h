@@ -3,11 +3,13 @@
 
 #include <cstddef>
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "kestrel/runtime/drafter.h"
+#include "kestrel/runtime/grammar.h"
 #include "kestrel/runtime/logprobs.h"
 #include "kestrel/runtime/sampler.h"
 
@@ -43,7 +45,15 @@ struct GenerateOptions {
   /// kMaxDraft so that a verification stays below the kernels' tile size.
   DraftMode draft = DraftMode::kNone;
   size_t draft_max = kMaxDraft;
+  /// Structured output (grammar.h): only tokens the grammar allows are sampled, and a stop
+  /// token only where the grammar may end. With FlashHead, the mask applies to the candidates;
+  /// when the grammar allows at most kGrammarExactLimit tokens exactly those are scored, and
+  /// when no candidate is allowed the dense head scores that step (GenerateResult counts both).
+  std::shared_ptr<const CompiledGrammar> grammar;
 };
+
+/// A grammar step that allows at most this many tokens scores exactly them, not the candidates.
+inline constexpr size_t kGrammarExactLimit = 512;
 
 struct GenerateResult {
   std::vector<TokenId> tokens;     // generated ids (a final stop token included)
@@ -58,6 +68,8 @@ struct GenerateResult {
   bool cancelled = false;          // on_token or on_text returned false
   size_t drafted_tokens = 0;       // tokens proposed by the drafter and verified
   size_t accepted_tokens = 0;      // drafted tokens that were the model's own (kept)
+  size_t grammar_exact_steps = 0;  // FlashHead + grammar: steps that scored exactly the allowed tokens
+  size_t grammar_dense_steps = 0;  // FlashHead + grammar: steps where no candidate was allowed (dense head)
 };
 
 /// Called with each piece of text as soon as it is final; return false to stop generating.

@@ -55,6 +55,7 @@ Generation::Generation(Session& session, std::span<const TokenId> prompt, const 
     session.reset();
   }
   next_prompt_ = result_.cached_tokens;
+  if (options.grammar) constraint_.emplace(options.grammar);
   if (options.draft != DraftMode::kNone && options.draft_max > 0) {
     drafter_.emplace(std::min(options.draft_max, kMaxDraft));
   }
@@ -89,7 +90,7 @@ void Generation::advance(size_t n, TokenScores scores) {
       return;
     }
   }
-  sample(scores);
+  sample(scores, 0);
   prepare_draft();
 }
 
@@ -102,7 +103,7 @@ void Generation::advance_rows(size_t n, std::span<const TokenScores> rows) {
   const size_t n_past_before = cache.n_past - n;
   size_t kept = 0;  // rows whose sampled token was kept: the first, then each that matched
   for (size_t j = 0; j < n; ++j) {
-    sample(rows[j]);
+    sample(rows[j], j);
     kept = j + 1;
     if (done_ || j + 1 == n || last_ != fed[j + 1]) break;
   }
@@ -139,14 +140,42 @@ void Generation::emit(size_t end) {
   emitted_ = std::max(emitted_, end);
 }
 
-void Generation::sample(TokenScores scores) {
+// The grammar's mask on this step's scores. Dense scores are masked in place. FlashHead's
+// candidates are masked when some are allowed; a grammar that allows few tokens has exactly
+// those scored instead, and one that allows none of the candidates has the dense head score
+// the step (the candidates would otherwise force a token the grammar forbids).
+TokenScores Generation::constrain(TokenScores scores, size_t row) {
+  const size_t n_allowed = constraint_->update();
+  if (n_allowed == 0) throw Error("the grammar allows no token here (it cannot continue)");
+  if (scores.ids.empty()) {
+    constraint_->apply(scores);
+    return scores;
+  }
+  if (n_allowed <= kGrammarExactLimit) {
+    constraint_->allowed_tokens(allowed_);
+    ++result_.grammar_exact_steps;
+    return session_.rescore(row, allowed_);
+  }
+  if (constraint_->apply(scores) > 0) return scores;
+  ++result_.grammar_dense_steps;
+  TokenScores dense = session_.rescore(row, {});
+  constraint_->apply(dense);
+  return dense;
+}
+
+void Generation::sample(TokenScores scores, size_t row) {
   const size_t i = result_.tokens.size();
+  if (constraint_) scores = constrain(scores, row);
   if (options_.top_logprobs >= 0) {
     raw_logits_.assign(scores.logits.begin(), scores.logits.end());
     raw_ids_.assign(scores.ids.begin(), scores.ids.end());
   }
-  if (i < options_.min_tokens && !options_.ignore_eos) suppress_stop_tokens(scores);
+  // (A grammar already decides where the answer may end.)
+  if (i < options_.min_tokens && !options_.ignore_eos && !constraint_) suppress_stop_tokens(scores);
   const TokenId token = sampler_.sample(scores, history_);
+  if (constraint_ && !constraint_->accept(token)) {
+    throw Error("the grammar refused token " + std::to_string(token) + ", which its own mask allowed");
+  }
   if (i == 0) {
     t_first_ = Clock::now();
     result_.ttft_ms = ms_between(t0_, t_first_);
@@ -166,7 +195,7 @@ void Generation::sample(TokenScores scores) {
   const bool is_stop_token =
       std::find(stop_tokens.begin(), stop_tokens.end(), token) != stop_tokens.end() ||
       std::find(options_.stop_token_ids.begin(), options_.stop_token_ids.end(), token) != options_.stop_token_ids.end();
-  if (is_stop_token && !options_.ignore_eos) {
+  if (is_stop_token && (!options_.ignore_eos || constraint_)) {
     result_.finish_reason = "stop";
     return;
   }

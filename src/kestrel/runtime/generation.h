@@ -13,6 +13,7 @@
 
 #include "kestrel/runtime/drafter.h"
 #include "kestrel/runtime/generate_options.h"
+#include "kestrel/runtime/grammar.h"
 #include "kestrel/runtime/sampler.h"
 #include "kestrel/text/tokenizer.h"
 
@@ -64,7 +65,9 @@ class Generation {
 
  private:
   using Clock = std::chrono::steady_clock;
-  void sample(TokenScores scores);
+  /// `row`: which row of the session's last scoring `scores` came from (for rescoring).
+  void sample(TokenScores scores, size_t row);
+  TokenScores constrain(TokenScores scores, size_t row);
   void prepare_draft();
   void emit(size_t end);
   void suppress_stop_tokens(TokenScores scores) const;
@@ -83,6 +86,8 @@ class Generation {
   bool done_ = false;
   TokenId last_ = 0;
   std::optional<NgramDrafter> drafter_;
+  std::optional<TokenConstraint> constraint_;
+  std::vector<TokenId> allowed_;  // the grammar's allowed tokens, when few
   std::vector<TokenId> decode_input_;  // last_, then the draft
   Clock::time_point t0_, t_first_;
   std::vector<float> raw_logits_;  // serving: the model's logits before penalties, for logprobs

@@ -44,7 +44,13 @@ auto compiled(const char* what, F&& f) {
   } catch (const InvalidGrammar&) {
     throw;
   } catch (const std::exception& e) {
-    throw InvalidGrammar(std::string("invalid ") + what + ": " + e.what());
+    // xgrammar's messages start "[hh:mm:ss] /path/file.cc:123: ", which says nothing to a client.
+    std::string message = e.what();
+    if (const size_t cc = message.find(".cc:"); !message.empty() && message[0] == '[' && cc != std::string::npos) {
+      if (const size_t colon = message.find(": ", cc); colon != std::string::npos) message.erase(0, colon + 2);
+    }
+    while (!message.empty() && (message.back() == '\n' || message.back() == ' ')) message.pop_back();
+    throw InvalidGrammar(std::string("invalid ") + what + ": " + message);
   }
 }
 

@@ -31,6 +31,7 @@ std::span<const TokenScores> Session::step_rows(std::span<const TokenId> tokens)
   }
   rows_hidden_.resize(n * d);
   engine_.model().forward_hidden(tokens, cache_, model::Logits::kAll, rows_hidden_.data(), engine_.pool());
+  scored_hidden_ = rows_hidden_.data(), scored_rows_ = n;
   rows_scores_.resize(n);
   const head::FlashHead* flash = engine_.flashhead();
   if (flash == nullptr) {
@@ -49,6 +50,7 @@ std::span<const TokenScores> Session::step_rows(std::span<const TokenId> tokens)
 }
 
 TokenScores Session::score() {
+  scored_hidden_ = hidden_.data(), scored_rows_ = 1;
   const head::FlashHead* flash = engine_.flashhead();
   if (flash == nullptr) {
     head::dense_logits(engine_.model().output_head(), hidden_.data(), 1, logits_.data(), engine_.pool());
@@ -73,9 +75,25 @@ void Session::score_batch(std::span<Session* const> sessions, std::span<TokenSco
     if (&s->engine_ != &engine) throw Error("score_batch: sessions of different engines");
     hidden.push_back(s->hidden_.data());
     candidates.push_back(&s->candidates_);
+    s->scored_hidden_ = s->hidden_.data(), s->scored_rows_ = 1;
   }
   flash->search_batch(hidden, engine.probes(), candidates, engine.pool());
   for (size_t i = 0; i < sessions.size(); ++i) out[i] = {candidates[i]->logits, candidates[i]->ids};
+}
+
+TokenScores Session::rescore(size_t row, std::span<const TokenId> tokens) {
+  if (scored_hidden_ == nullptr || row >= scored_rows_) throw Error("Session::rescore: no such scored row");
+  const auto& head = engine_.model().output_head();
+  const float* h = scored_hidden_ + row * engine_.model().info().d_model;
+  if (tokens.empty()) {
+    rescore_logits_.resize(head.n_vocab());
+    head::dense_logits(head, h, 1, rescore_logits_.data(), engine_.pool());
+    return {rescore_logits_, {}};
+  }
+  rescore_ids_.assign(tokens.begin(), tokens.end());
+  rescore_logits_.resize(tokens.size());
+  head::token_logits(head, h, rescore_ids_, rescore_logits_.data(), engine_.pool());
+  return {rescore_logits_, rescore_ids_};
 }
 
 size_t Session::reusable_prefix(std::span<const TokenId> prompt) const {

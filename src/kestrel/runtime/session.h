@@ -62,6 +62,14 @@ class Session {
   /// out.size() == sessions.size().
   static void score_batch(std::span<Session* const> sessions, std::span<TokenScores> out);
 
+  /// Rescoring for a grammar (runtime/grammar.h) when FlashHead's candidates do not serve: the
+  /// hidden state of row `row` of the last scoring (step, score, score_batch: row 0; step_rows:
+  /// row i) scored again by the dense head — only the listed `tokens` (exact, bit-identical to
+  /// the dense logits of those tokens), or, with `tokens` empty, the whole vocabulary. Valid
+  /// until the next call; the earlier scores stay valid. Throws kestrel::Error for a row the
+  /// last scoring did not have.
+  TokenScores rescore(size_t row, std::span<const TokenId> tokens);
+
   /// Runs the prompt (after the cached prefix when options.cache_prompt, else from an empty
   /// cache), then samples up to max_tokens tokens: a Generation (generation.h) stepped alone. GenerateResult::cached_tokens says how many
   /// prompt tokens the cache supplied. Throws kestrel::Error if the prompt is empty or does not
@@ -79,6 +87,11 @@ class Session {
   std::vector<float> rows_hidden_, rows_logits_;
   std::vector<head::Candidates> rows_candidates_;
   std::vector<TokenScores> rows_scores_;
+  // rescore(): the rows the last scoring read, and its own outputs.
+  const float* scored_hidden_ = nullptr;
+  size_t scored_rows_ = 0;
+  std::vector<float> rescore_logits_;
+  std::vector<TokenId> rescore_ids_;
 };
 
 }  // namespace kestrel::runtime

@@ -257,6 +257,16 @@ void App::handle_generate(const httplib::Request& req, httplib::Response& res, c
       throw ApiError(404, "the model '" + r.model + "' does not exist; this server serves '" + options_.model_id + "'",
                      "model", "model_not_found");
     }
+    // Compiled before the request takes a place: a schema or grammar that does not compile, or
+    // a keyword that would not be enforced, is the client's 400 naming the field.
+    std::shared_ptr<const runtime::CompiledGrammar> grammar;
+    if (r.grammar) {
+      try {
+        grammar = engine_->grammars().compile(*r.grammar);
+      } catch (const runtime::InvalidGrammar& e) {
+        throw bad_request(e.what(), r.grammar_param);
+      }
+    }
     auto job = std::make_shared<Job>();
     job->admission = admit();
     job->endpoint = endpoint;
@@ -317,6 +327,7 @@ void App::handle_generate(const httplib::Request& req, httplib::Response& res, c
     o.cache_prompt = r.cache_prompt;
     o.draft = draft_mode_;
     o.draft_max = options_.draft_max;
+    o.grammar = std::move(grammar);
     res.status = 200;
     res.set_header("Cache-Control", "no-cache");
     // The charset parameter also keeps httplib from gzip-compressing the body: its compressor

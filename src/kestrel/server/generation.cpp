@@ -37,6 +37,7 @@ runtime::GenerateResult App::generate(const std::vector<TokenId>& prompt, const 
   metrics_.tokens(result.prompt_tokens, result.tokens.size());
   metrics_.prompt_cache(result.cached_tokens);
   metrics_.drafts(result.drafted_tokens, result.accepted_tokens);
+  metrics_.grammar_steps(result.grammar_exact_steps, result.grammar_dense_steps);
   return result;
 }
 

@@ -101,6 +101,12 @@ void Metrics::drafts(size_t drafted, size_t accepted) {
   accepted_ += accepted;
 }
 
+void Metrics::grammar_steps(size_t exact, size_t dense) {
+  std::lock_guard lock(mu_);
+  grammar_exact_ += exact;
+  grammar_dense_ += dense;
+}
+
 void Metrics::sessions(size_t n, size_t kv_bytes) {
   std::lock_guard lock(mu_);
   sessions_ = n;
@@ -131,6 +137,12 @@ std::string Metrics::render() const {
   out += "# HELP kestrel_draft_accepted_tokens_total Drafted tokens that were the model's own (kept).\n"
          "# TYPE kestrel_draft_accepted_tokens_total counter\n";
   out += "kestrel_draft_accepted_tokens_total " + std::to_string(accepted_) + "\n";
+  out += "# HELP kestrel_grammar_exact_steps_total Structured output with FlashHead: steps whose few allowed tokens "
+         "were scored exactly instead of the candidates.\n# TYPE kestrel_grammar_exact_steps_total counter\n";
+  out += "kestrel_grammar_exact_steps_total " + std::to_string(grammar_exact_) + "\n";
+  out += "# HELP kestrel_grammar_dense_steps_total Structured output with FlashHead: steps where the grammar allowed "
+         "no candidate and the dense head scored the step.\n# TYPE kestrel_grammar_dense_steps_total counter\n";
+  out += "kestrel_grammar_dense_steps_total " + std::to_string(grammar_dense_) + "\n";
   out += "# HELP kestrel_sessions Sessions (KV caches) the server holds (--parallel).\n# TYPE kestrel_sessions gauge\n";
   out += "kestrel_sessions " + std::to_string(sessions_) + "\n";
   out += "# HELP kestrel_kv_cache_bytes Bytes of all sessions' KV caches.\n# TYPE kestrel_kv_cache_bytes gauge\n";

@@ -39,6 +39,9 @@ class Metrics {
   void cancelled();                    // a client went away during generation
   void prompt_cache(size_t cached_tokens);  // a prompt ran; cached_tokens of it came from a KV cache
   void drafts(size_t drafted, size_t accepted);  // speculative decoding: tokens drafted and accepted
+  /// Structured output with FlashHead: steps that scored exactly the grammar's few allowed
+  /// tokens, and steps where no candidate was allowed and the dense head scored the step.
+  void grammar_steps(size_t exact, size_t dense);
   void sessions(size_t n, size_t kv_bytes); // the sessions allocated and their KV cache bytes
   std::string render() const;
 
@@ -48,6 +51,7 @@ class Metrics {
   uint64_t prompt_tokens_ = 0, generated_tokens_ = 0, cancelled_ = 0;
   uint64_t cache_hits_ = 0, cache_misses_ = 0, cached_tokens_ = 0;
   uint64_t drafted_ = 0, accepted_ = 0;
+  uint64_t grammar_exact_ = 0, grammar_dense_ = 0;
   size_t sessions_ = 0, kv_bytes_ = 0;
   int64_t queue_depth_ = 0, running_ = 0;
   Histogram ttft_, itl_, latency_;

@@ -85,8 +85,56 @@ std::optional<std::string> get_string(const json& body, const char* key) {
 
 // Fields shared by both endpoints: model, sampling, stop, stream, ignore_eos, min_tokens, n,
 // cache_prompt.
+// response_format (OpenAI), json_schema and grammar (llama-server): what the answer must match.
+void parse_structured_output(const json& body, GenerationRequest& r) {
+  using Kind = runtime::GrammarSpec::Kind;
+  auto set = [&](const char* param, runtime::GrammarSpec spec) {
+    if (r.grammar) {
+      throw bad_request(std::string("'") + param + "' and '" + r.grammar_param +
+                            "' both constrain the answer; send one of them", param);
+    }
+    r.grammar = std::move(spec);
+    r.grammar_param = param;
+  };
+  if (const json* rf = field(body, "response_format")) {
+    if (!rf->is_object()) wrong_type("response_format", "an object", *rf);
+    const json* type_field = field(*rf, "type");
+    if (type_field && !type_field->is_string()) wrong_type("response_format.type", "a string", *type_field);
+    const std::string type = type_field ? type_field->get<std::string>() : "";
+    if (type == "json_object") {
+      r.json_object = true;
+      set("response_format", {Kind::kJsonObject, "", false});
+    } else if (type == "json_schema") {
+      const json* js = field(*rf, "json_schema");
+      if (!js || !js->is_object()) {
+        throw bad_request("response_format json_schema needs 'json_schema': {\"name\", \"schema\", \"strict\"}",
+                          "response_format.json_schema");
+      }
+      const json* schema = field(*js, "schema");
+      if (!schema || !(schema->is_object() || schema->is_boolean())) {
+        throw bad_request("'response_format.json_schema.schema' must be a JSON Schema object",
+                          "response_format.json_schema.schema");
+      }
+      const json* strict = field(*js, "strict");
+      if (strict && !strict->is_boolean()) wrong_type("response_format.json_schema.strict", "a boolean", *strict);
+      set("response_format", {Kind::kJsonSchema, schema->dump(), strict && strict->get<bool>()});
+    } else if (type != "text") {
+      throw bad_request("response_format.type must be text, json_object or json_schema", "response_format.type");
+    }
+  }
+  if (const json* schema = field(body, "json_schema")) {
+    if (!schema->is_object() && !schema->is_boolean()) wrong_type("json_schema", "a JSON Schema object", *schema);
+    set("json_schema", {Kind::kJsonSchema, schema->dump(), false});
+  }
+  if (auto grammar = get_string(body, "grammar")) {
+    if (grammar->empty()) throw bad_request("'grammar' is empty", "grammar");
+    set("grammar", {Kind::kEbnf, *grammar, false});
+  }
+}
+
 void parse_common(const json& body, GenerationRequest& r) {
   if (!body.is_object()) throw bad_request("the request body must be a JSON object");
+  parse_structured_output(body, r);
   if (auto m = get_string(body, "model")) r.model = *m;
   // OpenAI's defaults: plain sampling at temperature 1 with no truncation.
   r.sampler.temperature = 1.0f;
@@ -308,18 +356,6 @@ GenerationRequest parse_chat_request(const json& body) {
   const auto top = get_int(body, "top_logprobs", 0, kMaxTopLogprobs);
   if (top && !(logprobs && *logprobs)) throw bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs");
   if (logprobs && *logprobs) r.top_logprobs = static_cast<int>(top.value_or(0));
-  if (const json* rf = field(body, "response_format")) {
-    if (!rf->is_object()) wrong_type("response_format", "an object", *rf);
-    const std::string type = rf->value("type", std::string());
-    if (type == "json_object") {
-      r.json_object = true;
-    } else if (type == "json_schema") {
-      throw bad_request("response_format 'json_schema' is not supported: Kestrel cannot enforce a schema yet, "
-                        "and refuses rather than ignore it", "response_format");
-    } else if (type != "text") {
-      throw bad_request("response_format.type must be text, json_object or json_schema", "response_format");
-    }
-  }
   if (const json* kw = field(body, "chat_template_kwargs")) {
     if (!kw->is_object()) wrong_type("chat_template_kwargs", "an object", *kw);
     if (auto t = get_bool(*kw, "enable_thinking")) r.enable_thinking = *t;

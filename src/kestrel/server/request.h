@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kestrel/runtime/grammar.h"
 #include "kestrel/runtime/sampler.h"
 #include "kestrel/text/chat_tools.h"
 
@@ -43,6 +44,11 @@ struct GenerationRequest {
   bool cache_prompt = true;                 // reuse a session's cached prefix (llama-server's name)
   size_t min_tokens = 0;
   int top_logprobs = -1;                    // -1: no logprobs; 0: chosen token only; n: n best
+
+  // Structured output, both endpoints: response_format json_object / json_schema, or
+  // llama-server's json_schema / grammar fields (at most one). Enforced while sampling.
+  std::optional<runtime::GrammarSpec> grammar;
+  std::string grammar_param;                // the field it came from, for errors
 };
 
 /// Limits checked by the parser.
@@ -57,7 +63,8 @@ inline constexpr size_t kMaxJsonDepth = 64;
 
 /// Validates a /v1/chat/completions body. Throws ApiError (400) naming the field: a body that
 /// is not an object, missing or empty messages, a wrong type, a value out of range, n != 1,
-/// response_format json_schema (not enforced, so refused rather than ignored), image parts.
+/// image parts, more than one structured-output field, a response_format json_schema without
+/// a schema object. (Whether a schema or grammar compiles is checked when it is compiled.)
 GenerationRequest parse_chat_request(const nlohmann::json& body);
 
 /// Validates a /v1/completions body; prompt is a string, an array of strings, an array of
