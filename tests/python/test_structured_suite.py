@@ -21,9 +21,9 @@ UNENFORCED = {"uniqueItems", "contains", "minContains", "maxContains", "multiple
               "if", "then", "else", "minProperties", "maxProperties", "propertyNames", "dependentSchemas",
               "dependentRequired", "unevaluatedProperties", "unevaluatedItems", "allOf", "oneOf"}
 # A varied handful that answers in few tokens: enum, number bounds, const, pattern, anyOf with
-# null, type arrays, format date, a root array, a root anyOf of tool calls, a $ref.
+# null, type arrays, format date, a root anyOf of tool calls, a $ref.
 SUBSET = ["sentiment", "tool_get_weather", "const_number_and_bool", "anyof_primitive", "nullable_fields",
-          "date_range", "root_array", "tool_choice_union", "shared_defs"]
+          "date_range", "tool_choice_union", "shared_defs"]
 
 
 def schema_nodes(schema, path="#"):
