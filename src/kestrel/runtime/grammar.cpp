@@ -63,10 +63,12 @@ auto compiled(const char* what, F&& f) {
 
 // Numbers in a JSON Schema grammar get at most 16 digits before the decimal point and 16 after
 // it, as llama.cpp's json-schema-to-grammar writes them (integral part [1-9][0-9]{0,15},
-// decimal part [0-9]{1,16}): a small model may otherwise write digits until max_tokens. A
-// digit-only pattern of the user's, e.g. "[1-9][0-9]*", is bounded the same way; every answer
-// still validates. Works on xgrammar's printed EBNF of the schema (its rule shapes as of 0.2.8;
-// tests/python/test_grammar.py compares the masks with xgrammar's own).
+// decimal part [0-9]{1,16}): a small model may otherwise write digits until max_tokens. Works on
+// xgrammar's printed EBNF (rule shapes as of 0.2.8): an unbounded run of digits is either
+// `[1-9] [0-9]*` or a repetition `D{1, -1}` / `D{0, -1}` of a rule `D ::= (([0-9]))`; each gets
+// an upper bound of 15 (after a leading [1-9]) or 16. A digit-only pattern of the user's, e.g.
+// "[1-9][0-9]*", is bounded the same way; every answer still validates.
+// tests/python/test_grammar.py compiles the result in xgrammar's Python package.
 std::string bound_number_digits(std::string ebnf) {
   auto replace_all = [&](std::string_view from, std::string_view to) {
     for (size_t at = ebnf.find(from); at != std::string::npos; at = ebnf.find(from, at + to.size())) {
@@ -74,7 +76,21 @@ std::string bound_number_digits(std::string ebnf) {
     }
   };
   replace_all("[1-9] [0-9]*", "[1-9] [0-9]{0,15}");
-  replace_all("basic_number_digits{1, -1}", "basic_number_digits{1, 16}");
+  // Rules that are one digit.
+  std::vector<std::string> digit_rules;
+  for (size_t line = 0; line < ebnf.size();) {
+    const size_t end = std::min(ebnf.find('\n', line), ebnf.size());
+    const std::string_view text(ebnf.data() + line, end - line);
+    constexpr std::string_view kDigit = " ::= (([0-9]))";
+    if (text.size() > kDigit.size() && text.substr(text.size() - kDigit.size()) == kDigit) {
+      digit_rules.emplace_back(text.substr(0, text.size() - kDigit.size()));
+    }
+    line = end + 1;
+  }
+  for (const auto& rule : digit_rules) {
+    replace_all(rule + "{1, -1}", rule + "{1, 16}");
+    replace_all(rule + "{0, -1}", rule + "{0, 16}");
+  }
   return ebnf;
 }
 
@@ -126,7 +142,7 @@ xgrammar::Grammar grammar_of(const GrammarSpec& spec) {
   switch (spec.kind) {
     case Kind::kJsonSchema:
       check_json_schema(spec.text);
-      return compiled("JSON schema", [&] { return json(with_strict_date_formats(spec.text), spec.strict); });
+      return compiled("JSON schema", [&] { return json(with_bounded_formats(spec.text), spec.strict); });
     case Kind::kJsonObject:
       return compiled("JSON schema", [&] { return json(R"({"type": "object"})", false); });
     case Kind::kRegex:

@@ -93,8 +93,10 @@ void check_json_schema(const std::string& schema);
 /// (years 0001-9999, days that exist in their month, February up to the 28th; hours 00-23,
 /// seconds 00-59, fractions of up to 6 digits, Z or an offset): xgrammar's own formats check
 /// the shape only (2021-02-31 passes) while JSON Schema's formats are RFC 3339's. A strict
-/// subset: every answer validates. Values of enum, const, default and examples are left alone.
-std::string with_strict_date_formats(const std::string& schema);
+/// subset: every answer validates. `"format": "email"` likewise becomes a pattern of bounded
+/// length (atoms of at most 32 characters, labels of at most 32, up to four of each). Values of
+/// enum, const, default and examples are left alone.
+std::string with_bounded_formats(const std::string& schema);
 
 /// One generation's position in a compiled grammar: which tokens may come next, and the
 /// tokens accepted so far. Not thread-safe (one per generation).
