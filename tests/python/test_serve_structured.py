@@ -166,3 +166,22 @@ def test_concurrent_constrained_requests_each_validate(server):
             choice = r["choices"][0]
             assert choice["finish_reason"] == "stop", choice["text"]
             valid(choice["text"], schemas[i % 3])
+
+
+def test_vllm_structured_outputs_and_guided_fields(client, server):
+    model = client.models.list().data[0].id
+    # vLLM's current field, through the openai client's extra_body
+    r = client.completions.create(model=model, prompt="The best colour is", max_tokens=8, temperature=1.0, seed=3,
+                                  extra_body={"structured_outputs": {"choice": ["red", "green (dark)", "blue?"]}})
+    assert r.choices[0].text in ("red", "green (dark)", "blue?") and r.choices[0].finish_reason == "stop"
+    status, r = server.request("POST", "/v1/completions", {
+        "prompt": "Call me at", "max_tokens": 20, "temperature": 0, "guided_regex": r" \d{3}-\d{4}"})
+    assert status == 200 and re.fullmatch(r" \d{3}-\d{4}", r["choices"][0]["text"]), r
+    schema = {"type": "object", "properties": {"zeta": {"type": "boolean"}, "alpha": {"type": "boolean"}},
+              "required": ["zeta", "alpha"], "additionalProperties": False}
+    status, r = server.request("POST", "/v1/completions", {
+        "prompt": "Flags:", "max_tokens": 30, "temperature": 0, "guided_json": schema})
+    assert status == 200, r
+    text = r["choices"][0]["text"]
+    valid(text, schema)
+    assert text.index('"zeta"') < text.index('"alpha"')  # the schema's order, not sorted

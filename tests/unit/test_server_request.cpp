@@ -88,6 +88,24 @@ TEST(ChatRequest, WrongTypesAndRangesNameTheField) {
   // one constraint at a time
   EXPECT_EQ(chat_error(with(R"("grammar":"root ::= \"a\"","json_schema":{})")), "grammar");
   EXPECT_EQ(chat_error(with(R"("response_format":{"type":"json_object"},"grammar":"root ::= \"a\"")")), "grammar");
+  EXPECT_EQ(chat_error(with(R"("structured_outputs":{"choice":[]})")), "structured_outputs.choice");
+  EXPECT_EQ(chat_error(with(R"("guided_regex":"")")), "guided_regex");
+  EXPECT_EQ(chat_error(with(R"("guided_json":{},"guided_regex":"a")")), "guided_regex");
+}
+
+TEST(ChatRequest, VllmStructuredOutputs) {
+  const auto choice = parse_chat_request(json::parse(with(R"x("guided_choice":["a.b","c|d","(e)"])x")));
+  ASSERT_TRUE(choice.grammar);
+  EXPECT_EQ(choice.grammar->kind, kestrel::runtime::GrammarSpec::Kind::kRegex);
+  EXPECT_EQ(choice.grammar->text, R"((a\.b|c\|d|\(e\)))");
+  const auto so = parse_chat_request(json::parse(with(R"("structured_outputs":{"json":{"type":"object","b":1,"a":2}})")));
+  ASSERT_TRUE(so.grammar);
+  EXPECT_EQ(so.grammar->kind, kestrel::runtime::GrammarSpec::Kind::kJsonSchema);
+  EXPECT_EQ(so.schema_pointer, "/structured_outputs/json");
+  // The schema re-read in the client's key order
+  EXPECT_EQ(schema_in_client_order(with(R"("structured_outputs":{"json":{"type":"object","b":1,"a":2}})"),
+                                   so.schema_pointer),
+            R"({"type":"object","b":1,"a":2})");
   EXPECT_EQ(chat_error(with(R"("tools":{})")), "tools");
   EXPECT_EQ(chat_error(with(R"("tool_choice":"sometimes")")), "tool_choice");
   EXPECT_EQ(chat_error(with(R"("tool_choice":"required")")), "tool_choice");  // without tools

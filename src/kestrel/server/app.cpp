@@ -278,7 +278,7 @@ void App::handle_generate(const httplib::Request& req, httplib::Response& res, c
     std::shared_ptr<const runtime::CompiledGrammar> grammar;
     if (r.grammar) {
       if (r.grammar->kind == runtime::GrammarSpec::Kind::kJsonSchema) {
-        r.grammar->text = schema_in_client_order(raw, r.grammar_param);
+        r.grammar->text = schema_in_client_order(raw, r.schema_pointer);
       }
       try {
         grammar = engine_->grammars().compile(*r.grammar);

@@ -96,6 +96,12 @@ void parse_structured_output(const json& body, GenerationRequest& r) {
     r.grammar = std::move(spec);
     r.grammar_param = param;
   };
+  // A JSON Schema value: its text, and where it is in the body (re-read in the client's key order).
+  auto schema_at = [&](const json& schema, const std::string& param, const char* pointer, bool strict) {
+    if (!schema.is_object() && !schema.is_boolean()) wrong_type(param, "a JSON Schema object", schema);
+    set(param.c_str(), {Kind::kJsonSchema, schema.dump(), strict});
+    r.schema_pointer = pointer;
+  };
   if (const json* rf = field(body, "response_format")) {
     if (!rf->is_object()) wrong_type("response_format", "an object", *rf);
     const json* type_field = field(*rf, "type");
@@ -117,19 +123,43 @@ void parse_structured_output(const json& body, GenerationRequest& r) {
       }
       const json* strict = field(*js, "strict");
       if (strict && !strict->is_boolean()) wrong_type("response_format.json_schema.strict", "a boolean", *strict);
-      set("response_format", {Kind::kJsonSchema, schema->dump(), strict && strict->get<bool>()});
+      schema_at(*schema, "response_format", "/response_format/json_schema/schema", strict && strict->get<bool>());
     } else if (type != "text") {
       throw bad_request("response_format.type must be text, json_object or json_schema", "response_format.type");
     }
   }
-  if (const json* schema = field(body, "json_schema")) {
-    if (!schema->is_object() && !schema->is_boolean()) wrong_type("json_schema", "a JSON Schema object", *schema);
-    set("json_schema", {Kind::kJsonSchema, schema->dump(), false});
+  if (const json* schema = field(body, "json_schema")) schema_at(*schema, "json_schema", "/json_schema", false);
+  auto text = [&](const json& v, const std::string& param) {
+    if (!v.is_string()) wrong_type(param, "a string", v);
+    if (v.get<std::string>().empty()) throw bad_request("'" + param + "' is empty", param);
+    return v.get<std::string>();
+  };
+  if (const json* grammar = field(body, "grammar")) set("grammar", {Kind::kEbnf, text(*grammar, "grammar"), false});
+  // vLLM's structured_outputs {json | regex | choice | grammar} and its older guided_* fields.
+  auto choice = [&](const json& v, const std::string& param) {
+    if (!v.is_array() || v.empty()) wrong_type(param, "a non-empty array of strings", v);
+    std::string regex;
+    for (const auto& c : v) {
+      if (!c.is_string()) wrong_type(param, "a non-empty array of strings", v);
+      regex += regex.empty() ? "(" : "|";
+      for (char ch : c.get<std::string>()) {
+        if (std::string_view("\\^$.|?*+()[]{}/").find(ch) != std::string_view::npos) regex += '\\';
+        regex += ch;
+      }
+    }
+    return regex + ")";
+  };
+  if (const json* so = field(body, "structured_outputs")) {
+    if (!so->is_object()) wrong_type("structured_outputs", "an object", *so);
+    if (const json* v = field(*so, "json")) schema_at(*v, "structured_outputs", "/structured_outputs/json", false);
+    if (const json* v = field(*so, "regex")) set("structured_outputs", {Kind::kRegex, text(*v, "structured_outputs.regex")});
+    if (const json* v = field(*so, "choice")) set("structured_outputs", {Kind::kRegex, choice(*v, "structured_outputs.choice")});
+    if (const json* v = field(*so, "grammar")) set("structured_outputs", {Kind::kEbnf, text(*v, "structured_outputs.grammar")});
   }
-  if (auto grammar = get_string(body, "grammar")) {
-    if (grammar->empty()) throw bad_request("'grammar' is empty", "grammar");
-    set("grammar", {Kind::kEbnf, *grammar, false});
-  }
+  if (const json* v = field(body, "guided_json")) schema_at(*v, "guided_json", "/guided_json", false);
+  if (const json* v = field(body, "guided_regex")) set("guided_regex", {Kind::kRegex, text(*v, "guided_regex")});
+  if (const json* v = field(body, "guided_choice")) set("guided_choice", {Kind::kRegex, choice(*v, "guided_choice")});
+  if (const json* v = field(body, "guided_grammar")) set("guided_grammar", {Kind::kEbnf, text(*v, "guided_grammar")});
 }
 
 void parse_common(const json& body, GenerationRequest& r) {
@@ -365,11 +395,8 @@ GenerationRequest parse_chat_request(const json& body) {
   return r;
 }
 
-std::string schema_in_client_order(std::string_view raw_body, const std::string& param) {
-  const auto body = nlohmann::ordered_json::parse(raw_body);
-  const auto& schema = param == "response_format" ? body.at("response_format").at("json_schema").at("schema")
-                                                  : body.at(param);
-  return schema.dump();
+std::string schema_in_client_order(std::string_view raw_body, const std::string& pointer) {
+  return nlohmann::ordered_json::parse(raw_body).at(nlohmann::ordered_json::json_pointer(pointer)).dump();
 }
 
 GenerationRequest parse_completion_request(const json& body) {

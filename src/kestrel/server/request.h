@@ -47,10 +47,13 @@ struct GenerationRequest {
   size_t min_tokens = 0;
   int top_logprobs = -1;                    // -1: no logprobs; 0: chosen token only; n: n best
 
-  // Structured output, both endpoints: response_format json_object / json_schema, or
-  // llama-server's json_schema / grammar fields (at most one). Enforced while sampling.
+  // Structured output, both endpoints: response_format json_object / json_schema, llama-server's
+  // json_schema / grammar, or vLLM's structured_outputs {json, regex, choice, grammar} and
+  // guided_json / guided_regex / guided_choice / guided_grammar (at most one). Enforced while
+  // sampling.
   std::optional<runtime::GrammarSpec> grammar;
   std::string grammar_param;                // the field it came from, for errors
+  std::string schema_pointer;               // a JSON Schema's JSON pointer in the body
 };
 
 /// Limits checked by the parser.
@@ -69,10 +72,10 @@ inline constexpr size_t kMaxJsonDepth = 64;
 /// a schema object. (Whether a schema or grammar compiles is checked when it is compiled.)
 GenerationRequest parse_chat_request(const nlohmann::json& body);
 
-/// The JSON Schema of a request whose r.grammar came from `param` ("response_format" or
-/// "json_schema"), re-read from the raw body with its keys in the client's order (the parsed
-/// body sorts them, and a schema's property order is the order the answer writes them in).
-std::string schema_in_client_order(std::string_view raw_body, const std::string& param);
+/// The JSON Schema at `pointer` (GenerationRequest::schema_pointer) re-read from the raw body
+/// with its keys in the client's order (the parsed body sorts them, and a schema's property
+/// order is the order the answer writes them in).
+std::string schema_in_client_order(std::string_view raw_body, const std::string& pointer);
 
 /// Validates a /v1/completions body; prompt is a string, an array of strings, an array of
 /// token ids or an array of arrays of token ids. Throws ApiError (400) as parse_chat_request.
