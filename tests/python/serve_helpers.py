@@ -126,3 +126,11 @@ def wait_idle(server, timeout=60):
     while server.metric("kestrel_requests_running") or server.metric("kestrel_queue_depth"):
         assert time.time() < deadline, "the server stayed busy"
         time.sleep(0.02)
+
+
+def export_tokenizer(out_dir):
+    """`kestrel export-tokenizer default -o out_dir` (a Hugging Face tokenizer directory); returns out_dir."""
+    r = subprocess.run([str(KESTREL), "export-tokenizer", "default", "-o", str(out_dir)], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return out_dir

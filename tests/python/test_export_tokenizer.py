@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from serve_helpers import ROOT, KESTREL, Server, model_path
+from serve_helpers import ROOT, KESTREL, Server, export_tokenizer, model_path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -21,11 +21,7 @@ GOLDENS = json.loads((ROOT / "tests" / "goldens" / "tokenizer.json").read_text(e
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    out = tmp_path_factory.mktemp("tok")
-    r = subprocess.run([str(KESTREL), "export-tokenizer", "default", "-o", str(out)], capture_output=True, text=True,
-                       timeout=300)
-    assert r.returncode == 0, r.stderr
-    return out
+    return export_tokenizer(tmp_path_factory.mktemp("tok"))
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from serve_helpers import KESTREL, ROOT, model_path
+from serve_helpers import KESTREL, ROOT, export_tokenizer, model_path
 from xgrammar_ref import load_xgrammar
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -79,11 +79,7 @@ PROMPTS = {"person": "A JSON record of a person:\n", "order": "An order, as JSON
 
 @pytest.fixture(scope="module")
 def hf_tokenizer(tmp_path_factory):
-    out = tmp_path_factory.mktemp("tok")
-    r = subprocess.run([str(KESTREL), "export-tokenizer", "default", "-o", str(out)], capture_output=True, text=True,
-                       timeout=300)
-    assert r.returncode == 0, r.stderr
-    return transformers.AutoTokenizer.from_pretrained(str(out))
+    return transformers.AutoTokenizer.from_pretrained(str(export_tokenizer(tmp_path_factory.mktemp("tok"))))
 
 
 @pytest.fixture(scope="module")

@@ -122,43 +122,37 @@ std::string Metrics::render() const {
     out += "kestrel_requests_total{endpoint=\"" + key.first + "\",status=\"" + std::to_string(key.second) + "\"} " +
            std::to_string(n) + "\n";
   }
-  out += "# HELP kestrel_prompt_tokens_total Prompt tokens, cached ones included.\n# TYPE kestrel_prompt_tokens_total counter\n";
-  out += "kestrel_prompt_tokens_total " + std::to_string(prompt_tokens_) + "\n";
+  // One unlabelled sample with its HELP and TYPE lines.
+  auto sample = [&out](const char* name, const char* type, const char* help, uint64_t value) {
+    out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+    out += std::string(name) + " " + std::to_string(value) + "\n";
+  };
+  sample("kestrel_prompt_tokens_total", "counter", "Prompt tokens, cached ones included.", prompt_tokens_);
   out += "# HELP kestrel_prompt_cache_requests_total Prompts run, by whether a session's KV cache supplied a prefix.\n"
          "# TYPE kestrel_prompt_cache_requests_total counter\n";
   out += "kestrel_prompt_cache_requests_total{result=\"hit\"} " + std::to_string(cache_hits_) + "\n";
   out += "kestrel_prompt_cache_requests_total{result=\"miss\"} " + std::to_string(cache_misses_) + "\n";
-  out += "# HELP kestrel_prompt_tokens_cached_total Prompt tokens taken from a KV cache instead of prefilled.\n"
-         "# TYPE kestrel_prompt_tokens_cached_total counter\n";
-  out += "kestrel_prompt_tokens_cached_total " + std::to_string(cached_tokens_) + "\n";
-  out += "# HELP kestrel_draft_tokens_total Tokens drafted for speculative decoding and verified.\n"
-         "# TYPE kestrel_draft_tokens_total counter\n";
-  out += "kestrel_draft_tokens_total " + std::to_string(drafted_) + "\n";
-  out += "# HELP kestrel_draft_accepted_tokens_total Drafted tokens that were the model's own (kept).\n"
-         "# TYPE kestrel_draft_accepted_tokens_total counter\n";
-  out += "kestrel_draft_accepted_tokens_total " + std::to_string(accepted_) + "\n";
-  out += "# HELP kestrel_grammar_exact_steps_total Structured output with FlashHead: steps whose few allowed tokens "
-         "were scored exactly instead of the candidates.\n# TYPE kestrel_grammar_exact_steps_total counter\n";
-  out += "kestrel_grammar_exact_steps_total " + std::to_string(grammar_exact_) + "\n";
-  out += "# HELP kestrel_grammar_dense_steps_total Structured output with FlashHead: steps where the grammar allowed "
-         "no candidate and the dense head scored the step.\n# TYPE kestrel_grammar_dense_steps_total counter\n";
-  out += "kestrel_grammar_dense_steps_total " + std::to_string(grammar_dense_) + "\n";
-  out += "# HELP kestrel_sessions Sessions (KV caches) the server holds (--parallel).\n# TYPE kestrel_sessions gauge\n";
-  out += "kestrel_sessions " + std::to_string(sessions_) + "\n";
-  out += "# HELP kestrel_kv_cache_bytes Bytes of all sessions' KV caches.\n# TYPE kestrel_kv_cache_bytes gauge\n";
-  out += "kestrel_kv_cache_bytes " + std::to_string(kv_bytes_) + "\n";
-  out += "# HELP process_resident_memory_bytes Resident memory of the server process (weights, KV caches, buffers).\n"
-         "# TYPE process_resident_memory_bytes gauge\n";
-  out += "process_resident_memory_bytes " + std::to_string(resident_bytes()) + "\n";
-  out += "# HELP kestrel_generation_tokens_total Tokens generated.\n# TYPE kestrel_generation_tokens_total counter\n";
-  out += "kestrel_generation_tokens_total " + std::to_string(generated_tokens_) + "\n";
-  out += "# HELP kestrel_requests_cancelled_total Generations stopped because the client went away.\n"
-         "# TYPE kestrel_requests_cancelled_total counter\n";
-  out += "kestrel_requests_cancelled_total " + std::to_string(cancelled_) + "\n";
-  out += "# HELP kestrel_queue_depth Requests waiting for a session (FIFO).\n# TYPE kestrel_queue_depth gauge\n";
-  out += "kestrel_queue_depth " + std::to_string(queue_depth_) + "\n";
-  out += "# HELP kestrel_requests_running Requests generating now (batched together).\n# TYPE kestrel_requests_running gauge\n";
-  out += "kestrel_requests_running " + std::to_string(running_) + "\n";
+  sample("kestrel_prompt_tokens_cached_total", "counter",
+         "Prompt tokens taken from a KV cache instead of prefilled.", cached_tokens_);
+  sample("kestrel_draft_tokens_total", "counter", "Tokens drafted for speculative decoding and verified.", drafted_);
+  sample("kestrel_draft_accepted_tokens_total", "counter", "Drafted tokens that were the model's own (kept).",
+         accepted_);
+  sample("kestrel_grammar_exact_steps_total", "counter",
+         "Structured output with FlashHead: steps whose few allowed tokens were scored exactly instead of the "
+         "candidates.", grammar_exact_);
+  sample("kestrel_grammar_dense_steps_total", "counter",
+         "Structured output with FlashHead: steps where the grammar allowed no candidate and the dense head scored "
+         "the step.", grammar_dense_);
+  sample("kestrel_sessions", "gauge", "Sessions (KV caches) the server holds (--parallel).", sessions_);
+  sample("kestrel_kv_cache_bytes", "gauge", "Bytes of all sessions' KV caches.", kv_bytes_);
+  sample("process_resident_memory_bytes", "gauge",
+         "Resident memory of the server process (weights, KV caches, buffers).", resident_bytes());
+  sample("kestrel_generation_tokens_total", "counter", "Tokens generated.", generated_tokens_);
+  sample("kestrel_requests_cancelled_total", "counter", "Generations stopped because the client went away.",
+         cancelled_);
+  sample("kestrel_queue_depth", "gauge", "Requests waiting for a session (FIFO).", static_cast<uint64_t>(queue_depth_));
+  sample("kestrel_requests_running", "gauge", "Requests generating now (batched together).",
+         static_cast<uint64_t>(running_));
   out += ttft_.render("kestrel_time_to_first_token_seconds", "Request arrival to the first generated token (TTFT).");
   out += itl_.render("kestrel_inter_token_latency_seconds", "Time between consecutive generated tokens (ITL).");
   out += latency_.render("kestrel_request_duration_seconds", "Request arrival to the last token.");
