@@ -311,7 +311,8 @@ def test_gemma3_tool_call_parsed_from_the_reply(client, model_id):
     r = client.chat.completions.create(model=model_id, messages=messages, tools=[WEATHER], max_tokens=40,
                                        temperature=0)
     choice = r.choices[0]
-    assert choice.finish_reason == "tool_calls", choice.message
+    # the base model may go on after its call until max_tokens: then the finish is "length"
+    assert choice.finish_reason == ("length" if r.usage.completion_tokens == 40 else "tool_calls"), choice.message
     call = choice.message.tool_calls[0]
     assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
     chunks = list(client.chat.completions.create(model=model_id, messages=messages, tools=[WEATHER], max_tokens=40,
@@ -323,7 +324,7 @@ def test_gemma3_tool_call_parsed_from_the_reply(client, model_id):
     streamed_content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert streamed_content == (choice.message.content or "")
     assert [d.function.arguments for d in deltas] == [t.function.arguments for t in choice.message.tool_calls]
-    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["tool_calls"]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == [choice.finish_reason]
 
 
 # --- errors -----------------------------------------------------------------------------------
@@ -615,5 +616,8 @@ def test_random_field_values_never_crash(server):
         if status == 400:
             assert reply["error"]["type"] == "invalid_request_error"
         statuses.add(status)
-    assert statuses == {200, 400}
+    assert statuses <= {200, 400}
+    # (the sample may hold no valid request: completions read response_format since structured
+    # output) and the server still answers one
+    assert server.request("POST", "/v1/completions", {"prompt": "hi", "max_tokens": 2})[0] == 200
     assert server.request("GET", "/health")[0] == 200
