@@ -50,6 +50,7 @@ class FakeModel final : public Generator {
     }
     return out;
   }
+  Drafts last_drafts() const override { return {3 * prompts.size(), 2 * prompts.size()}; }
 
   double prefill_s_per_token = 0.001;  // 1,000 tok/s
   double decode_s_per_token = 0.02;    // 50 tok/s
@@ -96,6 +97,21 @@ TEST(BenchMethodology, SuitesAreTheModelCards) {
   EXPECT_EQ(d.requests, 10u);
   EXPECT_TRUE(d.same_prompt);
   EXPECT_EQ(d.prompts_needed(), 1u);
+}
+
+TEST(BenchMethodology, DraftCountsOfMeasuredRequestsAreSummed) {
+  FakeClock clock;
+  FakeModel model(clock);  // the k-th call reports 3k drafted, 2k accepted
+  const SuiteSpec spec = decode_suite();  // 2 warm-ups, then calls 3..12
+  const SuiteResult r = run_suite(spec, distinct_prompts(3072, 1), model, clock, nullptr, nullptr);
+  ASSERT_EQ(r.requests.size(), 12u);
+  EXPECT_EQ(r.requests[0].drafted_tokens, 3u);
+  EXPECT_EQ(r.requests[11].accepted_tokens, 24u);
+  EXPECT_EQ(r.drafted_tokens, 3u * (3 + 4 + 5 + 6 + 7 + 8 + 9 + 10 + 11 + 12));
+  EXPECT_EQ(r.accepted_tokens, 2u * (3 + 4 + 5 + 6 + 7 + 8 + 9 + 10 + 11 + 12));
+  const auto j = suite_json(r);
+  EXPECT_EQ(j.at("summary").at("drafted_tokens"), r.drafted_tokens);
+  EXPECT_EQ(j.at("requests")[0].at("accepted_tokens"), 2u);
 }
 
 TEST(BenchMethodology, ThroughputCountsPromptsAndFormulas) {

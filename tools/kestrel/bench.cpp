@@ -55,6 +55,8 @@ struct BenchCliOptions {
   bool sensors = false;
   std::vector<size_t> concurrency;  // --concurrency: the scheduler benchmark instead of the suites
   size_t prefill_chunk = 64;
+  std::string draft = "none";  // speculative decoding in the suites (off: the model card measures plain decode)
+  size_t draft_max = runtime::kMaxDraft;
 };
 
 struct ModelArg {
@@ -209,15 +211,18 @@ bench::VariantResult run_model(const ModelArg& m, const BenchCliOptions& o, cons
   }
   v.rss_idle_bytes = bench::read_rss().rss_bytes;
 
-  bench::EngineGenerator generator(engine);
+  bench::EngineGenerator generator(engine, runtime::parse_draft_mode(o.draft), o.draft_max);
   bench::SteadyClock clock;
   Progress progress(m.label, !o.no_progress);
   for (size_t i = 0; i < specs.size(); ++i) {
     v.suites.push_back(bench::run_suite(specs[i], prompts[i], generator, clock, &monitor, std::ref(progress)));
     const auto& r = v.suites.back();
     char line[256];
-    std::snprintf(line, sizeof line, "%s: prefill %.1f tok/s, decode %.1f tok/s, end-to-end %.3f s (mean of %zu)",
-                  r.spec.name.c_str(), r.prefill_tok_s.mean, r.decode_tok_s.mean, r.e2e_s.mean, r.spec.requests);
+    std::snprintf(line, sizeof line, "%s: prefill %.1f tok/s, decode %.1f tok/s, end-to-end %.3f s (mean of %zu)%s",
+                  r.spec.name.c_str(), r.prefill_tok_s.mean, r.decode_tok_s.mean, r.e2e_s.mean, r.spec.requests,
+                  r.drafted_tokens > 0 ? (", drafted " + std::to_string(r.drafted_tokens) + ", accepted " +
+                                          std::to_string(r.accepted_tokens)).c_str()
+                                       : "");
     progress.done(line);
   }
   v.peak_rss_bytes = bench::read_rss().peak_bytes;
@@ -448,6 +453,14 @@ Command add_bench_command(CLI::App& app) {
                   "scheduler, for each N given (e.g. --concurrency 1,2,4): aggregate decode tok/s, ITL, TTFT")
       ->delimiter(',')
       ->check(integer_range(size_t{1}, size_t{64}));
+  cmd->add_option("--draft", o->draft,
+                  "Speculative decoding in the suites: none (default, the model card's plain decode), ngram or "
+                  "auto; the tokens are the same, the JSON counts drafted and accepted tokens")
+      ->check(CLI::IsMember({"none", "ngram", "auto"}))
+      ->capture_default_str();
+  cmd->add_option("--draft-max", o->draft_max, "Tokens drafted per verification at most")
+      ->check(integer_range(size_t{0}, runtime::kMaxDraft))
+      ->capture_default_str();
   cmd->add_option("--prefill-chunk", o->prefill_chunk, "With --concurrency: the scheduler's prefill chunk")
       ->check(integer_range(size_t{1}, size_t{256}))
       ->capture_default_str();

@@ -7,6 +7,8 @@ std::vector<TokenId> EngineGenerator::generate(const GenerationRequest& request,
   GenerateOptions options;
   options.max_tokens = request.output_tokens;
   options.ignore_eos = request.ignore_eos;
+  options.draft = draft_;
+  options.draft_max = draft_max_;
   if (request.greedy) {
     options.sampler.temperature = 0;
     options.sampler.repeat_penalty = 1;
@@ -17,7 +19,9 @@ std::vector<TokenId> EngineGenerator::generate(const GenerationRequest& request,
       return true;
     };
   }
-  return engine_.generate(request.prompt, options).tokens;
+  GenerateResult result = engine_.generate(request.prompt, options);
+  drafts_ = {result.drafted_tokens, result.accepted_tokens};
+  return std::move(result.tokens);
 }
 
 }  // namespace kestrel::runtime::bench

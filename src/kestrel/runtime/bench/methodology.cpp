@@ -104,6 +104,9 @@ SuiteResult run_suite(const SuiteSpec& spec, std::span<const std::vector<TokenId
                          ? static_cast<double>(r.output_tokens - 1) / r.decode_s : 0;
     for (size_t k = 1; k < stamps.size(); ++k) r.itl_max_s = std::max(r.itl_max_s, stamps[k] - stamps[k - 1]);
     if (e0 && e1) r.energy_j = *e1 - *e0;
+    const Generator::Drafts drafts = generator.last_drafts();
+    r.drafted_tokens = drafts.drafted;
+    r.accepted_tokens = drafts.accepted;
 
     if (i == spec.warmup) {
       measured_start = t0;
@@ -124,6 +127,8 @@ SuiteResult run_suite(const SuiteSpec& spec, std::span<const std::vector<TokenId
     prefill.push_back(r.prefill_tok_s);
     decode.push_back(r.decode_tok_s);
     result.generated_tokens += r.output_tokens;
+    result.drafted_tokens += r.drafted_tokens;
+    result.accepted_tokens += r.accepted_tokens;
   }
   result.e2e_s = stat_of(e2e);
   result.ttft_s = stat_of(ttft);

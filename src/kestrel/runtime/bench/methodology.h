@@ -63,6 +63,11 @@ class Generator {
   virtual ~Generator() = default;
   virtual std::vector<TokenId> generate(const GenerationRequest& request,
                                         const std::function<void(TokenId)>& on_token) = 0;
+  /// Speculative decoding in the last generate(): tokens drafted and verified, and those kept.
+  struct Drafts {
+    size_t drafted = 0, accepted = 0;
+  };
+  virtual Drafts last_drafts() const { return {}; }
 };
 
 /// A cumulative energy counter (joules since an arbitrary origin); nullopt when no sensor is
@@ -87,6 +92,8 @@ struct RequestResult {
   double decode_tok_s = 0;   // (output_tokens - 1) / decode_s; 0 when output_tokens < 2
   double itl_max_s = 0;      // the longest gap between two consecutive generated tokens
   std::optional<double> energy_j;  // energy over the request when a sensor is readable
+  size_t drafted_tokens = 0;   // speculative decoding: tokens drafted and verified
+  size_t accepted_tokens = 0;  // drafted tokens that were the model's own (kept)
 };
 
 /// Mean, median, minimum, maximum and sample standard deviation of a figure.
@@ -102,6 +109,7 @@ struct SuiteResult {
   std::vector<RequestResult> requests;  // warm-ups first, all of them
   Stat e2e_s, ttft_s, prefill_tok_s, decode_tok_s;  // over measured requests only
   size_t generated_tokens = 0;  // over measured requests
+  size_t drafted_tokens = 0, accepted_tokens = 0;  // over measured requests (speculative decoding)
   double wall_s = 0;            // first measured request start to last measured request end
   std::optional<double> energy_j;            // over the same span, when readable
   std::optional<double> energy_per_token_j;  // energy_j / generated_tokens

@@ -111,7 +111,9 @@ nlohmann::json suite_json(const SuiteResult& suite) {
                         {"prefill_tok_s", r.prefill_tok_s},
                         {"decode_tok_s", r.decode_tok_s},
                         {"itl_max_s", r.itl_max_s},
-                        {"energy_j", opt(r.energy_j)}});
+                        {"energy_j", opt(r.energy_j)},
+                        {"drafted_tokens", r.drafted_tokens},
+                        {"accepted_tokens", r.accepted_tokens}});
   }
   const SuiteSpec& s = suite.spec;
   return {{"prompt_tokens", s.prompt_tokens},
@@ -125,6 +127,8 @@ nlohmann::json suite_json(const SuiteResult& suite) {
             {"prefill_tok_s", stat_json(suite.prefill_tok_s)},
             {"decode_tok_s", stat_json(suite.decode_tok_s)},
             {"generated_tokens", suite.generated_tokens},
+            {"drafted_tokens", suite.drafted_tokens},
+            {"accepted_tokens", suite.accepted_tokens},
             {"wall_s", suite.wall_s},
             {"energy_j", opt(suite.energy_j)},
             {"energy_per_token_j", opt(suite.energy_per_token_j)},
