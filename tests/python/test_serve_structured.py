@@ -185,3 +185,25 @@ def test_vllm_structured_outputs_and_guided_fields(client, server):
     text = r["choices"][0]["text"]
     valid(text, schema)
     assert text.index('"zeta"') < text.index('"alpha"')  # the schema's order, not sorted
+
+
+def test_grammars_that_match_nothing_or_are_too_large_are_400s(server):
+    nothing = "matches no text at all"
+    assert nothing in error_of(server, {"prompt": "x", "max_tokens": 5, "json_schema": {"$ref": "#"}},
+                               "/v1/completions")["message"]
+    loop = {"$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}}
+    assert nothing in error_of(server, {"prompt": "x", "json_schema": loop}, "/v1/completions")["message"]
+    e = error_of(server, {"prompt": "x", "guided_regex": "[^\\s\\S]"}, "/v1/completions")
+    assert e["param"] == "guided_regex" and nothing in e["message"]
+    assert nothing in error_of(server, {"prompt": "x", "grammar": "root ::= root"}, "/v1/completions")["message"]
+    big = {"type": "object", "properties": {f"p{i}": {"type": "string", "description": "d" * 40} for i in range(3000)}}
+    e = error_of(server, {"prompt": "x", "json_schema": big}, "/v1/completions")
+    assert e["param"] == "json_schema" and "at most 65536" in e["message"]
+    e = error_of(server, {"prompt": "x", "grammar": 'root ::= "hello world"', "stop": ["lo w"]}, "/v1/completions")
+    assert e["param"] == "stop"
+    assert error_of(server, {"prompt": "x", "structured_outputs": {}}, "/v1/completions")["param"] == "structured_outputs"
+    e = error_of(server, {"prompt": "x", "structured_outputs": {"yaml": "a: 1"}}, "/v1/completions")
+    assert e["param"] == "structured_outputs.yaml"
+    assert server.request("GET", "/health")[0] == 200
+    status, r = server.request("POST", "/v1/completions", {"prompt": "x", "max_tokens": 3, "guided_regex": "[0-9]{3}"})
+    assert status == 200 and re.fullmatch("[0-9]{3}", r["choices"][0]["text"])

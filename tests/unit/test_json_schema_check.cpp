@@ -221,4 +221,8 @@ TEST(StrictDateFormats, FormatsBecomePatternsAndDataIsLeftAlone) {
   EXPECT_EQ(p.at("e").at("format"), "uri");
   EXPECT_EQ(out.at("default").at("format"), "date");
   EXPECT_EQ(out.at("enum")[0].at("format"), "time");
+  // a property named like a data keyword is still a schema
+  const auto named = nlohmann::json::parse(kestrel::runtime::with_bounded_formats(
+      R"({"type":"object","properties":{"enum":{"type":"string","format":"date"}}})"));
+  EXPECT_TRUE(named.at("properties").at("enum").contains("pattern"));
 }

@@ -168,11 +168,26 @@ xgrammar::Grammar grammar_of(const GrammarSpec& spec) {
 }  // namespace
 
 std::shared_ptr<const CompiledGrammar> GrammarCompiler::compile(const GrammarSpec& spec) {
+  if (spec.text.size() > kMaxGrammarBytes) {
+    throw InvalidGrammar("the schema or grammar has " + std::to_string(spec.text.size()) + " bytes; at most " +
+                         std::to_string(kMaxGrammarBytes) + " are compiled (compiling grows with its size)");
+  }
   const xgrammar::Grammar grammar = grammar_of(spec);
-  std::lock_guard lock(impl_->mutex);
-  auto& compiler = impl_->compiler(spec.control_tokens_as_text);
-  return std::make_shared<const CompiledGrammar>(compiled("grammar", [&] { return compiler.CompileGrammar(grammar); }),
-                                                 n_vocab_);
+  std::shared_ptr<const CompiledGrammar> result;
+  {
+    std::lock_guard lock(impl_->mutex);
+    auto& compiler = impl_->compiler(spec.control_tokens_as_text);
+    result = std::make_shared<const CompiledGrammar>(
+        compiled("grammar", [&] { return compiler.CompileGrammar(grammar); }), n_vocab_);
+  }
+  // A grammar that admits no first token matches no text at all ($ref loops, an empty
+  // character class, a rule defined only by itself): the client's error, found here, not
+  // while generating.
+  if (TokenConstraint(result).update() == 0) {
+    throw InvalidGrammar("the schema or grammar matches no text at all (a $ref loop, an empty character class, "
+                         "or a rule that only refers to itself?)");
+  }
+  return result;
 }
 
 std::string GrammarCompiler::ebnf(const GrammarSpec& spec) { return grammar_of(spec).ToString(); }

@@ -42,6 +42,12 @@ void rewrite(ordered_json& schema) {
   }
   for (auto& [key, value] : schema.items()) {
     if (key == "enum" || key == "const" || key == "default" || key == "examples") continue;
+    // Maps from names to schemas: a property called "enum" is a schema, not data.
+    if ((key == "properties" || key == "$defs" || key == "definitions" || key == "patternProperties") &&
+        value.is_object()) {
+      for (auto& [name, sub] : value.items()) rewrite(sub);
+      continue;
+    }
     rewrite(value);
   }
 }

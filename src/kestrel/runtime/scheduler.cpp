@@ -264,12 +264,26 @@ void Scheduler::step() {
   }
   std::vector<TokenScores> scores(scored.size());
   Session::score_batch(scored, scores);
+  // A request whose step throws (e.g. a grammar that allows no token) ends with that error;
+  // the others go on.
+  std::vector<std::pair<const Job*, std::exception_ptr>> failed;
   for (size_t i = 0, k = 0; i < rows.size(); ++i) {
     Generation& g = *rows[i].job->generation;
     const size_t n = rows[i].tokens.size();
-    g.advance(n, g.needs_scores(n) ? scores[k++] : TokenScores{});
+    const TokenScores s = g.needs_scores(n) ? scores[k++] : TokenScores{};
+    try {
+      g.advance(n, s);
+    } catch (...) {
+      failed.emplace_back(rows[i].job, std::current_exception());
+    }
   }
   std::erase_if(running_, [&](const std::shared_ptr<Job>& job) {
+    for (const auto& [j, error] : failed) {
+      if (j == job.get()) {
+        complete(job, error);
+        return true;
+      }
+    }
     if (!job->generation->done()) return false;
     complete(job, nullptr);
     return true;

@@ -276,6 +276,10 @@ void App::handle_generate(const httplib::Request& req, httplib::Response& res, c
     // Compiled before the request takes a place: a schema or grammar that does not compile, or
     // a keyword that would not be enforced, is the client's 400 naming the field.
     std::shared_ptr<const runtime::CompiledGrammar> grammar;
+    if (r.grammar && !r.stop.empty()) {
+      throw bad_request("'stop' cannot be combined with structured output ('" + r.grammar_param +
+                            "'): a stop string would cut the answer the grammar shapes", "stop");
+    }
     if (r.grammar) {
       if (r.grammar->kind == runtime::GrammarSpec::Kind::kJsonSchema) {
         r.grammar->text = schema_in_client_order(raw, r.schema_pointer);

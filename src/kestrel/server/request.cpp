@@ -137,10 +137,11 @@ void parse_structured_output(const json& body, GenerationRequest& r) {
   if (const json* grammar = field(body, "grammar")) set("grammar", {Kind::kEbnf, text(*grammar, "grammar"), false});
   // vLLM's structured_outputs {json | regex | choice | grammar} and its older guided_* fields.
   auto choice = [&](const json& v, const std::string& param) {
-    if (!v.is_array() || v.empty()) wrong_type(param, "a non-empty array of strings", v);
+    if (!v.is_array()) wrong_type(param, "an array of strings", v);
+    if (v.empty()) throw bad_request("'" + param + "' is empty: give at least one string", param);
     std::string regex;
     for (const auto& c : v) {
-      if (!c.is_string()) wrong_type(param, "a non-empty array of strings", v);
+      if (!c.is_string()) wrong_type(param + "[]", "a string", c);
       regex += regex.empty() ? "(" : "|";
       for (char ch : c.get<std::string>()) {
         if (std::string_view("\\^$.|?*+()[]{}/").find(ch) != std::string_view::npos) regex += '\\';
@@ -151,10 +152,19 @@ void parse_structured_output(const json& body, GenerationRequest& r) {
   };
   if (const json* so = field(body, "structured_outputs")) {
     if (!so->is_object()) wrong_type("structured_outputs", "an object", *so);
-    if (const json* v = field(*so, "json")) schema_at(*v, "structured_outputs", "/structured_outputs/json", false);
-    if (const json* v = field(*so, "regex")) set("structured_outputs", {Kind::kRegex, text(*v, "structured_outputs.regex")});
-    if (const json* v = field(*so, "choice")) set("structured_outputs", {Kind::kRegex, choice(*v, "structured_outputs.choice")});
-    if (const json* v = field(*so, "grammar")) set("structured_outputs", {Kind::kEbnf, text(*v, "structured_outputs.grammar")});
+    for (const auto& [key, value] : so->items()) {
+      if (key != "json" && key != "regex" && key != "choice" && key != "grammar" && !value.is_null()) {
+        throw bad_request("'structured_outputs." + key + "' is not supported (json, regex, choice or grammar)",
+                          "structured_outputs." + key);
+      }
+    }
+    if (const json* v = field(*so, "json")) schema_at(*v, "structured_outputs.json", "/structured_outputs/json", false);
+    if (const json* v = field(*so, "regex")) set("structured_outputs.regex", {Kind::kRegex, text(*v, "structured_outputs.regex")});
+    if (const json* v = field(*so, "choice")) set("structured_outputs.choice", {Kind::kRegex, choice(*v, "structured_outputs.choice")});
+    if (const json* v = field(*so, "grammar")) set("structured_outputs.grammar", {Kind::kEbnf, text(*v, "structured_outputs.grammar")});
+    if (!r.grammar || r.grammar_param.rfind("structured_outputs", 0) != 0) {
+      throw bad_request("'structured_outputs' needs one of json, regex, choice or grammar", "structured_outputs");
+    }
   }
   if (const json* v = field(body, "guided_json")) schema_at(*v, "guided_json", "/guided_json", false);
   if (const json* v = field(body, "guided_regex")) set("guided_regex", {Kind::kRegex, text(*v, "guided_regex")});

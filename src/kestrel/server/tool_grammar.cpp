@@ -224,7 +224,14 @@ class Gemma4Writer {
   std::string scalar_literal(const json& v, const std::string& ptr, const char* kw) const {
     if (v.is_string()) {
       if (has_marker(v.get<std::string>())) fail(ptr, kw, "holds a string with '<|' or '|>'");
-      return "(" + quote() + " " + literal(v.get<std::string>()) + " " + quote() + ")";
+      // (appended piece by piece: GCC 12 warns falsely (-Wrestrict) on "(" + std::string&&)
+      std::string out = "(";
+      out += quote();
+      out += " ";
+      out += literal(v.get<std::string>());
+      out += " ";
+      out += quote();
+      return out + ")";
     }
     if (v.is_number() || v.is_boolean() || v.is_null()) return literal(v.dump());
     fail(ptr, kw, "may only list strings, numbers, booleans and null");
@@ -332,6 +339,9 @@ std::string gemma3_tool_structural_tag(const ForcedToolChoice& choice) {
         throw InvalidGrammar(where + ": parameters: " + e.what(), e.where());
       }
       if (!schema.contains("type")) schema["type"] = "object";
+      // dates, times and e-mail addresses as the bounded patterns structured output uses
+      const std::string bounded = runtime::with_bounded_formats(schema.dump());
+      schema = json::parse(bounded);
     }
     calls.push_back({{"type", "tag"},
                      {"begin", "<tool_call>{\"name\": " + json(tool->name).dump() + ", \"arguments\": "},
