@@ -197,7 +197,8 @@ def run_suite(llm, name, spec, energy, progress):
                          "output_tokens": n, "ttft_s": ttft, "e2e_s": e2e, "decode_s": dec,
                          "prefill_tok_s": len(prompt) / ttft, "decode_tok_s": (n - 1) / dec if n > 1 else 0.0,
                          "itl_max_s": max((b - a for a, b in zip(stamps, stamps[1:])), default=0.0),
-                         "energy_j": None if e0 is None or e1 is None else e1 - e0})
+                         "energy_j": None if e0 is None or e1 is None else e1 - e0,
+                         "drafted_tokens": 0, "accepted_tokens": 0})  # (no speculative decoding here)
         if i == spec["warmup_requests"]:
             t_start, e_start = t0, e0
         t_end, e_end = t1, e1
@@ -209,7 +210,8 @@ def run_suite(llm, name, spec, energy, progress):
             "warmup_requests": spec["warmup_requests"], "measured_requests": spec["measured_requests"],
             "same_prompt": spec["same_prompt"],
             "summary": {**{k: stat([r[k] for r in measured]) for k in ("e2e_s", "ttft_s", "prefill_tok_s", "decode_tok_s")},
-                        "generated_tokens": generated, "wall_s": wall, "energy_j": ej,
+                        "generated_tokens": generated, "drafted_tokens": 0, "accepted_tokens": 0,
+                        "wall_s": wall, "energy_j": ej,
                         "energy_per_token_j": None if ej is None else ej / generated,
                         "avg_power_w": None if ej is None or wall <= 0 else ej / wall},
             "requests": requests}
