@@ -258,7 +258,5 @@ size_t TokenConstraint::apply(TokenScores scores) const {
 }
 
 bool TokenConstraint::accept(TokenId token) { return impl_->matcher.AcceptToken(token); }
-bool TokenConstraint::completed() const { return impl_->matcher.IsCompleted(); }
-bool TokenConstraint::terminated() const { return impl_->matcher.IsTerminated(); }
 
 }  // namespace kestrel::runtime

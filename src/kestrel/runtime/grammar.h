@@ -80,7 +80,6 @@ class GrammarCompiler {
   /// tests that compare the masks with another build of the library. Throws as compile().
   std::string ebnf(const GrammarSpec& spec);
 
-  size_t n_vocab() const { return n_vocab_; }
 
  private:
   struct Impl;
@@ -123,10 +122,6 @@ class TokenConstraint {
   size_t apply(TokenScores scores) const;
   /// Advances past `token`. Returns false (and changes nothing) when it was not allowed.
   bool accept(TokenId token);
-  /// True when the grammar's root rule is complete (a stop token may come next).
-  bool completed() const;
-  /// True once a stop token was accepted at a completed position.
-  bool terminated() const;
 
  private:
   struct Impl;
