@@ -2,6 +2,7 @@
 //   build/bench/kestrel_kernels_bench --benchmark_filter=Decode
 #include <benchmark/benchmark.h>
 
+#include <cstdlib>
 #include <random>
 #include <vector>
 
@@ -24,8 +25,13 @@ std::vector<float> gaussian(size_t n) {
   return v;
 }
 
+// KESTREL_BENCH_THREADS threads (default: every core). With 1, the CPU time of a kernel barely
+// depends on what else the machine runs.
 ThreadPool& pool() {
-  static ThreadPool p(0);
+  static ThreadPool p([] {
+    const char* t = std::getenv("KESTREL_BENCH_THREADS");
+    return t != nullptr ? std::atoi(t) : 0;
+  }());
   return p;
 }
 
@@ -87,6 +93,10 @@ BENCHMARK(W4)->Name("Decode/W4")->Args({2048, 1})->Args({65536, 1})->UseRealTime
 BENCHMARK(W4Cols)->Name("Decode/W4")->Args({10240, 1, 2560})->Args({2560, 1, 10240})->Args({40960, 1, 2560})->UseRealTime();
 BENCHMARK(BF16)->Name("Decode/BF16")->Args({2048, 1})->Args({65536, 1})->UseRealTime();
 BENCHMARK(Q8_0)->Name("Decode/Q8_0")->Args({2048, 1})->Args({65536, 1})->UseRealTime();
+// A decode step of several sequences (continuous batching) or a verification of drafted tokens:
+// the layer GEMV over 2-7 tokens, and FlashHead's stage 1 (16384 Q8_0 centroids) over 1-4 rows.
+BENCHMARK(W4)->Name("Batch/W4")->Args({2048, 1})->Args({2048, 2})->Args({2048, 4})->Args({2048, 7})->UseRealTime();
+BENCHMARK(Q8_0)->Name("Batch/Q8_0")->Args({16384, 1})->Args({16384, 2})->Args({16384, 4})->UseRealTime();
 // Prefill: 256 tokens (one forward chunk).
 BENCHMARK(F32)->Name("Prefill/F32")->Args({2048, 256})->UseRealTime();
 BENCHMARK(W4)->Name("Prefill/W4")->Args({2048, 256})->UseRealTime();

@@ -9,6 +9,7 @@
 #include "kestrel/formats/dequant.h"
 #include "kestrel/kernels/matmul.h"
 #include "kestrel/kernels/ops.h"
+#include "hwy/targets.h"
 
 namespace k = kestrel::kernels;
 
@@ -72,6 +73,39 @@ TEST(Kernels, MatmulQ8_0MatchesDequantizedReference) {
   k::matmul(m, x.data(), n, cols, y.data(), rows, pool);
   k::matmul_reference(m, x.data(), n, cols, ref.data(), rows);
   for (size_t i = 0; i < y.size(); ++i) EXPECT_NEAR(y[i], ref[i], 1e-4) << i;
+}
+
+TEST(Kernels, Q8_0ProductsAreTheSameAloneAndBesideOtherTokensOnEverySimdTarget) {
+  // FlashHead scores one hidden state or a step's several (continuous batching, drafted tokens)
+  // with the same Q8_0 rows: a (row, token) product must not depend on the tokens computed beside
+  // it, on any SIMD target this CPU runs (each is also checked against the float64 reference).
+  kestrel::ThreadPool pool(2);
+  const size_t rows = 21, cols = 640 + 32, n = 9;
+  const auto blocks = to_q8_0(random_vector(rows * cols, 5));
+  const auto x = random_vector(n * cols, 6);
+  const k::Matrix m{k::WeightType::kQ8_0, blocks.data(), rows, cols};
+  std::vector<float> ref(n * rows);
+  k::matmul_reference(m, x.data(), n, cols, ref.data(), rows);
+  const auto targets = hwy::SupportedAndGeneratedTargets();
+  ASSERT_FALSE(targets.empty());
+  for (int64_t target : targets) {
+    hwy::SetSupportedTargetsForTest(target);
+    std::vector<float> alone(n * rows);
+    for (size_t t = 0; t < n; ++t) {
+      for (size_t r = 0; r < rows; ++r) k::matmul_rows(m, &x[t * cols], 1, cols, &alone[t * rows + r] - r, 0, r, r + 1);
+    }
+    for (size_t i = 0; i < alone.size(); ++i) {
+      ASSERT_NEAR(alone[i], ref[i], 1e-4) << hwy::TargetName(target) << " " << i;
+    }
+    for (size_t tokens = 2; tokens <= n; ++tokens) {
+      std::vector<float> y(tokens * rows);
+      k::matmul(m, x.data(), tokens, cols, y.data(), rows, pool);
+      for (size_t i = 0; i < y.size(); ++i) {
+        ASSERT_EQ(y[i], alone[i]) << hwy::TargetName(target) << " tokens=" << tokens << " i=" << i;
+      }
+    }
+  }
+  hwy::SetSupportedTargetsForTest(0);
 }
 
 TEST(Kernels, RmsNormHandComputed) {

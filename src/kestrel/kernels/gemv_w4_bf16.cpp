@@ -65,7 +65,7 @@ KESTREL_BF16_TARGET __m512 row_scales8(const Matrix& w, const W4GemvInput& in, s
 // Row r's scales as float32 into `scales` ([n_groups] + 16 floats of slack), and the float32
 // lanes of sum_g (m_g - 128 d_g) * sum_g(x) (m_g = -8 d_g for symmetric groups): the offsets that
 // turn the dot products with 128 + q into the dot products with the weights. The per-group
-// offsets m_g - 128 d_g go to `offsets` ([n_groups] floats) for more tokens (token_offsets).
+// offsets m_g - 128 d_g go to `offsets` ([n_groups] floats) for the other tokens of gemv_row_tokens.
 KESTREL_BF16_TARGET __m512 row_scales(const Matrix& w, const W4GemvInput& in, size_t r, float* scales,
                                       float* offsets) {
   const size_t n_groups = w.cols / w.group_size;
@@ -95,16 +95,44 @@ KESTREL_BF16_TARGET __m512 row_scales(const Matrix& w, const W4GemvInput& in, si
   return offset_acc;
 }
 
-// row_scales' offset lanes for another token, from the offsets it stored: the same operations in
-// the same order, so the same float32 lanes as row_scales would return for `in`.
-KESTREL_BF16_TARGET __m512 token_offsets(const float* offsets, const W4GemvInput& in, size_t n_groups) {
-  __m512 offset_acc = _mm512_setzero_ps();
-  for (size_t g = 0; g < n_groups; g += 16) {
-    const __mmask16 mask = n_groups - g >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n_groups - g)) - 1);
-    offset_acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask, &offsets[g]),
-                                 _mm512_maskz_loadu_ps(mask, &in.group_sums[g]), offset_acc);
+// The scales of chunk after chunk of a row, without a division per chunk: with groups of at most
+// 128 a chunk spans kChunk / G of them (lanes spread by `pattern`), with larger groups a group
+// spans G / kChunk chunks (one scale broadcast).
+class ChunkScales {
+ public:
+  ChunkScales(const float* scales, size_t group_size)
+      : next_(scales),
+        step_(group_size <= kChunk ? kChunk / group_size : 0),
+        chunks_per_group_(group_size > kChunk ? group_size / kChunk : 1) {}
+  // The scales of the next chunk, in the lanes of its dot products.
+  KESTREL_BF16_TARGET __m512 next(__m512i pattern) {
+    if (step_ != 0) {
+      const __m512 d = _mm512_permutexvar_ps(pattern, _mm512_loadu_ps(next_));
+      next_ += step_;
+      return d;
+    }
+    const __m512 d = _mm512_set1_ps(*next_);
+    if (++in_group_ == chunks_per_group_) in_group_ = 0, ++next_;
+    return d;
   }
-  return offset_acc;
+
+ private:
+  const float* next_;
+  size_t step_, chunks_per_group_, in_group_ = 0;
+};
+
+// Lane 4k of the result is _mm512_reduce_add_ps(v[k]) for k < 4, with the same additions in the
+// same order as GCC's implementation of it (halves of 8 lanes added, then halves of 4, then lanes
+// i and i + 2, then lanes 0 and 1), so bit-identical to it: four sums for the cost of about one.
+KESTREL_BF16_TARGET __m512 reduce_add4(__m512 v0, __m512 v1, __m512 v2, __m512 v3) {
+  const __m512 s01 = _mm512_add_ps(_mm512_shuffle_f32x4(v0, v1, _MM_SHUFFLE(3, 2, 3, 2)),
+                                   _mm512_shuffle_f32x4(v0, v1, _MM_SHUFFLE(1, 0, 1, 0)));
+  const __m512 s23 = _mm512_add_ps(_mm512_shuffle_f32x4(v2, v3, _MM_SHUFFLE(3, 2, 3, 2)),
+                                   _mm512_shuffle_f32x4(v2, v3, _MM_SHUFFLE(1, 0, 1, 0)));
+  const __m512 u = _mm512_add_ps(_mm512_shuffle_f32x4(s01, s23, _MM_SHUFFLE(3, 1, 3, 1)),
+                                 _mm512_shuffle_f32x4(s01, s23, _MM_SHUFFLE(2, 0, 2, 0)));
+  const __m512 w = _mm512_add_ps(u, _mm512_permute_ps(u, _MM_SHUFFLE(1, 0, 3, 2)));
+  return _mm512_add_ps(w, _mm512_permute_ps(w, _MM_SHUFFLE(2, 3, 0, 1)));
 }
 
 // One row: y[r] = sum over chunks of the per-group dot products times the scales, plus the
@@ -119,6 +147,7 @@ KESTREL_BF16_TARGET float gemv_row(const Matrix& w, const W4GemvInput& in, size_
   const __m512 offset_acc = row_scales(w, in, r, scales, offsets);
   const uint8_t* codes = static_cast<const uint8_t*>(w.data) + r * (w.cols / 2);  // kW4 rows: cols / 2 bytes
   const uint16_t* x = in.x.data();
+  ChunkScales chunk_scales(scales, G);
   __m512 acc = _mm512_setzero_ps();
   for (size_t c = 0; c < n_chunks; ++c) {
     const uint16_t* xc = x + kChunk * c;
@@ -132,26 +161,35 @@ KESTREL_BF16_TARGET float gemv_row(const Matrix& w, const W4GemvInput& in, size_
     dot = _mm512_dpbf16_ps(dot, as_bh(_mm512_unpackhi_epi8(lo, bf16_128)), x1);
     dot = _mm512_dpbf16_ps(dot, as_bh(_mm512_unpacklo_epi8(hi, bf16_128)), x2);
     dot = _mm512_dpbf16_ps(dot, as_bh(_mm512_unpackhi_epi8(hi, bf16_128)), x3);
-    const __m512 d = G <= kChunk ? _mm512_permutexvar_ps(pattern, _mm512_loadu_ps(scales + c * kChunk / G))
-                                 : _mm512_set1_ps(scales[c * kChunk / G]);
-    acc = _mm512_fmadd_ps(dot, d, acc);
+    acc = _mm512_fmadd_ps(dot, chunk_scales.next(pattern), acc);
   }
   return _mm512_reduce_add_ps(acc) + _mm512_reduce_add_ps(offset_acc);
 }
 
-// gemv_row for NT tokens (2..4) at once: a chunk's codes are unpacked once and dotted with each
-// token's activations in turn. Per token the same operations in the same order as gemv_row, so
-// y is bit-identical to it.
+// gemv_row for NT tokens (2..8) at once: a chunk's codes are unpacked once and dotted with each
+// token's activations in turn; the offsets of all the tokens come from one pass over the group
+// parameters, and the final sums from reduce_add4. Per token the same operations in the same
+// order as gemv_row, so y is bit-identical to it.
 template <size_t NT>
 KESTREL_BF16_TARGET void gemv_row_tokens(const Matrix& w, const W4GemvInput* in, size_t r, float* scales,
                                          float* offsets, __m512i pattern, float* y, size_t y_stride) {
-  const size_t G = w.group_size, n_chunks = w.cols / kChunk;
+  const size_t G = w.group_size, n_chunks = w.cols / kChunk, n_groups = w.cols / G;
   const __m512i low_nibbles = _mm512_set1_epi8(0x0F);
   const __m512i bf16_128 = _mm512_set1_epi8(0x43);
-  __m512 offset_acc[NT], acc[NT];
+  constexpr size_t kPadded = (NT + 3) / 4 * 4;  // reduce_add4 takes tokens four at a time
+  __m512 offset_acc[kPadded], acc[kPadded];
+  for (size_t t = 0; t < kPadded; ++t) offset_acc[t] = acc[t] = _mm512_setzero_ps();
   offset_acc[0] = row_scales(w, in[0], r, scales, offsets);  // the scales are every token's
-  for (size_t t = 1; t < NT; ++t) offset_acc[t] = token_offsets(offsets, in[t], w.cols / G);
-  for (size_t t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+  for (size_t g = 0; g < n_groups; g += 16) {  // row_scales' offset sums for tokens 1.. in one pass
+    const __mmask16 mask = n_groups - g >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n_groups - g)) - 1);
+    const __m512 offset = _mm512_maskz_loadu_ps(mask, &offsets[g]);
+    for (size_t t = 1; t < NT; ++t) {
+      offset_acc[t] = _mm512_fmadd_ps(offset, _mm512_maskz_loadu_ps(mask, &in[t].group_sums[g]), offset_acc[t]);
+    }
+  }
+  const uint16_t* xs[NT];
+  for (size_t t = 0; t < NT; ++t) xs[t] = in[t].x.data();
+  ChunkScales chunk_scales(scales, G);
   const uint8_t* codes = static_cast<const uint8_t*>(w.data) + r * (w.cols / 2);
   for (size_t c = 0; c < n_chunks; ++c) {
     _mm_prefetch(reinterpret_cast<const char*>(codes + 64 * c + kPrefetchBytes), _MM_HINT_T0);
@@ -160,10 +198,9 @@ KESTREL_BF16_TARGET void gemv_row_tokens(const Matrix& w, const W4GemvInput* in,
     const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low_nibbles);
     const __m512bh w0 = as_bh(_mm512_unpacklo_epi8(lo, bf16_128)), w1 = as_bh(_mm512_unpackhi_epi8(lo, bf16_128)),
                    w2 = as_bh(_mm512_unpacklo_epi8(hi, bf16_128)), w3 = as_bh(_mm512_unpackhi_epi8(hi, bf16_128));
-    const __m512 d = G <= kChunk ? _mm512_permutexvar_ps(pattern, _mm512_loadu_ps(scales + c * kChunk / G))
-                                 : _mm512_set1_ps(scales[c * kChunk / G]);
+    const __m512 d = chunk_scales.next(pattern);
     for (size_t t = 0; t < NT; ++t) {
-      const uint16_t* xc = in[t].x.data() + kChunk * c;
+      const uint16_t* xc = xs[t] + kChunk * c;
       __m512 dot = _mm512_dpbf16_ps(_mm512_setzero_ps(), w0, as_bh(_mm512_loadu_si512(xc)));
       dot = _mm512_dpbf16_ps(dot, w1, as_bh(_mm512_loadu_si512(xc + 32)));
       dot = _mm512_dpbf16_ps(dot, w2, as_bh(_mm512_loadu_si512(xc + 64)));
@@ -171,7 +208,14 @@ KESTREL_BF16_TARGET void gemv_row_tokens(const Matrix& w, const W4GemvInput* in,
       acc[t] = _mm512_fmadd_ps(dot, d, acc[t]);
     }
   }
-  for (size_t t = 0; t < NT; ++t) y[t * y_stride + r] = _mm512_reduce_add_ps(acc[t]) + _mm512_reduce_add_ps(offset_acc[t]);
+  for (size_t t0 = 0; t0 < NT; t0 += 4) {
+    const __m512 sums = _mm512_add_ps(reduce_add4(acc[t0], acc[t0 + 1], acc[t0 + 2], acc[t0 + 3]),
+                                      reduce_add4(offset_acc[t0], offset_acc[t0 + 1], offset_acc[t0 + 2],
+                                                  offset_acc[t0 + 3]));
+    alignas(64) float lanes[16];
+    _mm512_store_ps(lanes, sums);
+    for (size_t t = t0; t < std::min(NT, t0 + 4); ++t) y[t * y_stride + r] = lanes[4 * (t - t0)];
+  }
 }
 
 KESTREL_BF16_TARGET void gemv_rows(const Matrix& w, const W4GemvInput* in, size_t n_tokens, float* y,
@@ -189,15 +233,21 @@ KESTREL_BF16_TARGET void gemv_rows(const Matrix& w, const W4GemvInput* in, size_
     for (size_t r = row_begin; r < row_end; ++r) y[r] = gemv_row(w, *in, r, scales.data(), offsets.data(), pattern);
     return;
   }
-  // Several tokens: up to four share each unpacking of a row's codes.
+  // Several tokens: up to eight share each unpacking of a row's codes.
   for (size_t r = row_begin; r < row_end; ++r) {
-    for (size_t t = 0; t < n_tokens; t += 4) {
+    for (size_t t = 0; t < n_tokens; t += 8) {
       float* yt = y + t * y_stride;
-      switch (std::min<size_t>(4, n_tokens - t)) {
-        case 4: gemv_row_tokens<4>(w, in + t, r, scales.data(), offsets.data(), pattern, yt, y_stride); break;
-        case 3: gemv_row_tokens<3>(w, in + t, r, scales.data(), offsets.data(), pattern, yt, y_stride); break;
-        case 2: gemv_row_tokens<2>(w, in + t, r, scales.data(), offsets.data(), pattern, yt, y_stride); break;
-        default: yt[r] = gemv_row(w, in[t], r, scales.data(), offsets.data(), pattern); break;
+      float* sc = scales.data();
+      float* of = offsets.data();
+      switch (std::min<size_t>(8, n_tokens - t)) {
+        case 8: gemv_row_tokens<8>(w, in + t, r, sc, of, pattern, yt, y_stride); break;
+        case 7: gemv_row_tokens<7>(w, in + t, r, sc, of, pattern, yt, y_stride); break;
+        case 6: gemv_row_tokens<6>(w, in + t, r, sc, of, pattern, yt, y_stride); break;
+        case 5: gemv_row_tokens<5>(w, in + t, r, sc, of, pattern, yt, y_stride); break;
+        case 4: gemv_row_tokens<4>(w, in + t, r, sc, of, pattern, yt, y_stride); break;
+        case 3: gemv_row_tokens<3>(w, in + t, r, sc, of, pattern, yt, y_stride); break;
+        case 2: gemv_row_tokens<2>(w, in + t, r, sc, of, pattern, yt, y_stride); break;
+        default: yt[r] = gemv_row(w, in[t], r, sc, of, pattern); break;
       }
     }
   }

@@ -41,7 +41,7 @@ void prepare_w4_gemv(const float* x, size_t cols, size_t group_size, W4GemvInput
 void gemv_w4_bf16(const Matrix& w, const W4GemvInput& in, float* y, size_t row_begin, size_t row_end);
 
 /// gemv_w4_bf16 of n_tokens tokens: y[t * y_stride + r] for t < n_tokens, in[t] prepared from
-/// token t. A row's codes are read once for all the tokens and unpacked once per four of them;
+/// token t. A row's codes are read once for all the tokens and unpacked once per eight of them;
 /// each y is bit-identical to gemv_w4_bf16's.
 void gemv_w4_bf16_tokens(const Matrix& w, const W4GemvInput* in, size_t n_tokens, float* y, size_t y_stride,
                          size_t row_begin, size_t row_end);

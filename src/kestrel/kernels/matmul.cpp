@@ -147,41 +147,79 @@ HWY_INLINE float HalfToFloat(const uint8_t* p) {
   return hn::GetLane(hn::PromoteTo(d1, hn::LoadU(dh1, reinterpret_cast<const hwy::float16_t*>(p))));
 }
 
-// Dot product of one Q8_0 row with a float32 vector: sum over blocks of d_b * (q_b . x_b).
-float DotQ8_0(const uint8_t* row, const float* x, size_t cols) {
+// Pointers to the activations and outputs of up to 4 tokens from t; returns how many.
+size_t TokenTile(const float* x, size_t x_stride, float* y, size_t y_stride, size_t t,
+                 size_t n_tokens, const float* xs[4], float* ys[4]) {
+  const size_t nt = std::min<size_t>(4, n_tokens - t);
+  for (size_t i = 0; i < nt; ++i) {
+    xs[i] = x + (t + i) * x_stride;
+    ys[i] = y + (t + i) * y_stride;
+  }
+  return nt;
+}
+
+// kT tokens times one Q8_0 row. Each weight is dequantized exactly (an int8 times an fp16
+// scale needs at most 19 significant bits: float32 holds it) and multiplied into float32 by
+// FMA. The row's vectors of N weights go in turn to four accumulators per token (vector v to
+// accumulator v % 4: four independent FMA chains, so the FMA latency does not bound one token),
+// which are summed as (a0 + a1) + (a2 + a3) and then across lanes. Every token sees that same
+// sequence whatever kT is, so a (row, token) product does not depend on the rows or tokens
+// computed beside it (decode, verification rows and batches agree bit for bit).
+template <size_t kT>
+void Q8_0RowTile(const uint8_t* row, size_t cols, const float* const* xs, float* const* ys, size_t r) {
   const hn::ScalableTag<float> d;
   const hn::Rebind<int32_t, decltype(d)> di32;
   const hn::Rebind<int8_t, decltype(d)> di8;
   const size_t N = hn::Lanes(d);
-  auto acc = hn::Zero(d);
-  float scalar = 0.0f;
-  for (size_t b = 0; b < cols / kQ8Block; ++b) {
-    const uint8_t* block = row + b * kQ8BlockBytes;
-    const float scale = HalfToFloat(block);
-    const int8_t* q = reinterpret_cast<const int8_t*>(block + 2);
-    const float* xb = x + b * kQ8Block;
-    if (N <= kQ8Block) {
-      auto part = hn::Zero(d);
-      for (size_t i = 0; i < kQ8Block; i += N) {
-        const auto qf = hn::ConvertTo(d, hn::PromoteTo(di32, hn::LoadU(di8, q + i)));
-        part = hn::MulAdd(qf, hn::LoadU(d, xb + i), part);
+  if (kQ8Block % N != 0) {  // lanes that do not tile a block (no such target today): scalar
+    for (size_t t = 0; t < kT; ++t) {
+      float sum = 0.0f;
+      for (size_t b = 0; b < cols / kQ8Block; ++b) {
+        const uint8_t* block = row + b * kQ8BlockBytes;
+        const float scale = HalfToFloat(block);
+        for (size_t i = 0; i < kQ8Block; ++i) {
+          sum += static_cast<float>(reinterpret_cast<const int8_t*>(block + 2)[i]) * scale * xs[t][b * kQ8Block + i];
+        }
       }
-      acc = hn::MulAdd(hn::Set(d, scale), part, acc);
-    } else {
-      float part = 0.0f;
-      for (size_t i = 0; i < kQ8Block; ++i) part += static_cast<float>(q[i]) * xb[i];
-      scalar += scale * part;
+      ys[t][r] = sum;
+    }
+    return;
+  }
+  using V = decltype(hn::Zero(d));
+  V acc[kT][4];
+  for (size_t t = 0; t < kT; ++t) {
+    for (size_t j = 0; j < 4; ++j) acc[t][j] = hn::Zero(d);
+  }
+  const size_t n_vectors = cols / N;
+  V scale = hn::Zero(d);
+  for (size_t v = 0; v < n_vectors; v += 4) {
+    for (size_t j = 0; j < 4 && v + j < n_vectors; ++j) {
+      const size_t col = (v + j) * N;
+      const uint8_t* block = row + col / kQ8Block * kQ8BlockBytes;
+      if (col % kQ8Block == 0) scale = hn::Set(d, HalfToFloat(block));
+      const auto q = hn::LoadU(di8, reinterpret_cast<const int8_t*>(block + 2) + col % kQ8Block);
+      const auto wv = hn::Mul(hn::ConvertTo(d, hn::PromoteTo(di32, q)), scale);
+      for (size_t t = 0; t < kT; ++t) acc[t][j] = hn::MulAdd(wv, hn::LoadU(d, xs[t] + col), acc[t][j]);
     }
   }
-  return hn::GetLane(hn::SumOfLanes(d, acc)) + scalar;
+  for (size_t t = 0; t < kT; ++t) {
+    ys[t][r] = hn::GetLane(hn::SumOfLanes(d, hn::Add(hn::Add(acc[t][0], acc[t][1]), hn::Add(acc[t][2], acc[t][3]))));
+  }
 }
 
 void MatmulQ8_0Rows(const Matrix& w, const float* x, size_t n_tokens, size_t x_stride, float* y,
                     size_t y_stride, size_t row_begin, size_t row_end) {
-  for (size_t r = row_begin; r < row_end; ++r) {
-    const uint8_t* row = w.row(r);
-    for (size_t t = 0; t < n_tokens; ++t) {
-      y[t * y_stride + r] = DotQ8_0(row, x + t * x_stride, w.cols);
+  for (size_t r = row_begin; r < row_end; ++r) {  // a row stays in L1 for all the tokens
+    for (size_t t = 0; t < n_tokens; t += 4) {
+      const float* xs[4];
+      float* ys[4];
+      const size_t nt = TokenTile(x, x_stride, y, y_stride, t, n_tokens, xs, ys);
+      switch (nt) {
+        case 4: Q8_0RowTile<4>(w.row(r), w.cols, xs, ys, r); break;
+        case 3: Q8_0RowTile<3>(w.row(r), w.cols, xs, ys, r); break;
+        case 2: Q8_0RowTile<2>(w.row(r), w.cols, xs, ys, r); break;
+        default: Q8_0RowTile<1>(w.row(r), w.cols, xs, ys, r); break;
+      }
     }
   }
 }
@@ -262,17 +300,6 @@ void W4RowTile(const uint8_t* qs, const float* scales, const float* offsets, siz
     }
   }
   for (size_t t = 0; t < kT; ++t) ys[t][r] = hn::GetLane(hn::SumOfLanes(d, acc[t]));
-}
-
-// Pointers to the activations and outputs of up to 4 tokens from t; returns how many.
-size_t TokenTile(const float* x, size_t x_stride, float* y, size_t y_stride, size_t t,
-                 size_t n_tokens, const float* xs[4], float* ys[4]) {
-  const size_t nt = std::min<size_t>(4, n_tokens - t);
-  for (size_t i = 0; i < nt; ++i) {
-    xs[i] = x + (t + i) * x_stride;
-    ys[i] = y + (t + i) * y_stride;
-  }
-  return nt;
 }
 
 // One INT4 row to float32 (the unpacking of W4RowTile, stored instead of multiplied).
