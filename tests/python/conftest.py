@@ -1,5 +1,7 @@
 """pytest configuration shared by the CLI and server tests."""
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,10 @@ import llama_cpp_check  # noqa: E402  (scripts/llama_cpp_check.py)
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: long-running (minutes); CI runs a shorter version")
+    # An empty cache: "-m default" (and no -m) means the default GGUF in every test, whether or not
+    # this machine has built the default image (scripts/quickstart.sh does); tests of the cached
+    # image set KESTREL_CACHE themselves.
+    os.environ["KESTREL_CACHE"] = tempfile.mkdtemp(prefix="kestrel-test-cache-")
 
 
 @pytest.fixture(scope="session")

@@ -189,6 +189,7 @@ def test_build_inspect_and_run_an_image(tmp_path):
     from_image = json.loads(kestrel(*args, "-m", image).stdout)["tokens"]
     in_memory = json.loads(kestrel(*args, "--precision", "w4a16", "--group-size", 64).stdout)["tokens"]
     assert from_image == in_memory
+    check_default_prefers_the_cached_image(tmp_path, image, args, from_image, in_memory)
     # Rebuilding from an image is refused and leaves nothing behind.
     again = tmp_path / "again.kimg"
     assert "already a Kestrel image" in error_of(kestrel("build", image, "-o", again))
@@ -197,8 +198,41 @@ def test_build_inspect_and_run_an_image(tmp_path):
     assert not again.exists() and not (tmp_path / "again.kimg.partial").exists()
 
 
+def check_default_prefers_the_cached_image(tmp_path, image, args, from_image, in_memory):
+    """-m default (and no -m) runs the default model's cached image once it exists; a precision
+    to build at load, or a cached image that does not load, runs the GGUF instead."""
+    if os.environ.get("KESTREL_MODEL"):
+        return  # KESTREL_MODEL is what "default" means then
+    cache = tmp_path / "cache"
+    env = {**os.environ, "KESTREL_CACHE": str(cache)}
+    source = kestrel(*args, env=env)
+    assert source.returncode == 0, source.stderr
+    assert "kestrel build default --as-default" in source.stderr  # the one-line hint
+    source_tokens = json.loads(source.stdout)["tokens"]
+    cached = cache / "images" / "gemma-3-270m-w4a16-flashhead.kimg"
+    cached.parent.mkdir(parents=True)
+    cached.symlink_to(image)
+    for model in ((), ("-m", "default")):
+        r = kestrel(*args, *model, env=env)
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["tokens"] == from_image and "--as-default" not in r.stderr
+    at_load = kestrel(*args, "--precision", "w4a16", "--group-size", 64, env=env)
+    assert json.loads(at_load.stdout)["tokens"] == in_memory
+    cached.unlink()
+    with open(image, "rb") as f:
+        cached.write_bytes(f.read(100_000))  # an image that does not load
+    r = kestrel(*args, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "does not load" in r.stderr and "running the default GGUF instead" in r.stderr
+    assert json.loads(r.stdout)["tokens"] == source_tokens
+
+
 def test_build_usage_and_output_errors(tmp_path):
     assert "--group-size" in error_of(kestrel("build", "x.gguf", "-o", tmp_path / "o", "--group-size", 48), code=2)
+    assert "-o,--output: is required (or --as-default)" in error_of(kestrel("build", "default"), code=2)
+    assert "drop -o" in error_of(kestrel("build", "default", "--as-default", "-o", tmp_path / "o"), code=2)
+    assert "must be 'default'" in error_of(kestrel("build", "x.gguf", "--as-default"), code=2)
+    assert "builds a w4a16 image" in error_of(kestrel("build", "default", "--as-default", "--precision", "bf16"), code=2)
     missing = tmp_path / "missing.gguf"
     assert "missing.gguf" in error_of(kestrel("build", missing, "-o", tmp_path / "o.kimg"))
     # Options that mean something only together are usage errors (exit 2), found before any work

@@ -47,6 +47,7 @@ struct BuildCommandOptions {
   size_t probes = 0;
   size_t flashhead_iterations = 8;
   float radius_weight = 0.1f;
+  bool as_default = false;
 };
 
 // FlashHead clustering progress: a redrawn line on a terminal, a line per fifth otherwise.
@@ -104,6 +105,12 @@ void remove_partial_on_signal(const std::string& out) {
 }
 
 int build(const BuildCommandOptions& o) {
+  if (o.as_default) {
+    std::error_code ec;
+    const auto dir = std::filesystem::path(o.out).parent_path();
+    std::filesystem::create_directories(dir, ec);
+    if (ec) throw Error("cannot create " + dir.string() + ": " + ec.message());
+  }
   const auto t0 = std::chrono::steady_clock::now();  // the printed time includes calibration
   remove_partial_on_signal(o.out);
   image::BuildOptions options;
@@ -186,7 +193,10 @@ Command add_build_command(CLI::App& app) {
   auto o = std::make_shared<BuildCommandOptions>();
   auto* cmd = app.add_subcommand("build", "Build a Kestrel model image from a GGUF checkpoint");
   cmd->add_option("source", o->source, "Source GGUF file ('default': the default model) or Hugging Face Gemma 3 checkpoint directory")->required();
-  cmd->add_option("-o,--output", o->out, "Image file to write")->required();
+  cmd->add_option("-o,--output", o->out, "Image file to write (required unless --as-default)");
+  cmd->add_flag("--as-default", o->as_default,
+                "Build the default model's W4A16 + FlashHead image into the cache ($KESTREL_CACHE, else "
+                "~/.cache/kestrel/images/), where run, chat and serve find it for -m default");
   cmd->add_option("--precision", o->precision,
                   "w4a16 (INT4 weights), or bf16 / fp16 (the unquantized baseline)")
       ->check(CLI::IsMember({"w4a16", "bf16", "fp16"}))
@@ -263,6 +273,23 @@ Command add_build_command(CLI::App& app) {
   // Options that only mean something together: usage errors (exit 2) before any work.
   cmd->callback([o, cmd] {
     const auto given = [cmd](const char* name) { return cmd->get_option(name)->count() > 0; };
+    if (o->as_default) {  // the default model's W4A16 + FlashHead image, where -m default finds it
+      if (o->source != "default") {
+        throw CLI::ValidationError("--as-default", "builds the default model's image: the source must be 'default'");
+      }
+      if (const char* env = std::getenv("KESTREL_MODEL"); env != nullptr && *env != '\0') {
+        throw CLI::ValidationError("--as-default", "builds the default model's image, but KESTREL_MODEL names "
+                                                   "another model (the one -m default runs); unset it, or use -o");
+      }
+      if (given("-o")) {
+        throw CLI::ValidationError("--as-default", "chooses the output (" + runtime::default_image_path().string() +
+                                                   "); drop -o");
+      }
+      if (o->precision != "w4a16") throw CLI::ValidationError("--as-default", "builds a w4a16 image");
+      o->out = runtime::default_image_path().string();
+      o->flashhead = true;
+    }
+    if (o->out.empty()) throw CLI::ValidationError("-o,--output", "is required (or --as-default)");
     if (!o->flashhead && (given("--cluster-size") || given("--probes") || given("--radius-weight") ||
                           given("--flashhead-iterations"))) {
       throw CLI::ValidationError("--cluster-size, --probes, --radius-weight and --flashhead-iterations",

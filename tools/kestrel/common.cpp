@@ -1,6 +1,7 @@
 #include "common.h"
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 
 #include "kestrel/base/error.h"
@@ -10,7 +11,9 @@
 namespace kestrel::tools {
 
 void ModelOptions::add_to(CLI::App& cmd) {
-  cmd.add_option("-m,--model", model, "GGUF model file or Kestrel image (default or 'default': $KESTREL_MODEL or Gemma 3 270M)");
+  cmd.add_option("-m,--model", model,
+                 "GGUF model file or Kestrel image (default or 'default': $KESTREL_MODEL, else Gemma 3 270M: its "
+                 "W4A16 + FlashHead image once `kestrel build default --as-default` has built it, else its GGUF)");
   cmd.add_option("-t,--threads", threads, "Threads (default: every core)")->check(integer_range(0, ThreadPool::kMaxThreads));
   cmd.add_option("-c,--ctx", ctx,
                  "Context size in tokens (default 4096, or the model's maximum if smaller; 0: the "
@@ -43,23 +46,59 @@ runtime::EngineOptions ModelOptions::engine_options() const {
 
 namespace {
 
-std::filesystem::path checked_model_path(const std::string& model) {
-  const std::filesystem::path path = runtime::model_path_argument(model);
+void check_not_a_directory(const std::filesystem::path& path) {
   if (std::filesystem::is_directory(path)) {
     throw Error(path.string() + " is a directory (a Hugging Face checkpoint?); build an image from "
                 "it first: kestrel build " + path.string() + " -o model.kimg");
   }
-  return path;
+}
+
+// The default model's GGUF runs with its layers as stored: say once how to get the fast path.
+void hint_default_image() {
+  std::fprintf(stderr,
+               "kestrel: running the default GGUF as stored; `kestrel build default --as-default` (once, a few "
+               "minutes) builds the faster W4A16 + FlashHead image that -m default then runs\n");
+}
+
+// The default image could not be loaded (an image from an older Kestrel, a damaged file): run the
+// GGUF instead of failing, and say how to rebuild it.
+void warn_default_image(const std::exception& e) {
+  std::fprintf(stderr,
+               "kestrel: the default image %s does not load (%s); running the default GGUF instead. "
+               "Rebuild the image with `kestrel build default --as-default`\n",
+               runtime::default_image_path().c_str(), e.what());
 }
 
 }  // namespace
 
+runtime::RunnableModel ModelOptions::resolve() const {
+  runtime::RunnableModel m = runtime::runnable_model(model, precision == "source");
+  check_not_a_directory(m.path);
+  return m;
+}
+
 runtime::Engine ModelOptions::load() const {
-  return runtime::Engine(checked_model_path(model), engine_options());
+  const runtime::RunnableModel m = resolve();
+  if (m.default_gguf) hint_default_image();
+  if (!m.default_image) return runtime::Engine(m.path, engine_options());
+  try {
+    return runtime::Engine(m.path, engine_options());
+  } catch (const Error& e) {
+    warn_default_image(e);
+  }
+  return runtime::Engine(runtime::default_model_path(), engine_options());
 }
 
 std::unique_ptr<runtime::Engine> ModelOptions::load_unique() const {
-  return std::make_unique<runtime::Engine>(checked_model_path(model), engine_options());
+  const runtime::RunnableModel m = resolve();
+  if (m.default_gguf) hint_default_image();
+  if (!m.default_image) return std::make_unique<runtime::Engine>(m.path, engine_options());
+  try {
+    return std::make_unique<runtime::Engine>(m.path, engine_options());
+  } catch (const Error& e) {
+    warn_default_image(e);
+  }
+  return std::make_unique<runtime::Engine>(runtime::default_model_path(), engine_options());
 }
 
 void SamplingOptions::add_to(CLI::App& cmd) {

@@ -11,6 +11,7 @@
 #include <CLI/CLI.hpp>
 
 #include "kestrel/runtime/engine.h"
+#include "kestrel/runtime/model_path.h"
 
 namespace kestrel::tools {
 
@@ -25,6 +26,11 @@ struct ModelOptions {
 
   void add_to(CLI::App& cmd);
   runtime::EngineOptions engine_options() const;
+  /// The file to load (runtime::runnable_model: "default" is the cached default image when it
+  /// exists and the precision is "source"). Throws kestrel::Error for a directory.
+  runtime::RunnableModel resolve() const;
+  /// Loads resolve()'s model; the default image falls back to the default GGUF, with a warning,
+  /// when it does not load.
   runtime::Engine load() const;
   /// As load(), on the heap (an Engine cannot be moved), for the server's background load.
   std::unique_ptr<runtime::Engine> load_unique() const;

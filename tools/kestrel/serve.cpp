@@ -20,8 +20,7 @@ struct ServeOptions {
 };
 
 int serve(ServeOptions& o) {
-  const std::filesystem::path path =
-      runtime::model_path_argument(o.model.model);
+  const std::filesystem::path path = o.model.resolve().path;
   if (o.server.model_id.empty()) o.server.model_id = path.stem().string();
   if (o.server.api_key.empty()) {
     if (const char* key = std::getenv("KESTREL_API_KEY")) o.server.api_key = key;
