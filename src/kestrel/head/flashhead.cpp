@@ -146,24 +146,49 @@ void FlashHead::search_batch(std::span<const float* const> hidden, size_t probes
   }
   std::sort(pieces.begin(), pieces.end(),
             [](const Piece& a, const Piece& b) { return a.head_row < b.head_row || (a.head_row == b.head_row && a.row < b.row); });
+  // Pieces of the same head rows (rows of the step probing the same cluster: the drafted tokens
+  // of one sequence mostly do) are scored together: each Q8_0 row is dequantized once for all of
+  // them, with each product bit-identical to scoring it alone (kernels::matmul).
+  struct Group {
+    size_t first, n;
+  };
+  std::vector<Group> groups;
+  for (size_t p = 0; p < pieces.size(); ++p) {
+    if (!groups.empty() && pieces[groups.back().first].head_row == pieces[p].head_row &&
+        pieces[groups.back().first].count == pieces[p].count) {
+      ++groups.back().n;
+    } else {
+      groups.push_back({p, 1});
+    }
+  }
   // The probed clusters lie scattered over the head (~11 KB each for Gemma 3 270M): reading
   // them one after another leaves the core waiting on DRAM at every new cluster, so the rows of
-  // the piece kPrefetchPieces ahead are requested while this one is scored.
-  constexpr size_t kPrefetchPieces = 2;
+  // the group kPrefetchGroups ahead are requested while this one is scored.
+  constexpr size_t kPrefetchGroups = 2;
   const size_t row_bytes = head_->weight.row_bytes();
-  pool.parallel_for(pieces.size(), 16, [&](size_t b, size_t e) {
-    for (size_t p = b; p < e; ++p) {
-      if (p + kPrefetchPieces < e) {
-        const Piece& ahead = pieces[p + kPrefetchPieces];
+  pool.parallel_for(groups.size(), 8, [&](size_t b, size_t e) {
+    thread_local std::vector<float> xs, ys;
+    for (size_t g = b; g < e; ++g) {
+      if (g + kPrefetchGroups < e) {
+        const Piece& ahead = pieces[groups[g + kPrefetchGroups].first];
         const uint8_t* bytes = head_->weight.row(ahead.head_row);
         for (size_t at = 0; at < ahead.count * row_bytes; at += 64) __builtin_prefetch(bytes + at);
       }
-      const Piece& piece = pieces[p];
-      Candidates& c = *out[piece.row];
-      const kernels::Matrix slice = kernels::row_slice(head_->weight, piece.head_row, piece.count);
-      kernels::matmul_rows(slice, hidden[piece.row], 1, d, &c.logits[piece.at], piece.count, 0, piece.count);
-      for (size_t r = 0; r < piece.count; ++r) c.ids[piece.at + r] = head_->row_tokens[piece.head_row + r];
-      apply_softcap(&c.logits[piece.at], piece.count, head_->final_softcap);
+      const Group& group = groups[g];
+      const Piece& first = pieces[group.first];
+      const size_t count = first.count;
+      const kernels::Matrix slice = kernels::row_slice(head_->weight, first.head_row, count);
+      xs.resize(group.n * d);
+      ys.resize(group.n * count);
+      for (size_t j = 0; j < group.n; ++j) std::copy_n(hidden[pieces[group.first + j].row], d, &xs[j * d]);
+      kernels::matmul_rows(slice, xs.data(), group.n, d, ys.data(), count, 0, count);
+      apply_softcap(ys.data(), ys.size(), head_->final_softcap);
+      for (size_t j = 0; j < group.n; ++j) {
+        const Piece& piece = pieces[group.first + j];
+        Candidates& c = *out[piece.row];
+        std::copy_n(&ys[j * count], count, &c.logits[piece.at]);
+        std::copy_n(&head_->row_tokens[piece.head_row], count, &c.ids[piece.at]);
+      }
     }
   });
 }

@@ -158,13 +158,13 @@ size_t TokenTile(const float* x, size_t x_stride, float* y, size_t y_stride, siz
   return nt;
 }
 
-// kT tokens times one Q8_0 row. Each weight is dequantized exactly (an int8 times an fp16
-// scale needs at most 19 significant bits: float32 holds it) and multiplied into float32 by
-// FMA. The row's vectors of N weights go in turn to four accumulators per token (vector v to
-// accumulator v % 4: four independent FMA chains, so the FMA latency does not bound one token),
-// which are summed as (a0 + a1) + (a2 + a3) and then across lanes. Every token sees that same
-// sequence whatever kT is, so a (row, token) product does not depend on the rows or tokens
-// computed beside it (decode, verification rows and batches agree bit for bit).
+// kT tokens times one Q8_0 row: per block of 32, the int8 codes (converted to float32 once for
+// all the tokens) times the token's activations summed in float32 (`part`), then scaled by the
+// block's fp16 scale into one of two accumulators, even and odd blocks taking turns (two
+// independent FMA chains: one chain made the kernel wait on the FMA latency). The accumulators'
+// sum is summed across lanes. Every token sees that same sequence whatever kT is, so a
+// (row, token) product does not depend on the tokens computed beside it (decode, verification
+// rows and batches agree bit for bit).
 template <size_t kT>
 void Q8_0RowTile(const uint8_t* row, size_t cols, const float* const* xs, float* const* ys, size_t r) {
   const hn::ScalableTag<float> d;
@@ -176,35 +176,43 @@ void Q8_0RowTile(const uint8_t* row, size_t cols, const float* const* xs, float*
       float sum = 0.0f;
       for (size_t b = 0; b < cols / kQ8Block; ++b) {
         const uint8_t* block = row + b * kQ8BlockBytes;
-        const float scale = HalfToFloat(block);
+        float part = 0.0f;
         for (size_t i = 0; i < kQ8Block; ++i) {
-          sum += static_cast<float>(reinterpret_cast<const int8_t*>(block + 2)[i]) * scale * xs[t][b * kQ8Block + i];
+          part += static_cast<float>(reinterpret_cast<const int8_t*>(block + 2)[i]) * xs[t][b * kQ8Block + i];
         }
+        sum += HalfToFloat(block) * part;
       }
       ys[t][r] = sum;
     }
     return;
   }
   using V = decltype(hn::Zero(d));
-  V acc[kT][4];
-  for (size_t t = 0; t < kT; ++t) {
-    for (size_t j = 0; j < 4; ++j) acc[t][j] = hn::Zero(d);
-  }
-  const size_t n_vectors = cols / N;
-  V scale = hn::Zero(d);
-  for (size_t v = 0; v < n_vectors; v += 4) {
-    for (size_t j = 0; j < 4 && v + j < n_vectors; ++j) {
-      const size_t col = (v + j) * N;
-      const uint8_t* block = row + col / kQ8Block * kQ8BlockBytes;
-      if (col % kQ8Block == 0) scale = hn::Set(d, HalfToFloat(block));
-      const auto q = hn::LoadU(di8, reinterpret_cast<const int8_t*>(block + 2) + col % kQ8Block);
-      const auto wv = hn::Mul(hn::ConvertTo(d, hn::PromoteTo(di32, q)), scale);
-      for (size_t t = 0; t < kT; ++t) acc[t][j] = hn::MulAdd(wv, hn::LoadU(d, xs[t] + col), acc[t][j]);
+  V even[kT], odd[kT];
+  for (size_t t = 0; t < kT; ++t) even[t] = odd[t] = hn::Zero(d);
+  // Block b's products into acc (the accumulator array is chosen by the caller, not indexed by
+  // b & 1, which would keep the accumulators in memory).
+  const auto add_block = [&](size_t b, V* acc) HWY_ATTR {
+    const uint8_t* block = row + b * kQ8BlockBytes;
+    const auto* q = reinterpret_cast<const int8_t*>(block + 2);
+    const auto scale = hn::Set(d, HalfToFloat(block));
+    const size_t col = b * kQ8Block;
+    V part[kT];
+    const auto q0 = hn::ConvertTo(d, hn::PromoteTo(di32, hn::LoadU(di8, q)));
+    for (size_t t = 0; t < kT; ++t) part[t] = hn::Mul(q0, hn::LoadU(d, xs[t] + col));
+    for (size_t i = N; i < kQ8Block; i += N) {
+      const auto qi = hn::ConvertTo(d, hn::PromoteTo(di32, hn::LoadU(di8, q + i)));
+      for (size_t t = 0; t < kT; ++t) part[t] = hn::MulAdd(qi, hn::LoadU(d, xs[t] + col + i), part[t]);
     }
+    for (size_t t = 0; t < kT; ++t) acc[t] = hn::MulAdd(scale, part[t], acc[t]);
+  };
+  const size_t n_blocks = cols / kQ8Block;
+  size_t b = 0;
+  for (; b + 2 <= n_blocks; b += 2) {
+    add_block(b, even);
+    add_block(b + 1, odd);
   }
-  for (size_t t = 0; t < kT; ++t) {
-    ys[t][r] = hn::GetLane(hn::SumOfLanes(d, hn::Add(hn::Add(acc[t][0], acc[t][1]), hn::Add(acc[t][2], acc[t][3]))));
-  }
+  if (b < n_blocks) add_block(b, even);
+  for (size_t t = 0; t < kT; ++t) ys[t][r] = hn::GetLane(hn::SumOfLanes(d, hn::Add(even[t], odd[t])));
 }
 
 void MatmulQ8_0Rows(const Matrix& w, const float* x, size_t n_tokens, size_t x_stride, float* y,
