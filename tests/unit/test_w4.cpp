@@ -10,6 +10,7 @@
 #include "kestrel/formats/dequant.h"
 #include "kestrel/kernels/gemm_bf16.h"
 #include "kestrel/kernels/gemv_w4_bf16.h"
+#include "kestrel/kernels/gemv_w4_interleaved.h"
 #include "kestrel/kernels/matmul.h"
 #include "kestrel/quant/w4.h"
 
@@ -183,6 +184,66 @@ TEST(W4, DecodeOfSeveralTokensEqualsOneAtATimeBitForBit) {
               ASSERT_EQ(z[t * rows + r], alone[t * rows + r]) << rows << "x" << cols << " n=" << n << " t=" << t;
             }
           }
+        }
+      }
+    }
+  }
+  if (!ran) GTEST_SKIP() << "this CPU has no AVX512-BF16";
+}
+
+TEST(W4, InterleavedDecodeMatchesTheReferenceAndNeverDependsOnItsCompany) {
+  // The 16-row interleaved copy (the decode kernel of images and w4a16 loads): against float64
+  // sums of the dequantized weights and the bf16-rounded activations, for groups 32-128,
+  // symmetric and affine; and bit for bit the same per token whatever the number of tokens
+  // (1-7: batched decode rows, drafted tokens), the row range (ranges that cut blocks, as the
+  // thread pool's split does) and the pool's threads, through matmul.
+  bool ran = false;
+  for (auto [rows, cols, group] : std::vector<std::tuple<size_t, size_t, size_t>>{
+           {16, 128, 32}, {48, 640, 32}, {32, 768, 64}, {64, 256, 128}}) {
+    const auto w = gaussian(rows * cols, 91);
+    const auto x = gaussian(7 * cols, 92);
+    for (bool affine : {true, false}) {
+      kestrel::ThreadPool one(1);
+      auto m = q::quantize_w4(w.data(), rows, cols, group, nullptr, affine, one);
+      if (!k::w4_interleavable(m.view())) continue;
+      ran = true;
+      const k::W4Interleaved il = k::interleave_w4(m.view());
+      k::Matrix view = m.view();
+      view.interleaved = &il;
+      std::vector<float> alone(7 * rows);
+      for (size_t t = 0; t < 7; ++t) k::gemv_w4_interleaved(il, &x[t * cols], 1, cols, &alone[t * rows], rows, 0, rows);
+      std::vector<float> row(cols);
+      for (size_t t = 0; t < 7; ++t) {
+        for (size_t r = 0; r < rows; ++r) {
+          k::matrix_row(m.view(), r, row.data());
+          double ref = 0, magnitude = 0;
+          for (size_t i = 0; i < cols; ++i) {
+            const double xi = kestrel::gguf::bf16_to_fp32(kestrel::gguf::fp32_to_bf16(x[t * cols + i]));
+            ref += row[i] * xi;
+            magnitude += std::fabs(row[i] * xi);
+          }
+          ASSERT_NEAR(alone[t * rows + r], ref, 2e-5 * magnitude) << rows << "x" << cols << "/" << group << " r=" << r;
+        }
+      }
+      for (size_t n = 1; n < k::kTileMinTokens; ++n) {
+        for (auto [begin, end] : std::vector<std::pair<size_t, size_t>>{{0, rows}, {3, rows - 5}, {17 % rows, rows}}) {
+          std::vector<float> y(n * rows, -1.0f);
+          k::gemv_w4_interleaved(il, x.data(), n, cols, y.data(), rows, begin, end);
+          for (size_t t = 0; t < n; ++t) {
+            for (size_t r = 0; r < rows; ++r) {
+              if (r < begin || r >= end) {
+                ASSERT_EQ(y[t * rows + r], -1.0f) << "wrote outside its rows";
+              } else {
+                ASSERT_EQ(y[t * rows + r], alone[t * rows + r]) << "n=" << n << " rows " << begin << ".." << end;
+              }
+            }
+          }
+        }
+        for (int threads : {1, 3}) {
+          kestrel::ThreadPool pool(threads);
+          std::vector<float> z(n * rows);
+          k::matmul(view, x.data(), n, cols, z.data(), rows, pool);
+          for (size_t i = 0; i < z.size(); ++i) ASSERT_EQ(z[i], alone[i]) << "matmul n=" << n << " threads=" << threads;
         }
       }
     }

@@ -11,6 +11,7 @@
 #include "kestrel/formats/dequant.h"
 #include "kestrel/kernels/gemm_bf16.h"
 #include "kestrel/kernels/gemv_w4_bf16.h"
+#include "kestrel/kernels/gemv_w4_interleaved.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kestrel/kernels/matmul.cpp"
@@ -363,6 +364,10 @@ void MatmulW4Rows(const Matrix& w, const float* x, size_t n_tokens, size_t x_str
     }
     return;
   }
+  if (w.interleaved != nullptr) {  // decode over the 16-row interleaved copy (gemv_w4_interleaved.h)
+    gemv_w4_interleaved(*w.interleaved, x, n_tokens, x_stride, y, y_stride, row_begin, row_end);
+    return;
+  }
   if (gemv_w4_bf16_supported(w)) {
     // Decode: codes as bf16 (128 + q) straight into bfloat16 dot products (gemv_w4_bf16.h);
     // the tokens of a batch of decode rows take each row in turn (one read of the weights).
@@ -582,6 +587,7 @@ Matrix row_slice(const Matrix& w, size_t begin, size_t count) {
   Matrix m = w;
   m.rows = count;
   m.data = w.row(begin);
+  m.interleaved = nullptr;  // a slice's rows run through the row-major kernel
   if (w.type == WeightType::kW4) {
     const size_t n_groups = w.cols / w.group_size;
     if (w.scales) m.scales = w.scales + begin * n_groups;

@@ -31,6 +31,8 @@ enum class WeightType {
 /// an affine group's d_g = d_row * s_g, m_g = -m_row * n_g (float32 products), from `scales8`
 /// (u8 s_g), `mins8` (u8 n_g), both [rows, cols / group_size], and `row_scales` ([rows, 2] fp16
 /// d_row, m_row).
+struct W4Interleaved;
+
 struct Matrix {
   WeightType type = WeightType::kF32;
   const void* data = nullptr;
@@ -42,6 +44,9 @@ struct Matrix {
   const uint8_t* scales8 = nullptr;     // kW4 with 8-bit group parameters
   const uint8_t* mins8 = nullptr;       // kW4 with 8-bit group parameters
   const uint16_t* row_scales = nullptr; // kW4 with 8-bit group parameters
+  /// kW4: a copy with the rows interleaved for the decode kernel (gemv_w4_interleaved.h), which
+  /// then computes every product of fewer than kTileMinTokens tokens; null: the row-major kernel.
+  const W4Interleaved* interleaved = nullptr;
   size_t row_bytes() const;
   const uint8_t* row(size_t r) const { return static_cast<const uint8_t*>(data) + r * row_bytes(); }
 };

@@ -109,8 +109,14 @@ kernels::Matrix WeightStore::image_matrix(const std::string& name, size_t rows, 
   return m;
 }
 
+kernels::Matrix WeightStore::with_interleaved(kernels::Matrix m) {
+  if (!kernels::w4_interleavable(m)) return m;
+  m.interleaved = &owned_interleaved_.emplace_back(kernels::interleave_w4(m));
+  return m;
+}
+
 kernels::Matrix WeightStore::matrix(const std::string& name, size_t rows, size_t cols) {
-  if (image_) return image_matrix(name, rows, cols);
+  if (image_) return with_interleaved(image_matrix(name, rows, cols));
   if (options_.precision == Precision::kSource) return source_matrix(name, rows, cols);
   const auto& info = checked(name, {cols, rows});
   std::vector<float> dense(info.n_elements);
@@ -119,7 +125,7 @@ kernels::Matrix WeightStore::matrix(const std::string& name, size_t rows, size_t
     owned_w4_.push_back(quant::quantize_w4(dense.data(), rows, cols, options_.group_size, nullptr,
                                                    options_.zero_points, *pool_));
     if (options_.scale_bits == 8) quant::compress_group_params(owned_w4_.back(), dense.data(), nullptr, *pool_);
-    return owned_w4_.back().view();
+    return with_interleaved(owned_w4_.back().view());
   }
   const bool fp16 = options_.precision == Precision::kFP16;
   auto& half = owned_16_.emplace_back(dense.size());
