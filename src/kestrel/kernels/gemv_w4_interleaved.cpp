@@ -1,6 +1,7 @@
 #include "kestrel/kernels/gemv_w4_interleaved.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -15,6 +16,8 @@ namespace {
 
 constexpr size_t kBlock = kInterleaveRows;
 constexpr size_t kMaxTileTokens = 4;  // tokens per pass over a block (more would spill registers)
+constexpr size_t kPrefetchBytes = 1024;          // codes requested this far ahead
+constexpr size_t kPrefetchParams = 8 * kBlock;   // group parameters requested 8 groups ahead
 
 // Byte (0..63) of an 8-column load holding row i's column 8o + e, e = 2v + j: vector v of the
 // unpacking (0, 1: low nibbles of bytes 0-7 / 8-15 of each 16-byte lane; 2, 3: their high
@@ -42,6 +45,9 @@ KESTREL_BF16_TARGET void block16(const W4Interleaved& il, size_t block, const ui
     for (size_t t = 0; t < NT; ++t) dot_even[t] = dot_odd[t] = _mm512_setzero_ps();
     for (size_t oi = 0; oi < G / 8; ++oi) {
       const size_t o = g * (G / 8) + oi;
+      // The codes stream from memory in decode: ask for them kPrefetchBytes ahead (a prefetch
+      // past the end does not fault), as gemv_w4_bf16 does.
+      _mm_prefetch(reinterpret_cast<const char*>(codes + 64 * o + kPrefetchBytes), _MM_HINT_T0);
       const __m512i bytes = _mm512_loadu_si512(codes + 64 * o);
       const __m512i lo = _mm512_and_si512(bytes, low), hi = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low);
       const __m512bh w0 = as_bh(_mm512_unpacklo_epi8(lo, bias)), w1 = as_bh(_mm512_unpackhi_epi8(lo, bias)),
@@ -57,6 +63,8 @@ KESTREL_BF16_TARGET void block16(const W4Interleaved& il, size_t block, const ui
       }
     }
     const size_t at = (block * n_groups + g) * kBlock;
+    _mm_prefetch(reinterpret_cast<const char*>(il.scales.data() + at + kPrefetchParams), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(il.mins.data() + at + kPrefetchParams), _MM_HINT_T0);
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(&il.scales[at])));
     const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(&il.mins[at])));
     const __m512 offset = _mm512_fnmadd_ps(d, _mm512_set1_ps(128.0f), m);
@@ -78,12 +86,30 @@ void block_tokens(const W4Interleaved& il, size_t block, size_t n, const uint16_
   }
 }
 
+// sums[g] = sum of the bf16 values x[g * G, (g + 1) * G) in float32 (G a multiple of 8).
+KESTREL_BF16_TARGET void bf16_group_sums(const uint16_t* x, size_t cols, size_t G, float* sums) {
+  for (size_t g = 0; g < cols / G; ++g) {
+    __m256 acc = _mm256_setzero_ps();
+    for (size_t i = g * G; i < (g + 1) * G; i += 8) {
+      const __m128i halves = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i));
+      acc = _mm256_add_ps(acc, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(halves), 16)));
+    }
+    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    sums[g] = _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+  }
+}
+
 #endif  // KESTREL_HAVE_BF16_DOT
 
 }  // namespace
 
 bool w4_interleavable(const Matrix& w) {
-  return w.type == WeightType::kW4 && w.scales != nullptr && w.rows % kBlock == 0 && w.rows > 0 && w.group_size % 8 == 0 &&
+  static const bool off = [] {
+    const char* v = std::getenv("KESTREL_NO_INTERLEAVE");
+    return v != nullptr && *v != '\0' && *v != '0';
+  }();
+  return !off && w.type == WeightType::kW4 && w.scales != nullptr && w.rows % kBlock == 0 && w.rows > 0 && w.group_size % 8 == 0 &&
          w.group_size > 0 && w.cols % w.group_size == 0 && bf16_dot_available();
 }
 
@@ -130,14 +156,14 @@ void gemv_w4_interleaved(const W4Interleaved& il, const float* x, size_t n_token
   thread_local std::vector<uint16_t> x16;
   thread_local std::vector<float> group_sums;
   x16.resize(n_tokens * il.cols);
-  group_sums.assign(n_tokens * (il.cols / G), 0.0f);
+  group_sums.resize(n_tokens * (il.cols / G));
   const uint16_t* xs[kTileMinTokens];
   const float* sums[kTileMinTokens];
   for (size_t t = 0; t < n_tokens; ++t) {
     uint16_t* xt = &x16[t * il.cols];
     float* st = &group_sums[t * (il.cols / G)];
     to_bf16(x + t * x_stride, xt, il.cols);
-    for (size_t c = 0; c < il.cols; ++c) st[c / G] += gguf::bf16_to_fp32(xt[c]);
+    bf16_group_sums(xt, il.cols, G, st);
     xs[t] = xt;
     sums[t] = st;
   }

@@ -38,7 +38,8 @@ struct W4Interleaved {
 };
 
 /// True when the interleaved kernel can run `w`: kW4 with 16-bit group parameters, rows a
-/// multiple of 16, group_size a multiple of 8, and the CPU has AVX512-BF16 (bf16_dot_available()).
+/// multiple of 16, group_size a multiple of 8, the CPU has AVX512-BF16 (bf16_dot_available()),
+/// and KESTREL_NO_INTERLEAVE is not set (for A/B runs against gemv_w4_bf16).
 bool w4_interleavable(const Matrix& w);
 
 /// The interleaved copy of `w` (w4_interleavable(w) must hold; throws kestrel::Error if not).
