@@ -90,16 +90,29 @@ def images(tmp_path_factory):
             "dir": d}
 
 
-@pytest.fixture(scope="module")
-def exports(images):
+def _export(images, dtype):
     out = {}
     for name in ("int", "sym"):
-        target = images["dir"] / f"{name}-hf"
-        p = run("export", images[name], "-o", target, "--dtype", "float32", "-t", "2")
+        target = images["dir"] / f"{name}-{dtype}"
+        p = run("export", images[name], "-o", target, "--dtype", dtype, "-t", "2")
         assert p.returncode == 0, p.stderr
         assert "exact" in p.stdout
         out[name] = target
     return out
+
+
+@pytest.fixture(scope="module")
+def exports(images):
+    """bfloat16 for the tensors that are not INT4 (the default)."""
+    return _export(images, "bfloat16")
+
+
+@pytest.fixture(scope="module")
+def exports_f32(images):
+    """float32 for the tensors that are not INT4: every value of the image exactly, for the reference
+    comparisons."""
+    _reference_libs()
+    return _export(images, "float32")
 
 
 def test_export_directory_and_config(exports):
@@ -215,6 +228,7 @@ def _check_against_reference(model, tok, image, tmp_path):
         assert ids[0] == 2
         ours = _kestrel_greedy(image, ids, tmp_path)
         assert len(ours) == N_TOKENS
+        all_argmax = True
         with torch.no_grad():
             logits = model(torch.tensor([ids + ours])).logits[0].float()
         for i, t in enumerate(ours):
@@ -224,36 +238,36 @@ def _check_against_reference(model, tok, image, tmp_path):
             exact += int(gap == 0.0)
             worst = max(worst, gap)
             assert gap <= NEAR_TIE, (prompt, i, t, int(row.argmax()), gap)
-        with torch.no_grad():
-            ref = model.generate(torch.tensor([ids]), max_new_tokens=N_TOKENS, do_sample=False,
-                                 min_new_tokens=N_TOKENS)[0, len(ids):].tolist()
-        identical += int(ref == ours)
+            all_argmax = all_argmax and gap == 0.0
+        # The reference's own greedy continuation is Kestrel's exactly when Kestrel's token is its
+        # argmax at every step of Kestrel's sequence (teacher forcing covers generate()).
+        identical += int(all_argmax)
     print(f"\n{image.name}: {exact}/{steps} steps Kestrel's token is the reference's argmax, largest gap "
           f"{worst:.4f} logits; {identical}/{len(PROMPTS)} continuations identical")
     assert exact >= 0.97 * steps
     return identical
 
 
-def test_transformers_loads_the_symmetric_export_and_continues_as_kestrel(images, exports, tmp_path):
+def test_transformers_loads_the_symmetric_export_and_continues_as_kestrel(images, exports_f32, tmp_path):
     """from_pretrained with compressed-tensors (the loader vLLM's users also use for checks)."""
     _reference_libs()
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    d = exports["sym"]
+    d = exports_f32["sym"]
     model = AutoModelForCausalLM.from_pretrained(str(d), dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(str(d))
     identical = _check_against_reference(model, tok, images["sym"], tmp_path)
     assert identical >= len(PROMPTS) - 2
 
 
-def test_compressed_tensors_decompresses_the_zero_point_export_as_kestrel_runs_it(images, exports, tmp_path):
+def test_compressed_tensors_decompresses_the_zero_point_export_as_kestrel_runs_it(images, exports_f32, tmp_path):
     """Asymmetric (integer zero point) export through compressed-tensors' own decompressor.
     (transformers 5.24's from_pretrained with compressed-tensors 0.20.1 cannot load asymmetric
     pack-quantized checkpoints: its meta-device pass leaves weight_zero_point unpacked,
     [out, groups], while the format stores it packed, [out / 8, groups]; see docs/export.md.)"""
     _reference_libs()
     from transformers import AutoTokenizer
-    d = exports["int"]
+    d = exports_f32["int"]
     model = _decompressed_model(d)
     tok = AutoTokenizer.from_pretrained(str(d))
     identical = _check_against_reference(model, tok, images["int"], tmp_path)
