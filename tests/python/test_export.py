@@ -1,9 +1,10 @@
 """kestrel export (docs/export.md): a Kestrel image as a Hugging Face directory in compressed-tensors'
 W4A16 pack-quantized format, checked against the format's own implementation.
 
-- Round trip (needs only build/kestrel, the default model and the gguf package): export, then
+- Round trip (needs only build/kestrel, the default model and numpy): export, then
   `kestrel build` from the export, gives the same INT4 codes, scales and minimums bit for bit.
-- Refusal: an image with free float minimums is refused unless --requantize.
+- Refusal: an image with free float minimums is refused unless --requantize (that one with
+  KESTREL_LONG_TESTS=1).
 - transformers + compressed-tensors on CPU (skipped where torch / compressed-tensors are absent;
   `scripts/install_deps.sh --export-check` installs them): the export of the default model's
   image continues 20 prompts greedily as `kestrel run --head dense --temp 0` does on the image,
@@ -23,7 +24,6 @@ from serve_helpers import KESTREL, model_path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-gguf = pytest.importorskip("gguf")
 np = pytest.importorskip("numpy")
 
 pytestmark = pytest.mark.skipif(not model_path().exists() or not KESTREL.exists(),
@@ -70,15 +70,77 @@ def build(out, *opts):
     return out
 
 
+_READ = {}
+_SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_TYPE_SIZE = {24: 1, 1: 2}  # GGUF tensor types the INT4 tensors use: I8, F16
+
+
+def _read(path):
+    """(INT4 tensors as uint8 arrays, the kestrel.quant.* keys) of an image, read with a small GGUF
+    parser (gguf.GGUFReader spends ~15 s on the tokenizer arrays); each file is read once."""
+    import struct
+    key = str(path)
+    if key in _READ:
+        return _READ[key]
+    buf = memoryview(Path(key).read_bytes())
+    pos = 0
+
+    def take(fmt):
+        nonlocal pos
+        v = struct.unpack_from(fmt, buf, pos)
+        pos += struct.calcsize(fmt)
+        return v[0]
+
+    def string():
+        nonlocal pos
+        n = take("<Q")
+        v = bytes(buf[pos:pos + n]).decode("utf-8")
+        pos += n
+        return v
+
+    def value(t):
+        nonlocal pos
+        if t == 8:
+            return string()
+        if t == 9:
+            et, n = take("<I"), take("<Q")
+            if et in _SCALAR:
+                pos += n * struct.calcsize(_SCALAR[et])
+                return None
+            return [value(et) for _ in range(n)]
+        return take(_SCALAR[t])
+
+    assert bytes(buf[:4]) == b"GGUF"
+    pos = 4
+    take("<I")
+    n_tensors, n_kv = take("<Q"), take("<Q")
+    keys = {}
+    for _ in range(n_kv):
+        k = string()
+        v = value(take("<I"))
+        keys[k] = v
+    infos = []
+    for _ in range(n_tensors):
+        name = string()
+        dims = [take("<Q") for _ in range(take("<I"))]
+        infos.append((name, dims, take("<I"), take("<Q")))
+    align = keys.get("general.alignment", 32)
+    data = (pos + align - 1) // align * align
+    tensors = {}
+    for name, dims, ttype, offset in infos:
+        if name.endswith((".q4", ".scales", ".mins")):
+            n = int(np.prod(dims)) * _TYPE_SIZE[ttype]
+            tensors[name] = np.frombuffer(buf, dtype=np.uint8, count=n, offset=data + offset).copy()
+    _READ[key] = (tensors, {k: v for k, v in keys.items() if k.startswith("kestrel.quant.")})
+    return _READ[key]
+
+
 def int4_tensors(path):
-    r = gguf.GGUFReader(str(path))
-    return {t.name: np.asarray(t.data).view(np.uint8).copy() for t in r.tensors
-            if t.name.endswith((".q4", ".scales", ".mins"))}
+    return _read(path)[0]
 
 
 def image_key(path, key):
-    f = gguf.GGUFReader(str(path)).fields.get(key)
-    return f.contents() if f is not None else None
+    return _read(path)[1].get(key)
 
 
 @pytest.fixture(scope="module")
@@ -148,11 +210,16 @@ def test_round_trip_is_bit_exact(images, exports, kind, tmp_path):
     assert image_key(out, "kestrel.quant.method") == "compressed-tensors"
 
 
-def test_float_minimums_are_refused_unless_requantize(images, tmp_path):
+def test_float_minimums_are_refused(images, tmp_path):
     p = run("export", images["float"], "-o", tmp_path / "refused")
     assert p.returncode == 1
     assert "integer zero point" in p.stderr and "--requantize" in p.stderr
     assert not (tmp_path / "refused" / "model.safetensors").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("KESTREL_LONG_TESTS"), reason="set KESTREL_LONG_TESTS=1 (requantizes 3 M groups)")
+def test_requantize_exports_a_float_minimum_image(images, tmp_path):
     p = run("export", images["float"], "-o", tmp_path / "rq", "--requantize", "-t", "2")
     assert p.returncode == 0, p.stderr
     assert "requantized" in p.stderr

@@ -33,6 +33,11 @@ int export_image(const ExportCommandOptions& o) {
     exactness += std::to_string(r.requantized_groups);
     exactness += " requantized";
   }
+  if (r.int4_matrices == 0) {
+    std::printf("exported %s to %s: a dense checkpoint (no INT4 matrices), %zu layer matrices, %s\n", o.image.c_str(),
+                o.out.c_str(), r.dense_matrices, o.dtype.c_str());
+    return 0;
+  }
   std::printf("exported %s to %s: %zu INT4 matrices (compressed-tensors pack-quantized, %zu groups%s), "
               "%zu layer matrices kept dense, %s for the rest\n",
               o.image.c_str(), o.out.c_str(), r.int4_matrices, r.total_groups,
