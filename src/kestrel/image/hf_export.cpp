@@ -1,12 +1,10 @@
 #include "kestrel/image/hf_export.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 #include <ctime>
 #include <fstream>
 #include <map>
-#include <optional>
 
 #include <nlohmann/json.hpp>
 
@@ -52,7 +50,8 @@ std::string hf_module(const std::string& name) {
   const std::string layer = name.substr(4, dot - 4);
   const std::string part = name.substr(dot + 1, name.size() - dot - 1 - std::strlen(".weight"));
   const auto it = kLayer.find(part);
-  if (layer.empty() || !std::all_of(layer.begin(), layer.end(), ::isdigit) || it == kLayer.end()) return "";
+  const bool digits = !layer.empty() && std::all_of(layer.begin(), layer.end(), [](char c) { return c >= '0' && c <= '9'; });
+  if (!digits || it == kLayer.end()) return "";
   return "model.layers." + layer + "." + it->second;
 }
 
