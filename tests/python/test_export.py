@@ -415,3 +415,26 @@ def test_build_keeps_a_checkpoint_quantized_by_compressed_tensors(exports, tmp_p
         assert np.array_equal(mins, (-(d16 * z)).astype(np.float16).astype(np.float32)), g
         checked += 1
     assert checked == 126
+
+
+def _safetensors_u16(path, name):
+    """A 16-bit tensor of a safetensors file as uint16 (bfloat16 bits), with its shape."""
+    b = Path(path).read_bytes()
+    n = int.from_bytes(b[:8], "little")
+    e = json.loads(b[8:8 + n])[name]
+    start, end = e["data_offsets"]
+    return np.frombuffer(b, dtype=np.uint16, count=(end - start) // 2, offset=8 + n + start), e["shape"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("KESTREL_LONG_TESTS"), reason="set KESTREL_LONG_TESTS=1 (a FlashHead build)")
+def test_flashhead_image_exports_its_head_in_token_order(images, exports, tmp_path):
+    """A FlashHead image stores the tied head's rows in cluster order; the export maps them back:
+    its embedding equals the export of the same image built without FlashHead, bit for bit."""
+    fh = build(tmp_path / "fh.kimg", "--symmetric", "--flashhead")
+    p = run("export", fh, "-o", tmp_path / "fh-hf", "-t", "2")
+    assert p.returncode == 0, p.stderr
+    a, shape = _safetensors_u16(tmp_path / "fh-hf" / "model.safetensors", "model.embed_tokens.weight")
+    b, _ = _safetensors_u16(exports["sym"] / "model.safetensors", "model.embed_tokens.weight")
+    assert shape == [262144, 640] and np.array_equal(a, b)
+    assert json.loads((tmp_path / "fh-hf" / "kestrel_export.json").read_text())["image"]["flashhead"] is True
