@@ -5,6 +5,11 @@
 #   scripts/install_deps.sh --peers  also llama-cpp-python (goldens and benchmarks), built
 #                                    without AMX; an installed copy built otherwise is rebuilt
 #                                    by either form
+#   scripts/install_deps.sh --export-check
+#                                    also torch and compressed-tensors, the references of
+#                                    tests/python/test_export.py (about 1 min, 5.2 GB: torch's
+#                                    PyPI wheel brings CUDA libraries); without them those tests
+#                                    skip
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -44,7 +49,7 @@ pip_quiet --no-deps xgrammar==0.2.8 apache-tvm-ffi==0.1.15.post2
 scripts/build_xgrammar.sh
 # With --peers, or when some llama-cpp-python is installed already (so that the test command,
 # which runs without --peers, repairs a default build before its tests use it):
-if [[ "${1:-}" == "--peers" ]] || "$PY" -c "import llama_cpp" 2>/dev/null; then
+if [[ " $* " == *" --peers "* ]] || "$PY" -c "import llama_cpp" 2>/dev/null; then
   # llama-cpp-python is built from source with llama.cpp's AMX kernels off on every machine:
   # built by default on a CPU with AMX, they crash (SIGSEGV at ldtilecfg, SIGILL at tileloadd;
   # docs/correctness.md, "llama.cpp on AMX machines"). GGML_NATIVE=OFF with the instruction
@@ -65,6 +70,12 @@ if [[ "${1:-}" == "--peers" ]] || "$PY" -c "import llama_cpp" 2>/dev/null; then
     printf '%s' "$cmake_args $(libs_sum)" >"$marker"
   fi
   pip_quiet -r scripts/requirements-peers.txt
+fi
+
+# The export's reference checks (docs/export.md), only when asked: CI stays without them.
+if [[ " $* " == *" --export-check "* ]]; then
+  echo "== pip: scripts/requirements-export.txt (torch with its CUDA libraries: ~3 GB download)"
+  pip_quiet -r scripts/requirements-export.txt
 fi
 
 echo "== default model"

@@ -260,6 +260,11 @@ def test_build_usage_and_output_errors(tmp_path):
             kestrel("build", "x.gguf", "-o", tmp_path / "o", "--scale-bits", 8, *flags), code=2)
     assert "--precision w4a16 only" in error_of(
         kestrel("build", "x.gguf", "-o", tmp_path / "o", "--precision", "fp16", "--scale-bits", 16), code=2)
+    # --zero-points float|int: affine w4a16 groups with 16-bit scales only.
+    assert "--zero-points" in error_of(kestrel("build", "x.gguf", "-o", tmp_path / "o", "--zero-points", "half"), code=2)
+    for flags in (["--symmetric"], ["--scale-bits", 8], ["--precision", "bf16"], ["--calib", "c.txt", "--gptq"]):
+        assert "applies to w4a16 affine groups" in error_of(
+            kestrel("build", "x.gguf", "-o", tmp_path / "o", "--zero-points", "int", *flags), code=2)
 
 
 @needs_model

@@ -33,6 +33,7 @@ struct BuildCommandOptions {
   int threads = 0;
   std::string embedding = "source";
   bool symmetric = false;
+  std::string zero_points = "float";
   int scale_bits = 16;
   std::string calib;
   size_t calib_tokens = 32768;
@@ -121,6 +122,7 @@ int build(const BuildCommandOptions& o) {
                       : o.embedding == "q8_0" ? image::BuildOptions::Embedding::kQ8_0
                                               : image::BuildOptions::Embedding::kSource;
   options.zero_points = !o.symmetric;
+  options.integer_zero_points = !o.symmetric && o.zero_points == "int";
   options.scale_bits = o.scale_bits;
   for (const auto& l : o.licenses) options.license_files.emplace_back(l);
   for (const auto& spec : o.tensor_types) options.tensor_types.push_back(image::parse_tensor_type(spec));
@@ -244,6 +246,12 @@ Command add_build_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--symmetric", o->symmetric,
                 "w4a16: symmetric groups (scale only) instead of affine groups (scale and min)");
+  cmd->add_option("--zero-points", o->zero_points,
+                  "w4a16 affine groups: 'float' (a free fp16 minimum per group) or 'int' (an integer zero "
+                  "point 0..15 per group, w = d (q - z): what compressed-tensors stores, so `kestrel export` "
+                  "writes the image exactly)")
+      ->check(CLI::IsMember({"float", "int"}))
+      ->capture_default_str();
   cmd->add_option("--scale-bits", o->scale_bits,
                   "w4a16: bits of each group's scale and minimum: 16 (fp16) or 8 (u8 under an fp16 "
                   "pair per row: 4.5 instead of 5 bits per weight at group size 32; affine groups only)")
@@ -307,6 +315,10 @@ Command add_build_command(CLI::App& app) {
     }
     if (o->scale_bits == 8 && (o->symmetric || o->gptq || o->precision != "w4a16")) {
       throw CLI::ValidationError("--scale-bits 8", "needs --precision w4a16 with affine groups, without --symmetric or --gptq");
+    }
+    if (given("--zero-points") && (o->symmetric || o->scale_bits == 8 || o->gptq || o->precision != "w4a16")) {
+      throw CLI::ValidationError("--zero-points", "applies to w4a16 affine groups with 16-bit scales (not with "
+                                                  "--symmetric, --scale-bits 8 or --gptq)");
     }
     if (o->gptq && o->symmetric) {
       throw CLI::ValidationError("--gptq", "fits affine groups; it cannot be combined with --symmetric");

@@ -18,6 +18,7 @@ Command add_inspect_command(CLI::App& app);
 Command add_flashhead_eval_command(CLI::App& app);
 Command add_serve_command(CLI::App& app);
 Command add_export_tokenizer_command(CLI::App& app);
+Command add_export_command(CLI::App& app);
 Command add_bench_command(CLI::App& app);
 
 }  // namespace kestrel::tools

@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
       {"flashhead-eval", t::add_flashhead_eval_command(app)},
       {"serve", t::add_serve_command(app)},
       {"export-tokenizer", t::add_export_tokenizer_command(app)},
+      {"export", t::add_export_command(app)},
       {"bench", t::add_bench_command(app)},
   };
   try {

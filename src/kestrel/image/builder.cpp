@@ -303,6 +303,30 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
     throw Error("--scale-bits must be 16, or 8 with affine groups and without --gptq (got " +
                 std::to_string(options.scale_bits) + ")");
   }
+  if (w4 && options.integer_zero_points && (!options.zero_points || options.scale_bits != 16 || options.gptq)) {
+    throw Error("integer zero points need affine groups with 16-bit scales, without --symmetric, --scale-bits 8 or --gptq");
+  }
+  // INT4 matrices already in the source (an imported compressed-tensors checkpoint): copied.
+  auto has_suffix = [](const std::string& n, const char* suffix) {
+    const size_t k = std::strlen(suffix);
+    return n.size() > k && n.compare(n.size() - k, k, suffix) == 0;
+  };
+  bool prequantized = false;
+  for (const auto& t : src.tensors()) {
+    if (!has_suffix(t.name, kQ4Suffix)) continue;
+    prequantized = true;
+    const std::string base = t.name.substr(0, t.name.size() - std::strlen(kQ4Suffix));
+    const gguf::TensorInfo* sc = src.find_tensor(base + kScalesSuffix);
+    const gguf::TensorInfo* mn = src.find_tensor(base + kMinsSuffix);
+    if (!w4 || t.type != TensorType::kI8 || t.shape.size() != 2 || sc == nullptr || sc->type != TensorType::kF16 ||
+        sc->shape.size() != 2 || sc->shape[1] != t.shape[1] || sc->shape[0] * group != t.shape[0] * 2 ||
+        (mn != nullptr) != options.zero_points || (mn != nullptr && mn->shape != sc->shape) ||
+        options.scale_bits != 16) {
+      throw Error("the source's INT4 matrix " + base + " does not match the build (w4a16, group size " +
+                  std::to_string(group) + (options.zero_points ? ", zero points" : ", symmetric") +
+                  ", 16-bit scales): build with the checkpoint's own group size and zero points");
+    }
+  }
   if (!w4 && !options.tensor_types.empty()) {
     throw Error("--tensor-type applies to --precision w4a16 only (a " +
                 std::string(quant::precision_name(options.precision)) + " build stores every layer matrix the same way)");
@@ -319,7 +343,7 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
   if (w4 && options.channel_scaling != nullptr) {
     scaling = *options.channel_scaling;
   } else if (w4 && options.calibration && options.awq_scaling) {
-    const quant::W4Params params{group, options.zero_points, true};
+    const quant::W4Params params{group, options.zero_points, true, options.integer_zero_points};
     scaling = search_channel_scaling(
         src, *options.calibration, params, options.awq_grid, pool,
         [&](size_t done, size_t total, const std::string& name, const quant::AwqSearchResult& r) {
@@ -348,8 +372,10 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
                          : !scaling.empty()  ? "awq-activation-weighted"
                                              : "rtn-activation-weighted";
     if (options.calibration && options.gptq && options.zero_points) method += "-gptq";
+    if (prequantized) method = "compressed-tensors";  // the source's integers and scales, copied
     w.add_string(keys::kQuantMethod, method);
     w.add_uint32(keys::kZeroPoints, options.zero_points ? 1 : 0);
+    if (options.zero_points && (options.integer_zero_points || prequantized)) w.add_string(keys::kZeroPointType, "int");
     if (options.scale_bits != 16) w.add_uint32(keys::kScaleBits, static_cast<uint32_t>(options.scale_bits));
     if (!options.tensor_types.empty()) w.add_string(keys::kTensorTypes, overrides_string(options.tensor_types));
   }
@@ -385,12 +411,16 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
   const TensorType half = options.precision == quant::Precision::kFP16 ? TensorType::kF16 : TensorType::kBF16;
   std::vector<Plan> plans;
   for (const auto& t : src.tensors()) {
-    if (!gguf::is_supported(t.type)) {
+    const bool int4_part =
+        has_suffix(t.name, kQ4Suffix) || has_suffix(t.name, kScalesSuffix) || has_suffix(t.name, kMinsSuffix);
+    if (!int4_part && !gguf::is_supported(t.type)) {
       throw Error("tensor '" + t.name + "' has type " + gguf::tensor_type_name(t.type) +
                   ", which kestrel build cannot read");
     }
     Plan p;
-    if (is_layer_matrix(t)) {
+    if (int4_part) {
+      p = Plan::kCopy;  // an INT4 matrix of the source, checked above
+    } else if (is_layer_matrix(t)) {
       const MatrixStorage st = w4 ? storage(t.name) : MatrixStorage::kBF16;
       p = !w4 ? Plan::kHalf
           : st == MatrixStorage::kInt4 ? Plan::kInt4
@@ -481,7 +511,7 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
           const auto groups = quant::quantize_w4_rows(
               t.type, data, static_cast<size_t>(t.shape[1]), cols, group, importance, options.zero_points,
               block_rows, [&](std::span<const uint8_t> codes) { w.write(as_bytes(codes.data(), codes.size())); },
-              pool, options.scale_bits);
+              pool, options.scale_bits, options.integer_zero_points);
           write_group_params(w, groups.scales, groups.mins, groups.scales8, groups.mins8, groups.row_scales);
           break;
         }
@@ -498,7 +528,8 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
           }
           q = quant::quantize_w4_gptq(dense.data(), t.shape[1], t.shape[0], group, x.data(), stats->n_sample(), 0.01, pool);
         } else {
-          q = quant::quantize_w4(dense.data(), t.shape[1], t.shape[0], group, importance, options.zero_points, pool);
+          q = quant::quantize_w4(dense.data(), t.shape[1], t.shape[0], group, importance, options.zero_points, pool,
+                                 false, options.integer_zero_points);
           if (options.scale_bits == 8) quant::compress_group_params(q, dense.data(), importance, pool);
         }
         w.write(as_bytes(q.qs.data(), q.qs.size()));

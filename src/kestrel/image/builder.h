@@ -32,6 +32,11 @@ struct BuildOptions {
   size_t int4_block_values = size_t{1} << 24;
   /// w4a16: affine groups (an fp16 scale and minimum each) instead of symmetric ones.
   bool zero_points = true;
+  /// w4a16 with zero_points: each group's minimum tied to an integer zero point z in 0..15
+  /// (m = quant::integer_zero_point_min(d, z)), the form compressed-tensors checkpoints store,
+  /// so that `kestrel export` writes the image without requantizing. Not with scale_bits 8 or
+  /// gptq. Recorded as kestrel.quant.zero_point_type "int" (absent: "float").
+  bool integer_zero_points = false;
   /// w4a16: bits of each group's scale and minimum: 16 (fp16) or 8 (u8 under an fp16 pair per
   /// row, quant::compress_group_params; affine groups only, not with gptq).
   int scale_bits = 16;
@@ -86,6 +91,9 @@ struct BuildReport {
 /// is also the tied output head, keeps the source's type in w4a16 images (Q8_0 for the default
 /// model) and becomes BF16 in bf16 images; vectors become F32. The file is written to
 /// `out`.partial and renamed when complete.
+/// A source that already holds INT4 matrices (NAME.q4 with NAME.scales, and NAME.mins or not,
+/// as an image stores them: what the compressed-tensors import writes, image/hf_gemma3.h) has
+/// them copied byte for byte; options.group_size and zero_points must then match them.
 /// Throws kestrel::Error (gguf::GgufError for a bad source) and leaves no partial file; also
 /// when tensor_types is set for a bf16/fp16 build, a pattern matches no layer matrix, or a
 /// Q8_0 matrix's rows are not a multiple of 32.

@@ -15,6 +15,7 @@
 #include "kestrel/formats/gguf_writer.h"
 #include "kestrel/formats/safetensors.h"
 #include "kestrel/image/hf_common.h"
+#include "kestrel/image/hf_compressed_tensors.h"
 #include "kestrel/image/hf_gemma4.h"
 
 namespace kestrel::image {
@@ -209,7 +210,13 @@ struct Planned {
   TensorType type = TensorType::kF32;
   bool norm = false;
   uint64_t rows_kept = 0;  // rows written (the embedding is trimmed to the vocabulary)
+  bool int4 = false;       // a compressed-tensors Linear (hf is its module name + ".weight")
 };
+
+bool ends_with(const std::string& s, const char* suffix) {
+  const size_t k = std::strlen(suffix);
+  return s.size() >= k && s.compare(s.size() - k, k, suffix) == 0;
+}
 
 }  // namespace
 
@@ -237,6 +244,7 @@ void write_hf_gemma3_gguf(const std::filesystem::path& dir, const std::filesyste
   }
   const Vocab vocab = read_vocab(dir);
   const uint64_t n_vocab = vocab.tokens.size();
+  const std::optional<CtScheme> ct = compressed_tensors_scheme(ckpt.config(), config_name(dir));
 
   // Plan every tensor: name, shape (checked against config.json), type.
   std::vector<Planned> plan;
@@ -250,8 +258,50 @@ void write_hf_gemma3_gguf(const std::filesystem::path& dir, const std::filesyste
     }
     Planned p;
     p.hf = hf;
-    p.name = gguf_name(bare);
+    if (ct && (ends_with(bare, ".weight_scale") || ends_with(bare, ".weight_zero_point") || ends_with(bare, ".weight_shape"))) {
+      continue;  // read with their weight_packed
+    }
+    if (ends_with(bare, ".weight_g_idx")) {
+      throw Error(dir.string() + ": tensor '" + hf + "': activation ordering (g_idx) is not supported");
+    }
+    std::string bare_weight = bare;
+    if (ct && ends_with(bare, ".weight_packed")) {
+      p.int4 = true;
+      p.hf = hf.substr(0, hf.size() - std::strlen("_packed"));
+      bare_weight = bare.substr(0, bare.size() - std::strlen("_packed"));
+    }
+    p.name = gguf_name(bare_weight);
     if (p.name.empty()) throw Error(dir.string() + ": tensor '" + hf + "' is not part of a Gemma 3 text model");
+    if (p.int4) {
+      if (p.name.rfind("blk.", 0) != 0 || p.name.find("norm") != std::string::npos) {
+        throw Error(dir.string() + ": tensor '" + hf + "' is quantized but is not a layer matrix");
+      }
+      p.layer = std::stoi(p.name.substr(4));
+      if (p.layer >= static_cast<int>(n_layers)) throw Error(dir.string() + ": tensor '" + hf + "' is past num_hidden_layers");
+      const auto shape = ckpt.info(p.hf + "_shape");
+      const auto sd = ckpt.data(p.hf + "_shape");
+      if (shape.dtype != st::Dtype::kI64 || shape.n_elements() != 2) {
+        throw Error(dir.string() + ": " + p.hf + "_shape is not two int64 values");
+      }
+      int64_t rc[2];
+      std::memcpy(rc, sd.data(), sizeof(rc));
+      if (rc[0] <= 0 || rc[1] <= 0) throw Error(dir.string() + ": " + p.hf + "_shape is not positive");
+      p.shape = {static_cast<uint64_t>(rc[1]), static_cast<uint64_t>(rc[0])};  // GGUF order
+      p.rows_kept = p.shape[1];
+      const std::string& g = p.name;
+      auto ends = [&](const char* x) { return ends_with(g, x); };
+      std::vector<uint64_t> want;
+      if (ends("attn_q.weight")) want = {n_heads * head_dim, d_model};
+      else if (ends("attn_k.weight") || ends("attn_v.weight")) want = {n_kv * head_dim, d_model};
+      else if (ends("attn_output.weight")) want = {d_model, n_heads * head_dim};
+      else if (ends("ffn_gate.weight") || ends("ffn_up.weight")) want = {d_ff, d_model};
+      else if (ends("ffn_down.weight")) want = {d_model, d_ff};
+      if (want != std::vector<uint64_t>{p.shape[1], p.shape[0]}) {
+        throw Error(dir.string() + ": " + p.hf + "_shape is " + hf::shape_str({p.shape[1], p.shape[0]}) + ", config.json implies " + hf::shape_str(want));
+      }
+      plan.push_back(std::move(p));
+      continue;
+    }
     const auto& info = ckpt.info(hf);
     if (p.name.rfind("blk.", 0) == 0) p.layer = std::stoi(p.name.substr(4));
     if (p.layer >= static_cast<int>(n_layers)) throw Error(dir.string() + ": tensor '" + hf + "' is past num_hidden_layers");
@@ -365,9 +415,21 @@ void write_hf_gemma3_gguf(const std::filesystem::path& dir, const std::filesyste
   const auto& embd = ckpt.info(plan[static_cast<size_t>(std::find_if(plan.begin(), plan.end(), [](const Planned& p) { return p.name == "token_embd.weight"; }) - plan.begin())].hf);
   w.add("general.file_type", u32(embd.dtype == st::Dtype::kBF16 ? 32 : embd.dtype == st::Dtype::kF16 ? 1 : 0));
 
-  for (const auto& p : plan) w.add_tensor(p.name, p.type, p.shape);
+  for (const auto& p : plan) {
+    if (p.int4) {  // the image's INT4 tensors (image/image.h), copied by build_image
+      w.add_tensor(p.name + ".q4", TensorType::kI8, {p.shape[0] / 2, p.shape[1]});
+      w.add_tensor(p.name + ".scales", TensorType::kF16, {p.shape[0] / ct->group_size, p.shape[1]});
+      if (!ct->symmetric) w.add_tensor(p.name + ".mins", TensorType::kF16, {p.shape[0] / ct->group_size, p.shape[1]});
+      continue;
+    }
+    w.add_tensor(p.name, p.type, p.shape);
+  }
   w.begin_data();
   for (const auto& p : plan) {
+    if (p.int4) {
+      write_ct_linear(w, ckpt, p.hf.substr(0, p.hf.size() - std::strlen(".weight")), p.shape[1], p.shape[0], *ct, log);
+      continue;
+    }
     const auto& info = ckpt.info(p.hf);
     const uint64_t row_elems = info.shape.size() == 2 ? info.shape[1] : info.n_elements();
     hf::write_tensor(w, ckpt.data(p.hf), info.dtype, p.rows_kept * row_elems,
@@ -389,6 +451,24 @@ BuildReport build_image_from_hf(const std::filesystem::path& dir, const std::fil
   const std::string base = std::filesystem::absolute(dir).lexically_normal().filename().string();
   const auto gguf_path = tmp_dir / ((base.empty() ? std::string("checkpoint") : base) + ".gguf");
   BuildOptions opts = options;
+  if (!is_hf_gemma4(dir)) {
+    const st::Checkpoint ckpt = st::Checkpoint::open(dir);
+    if (const auto ct = compressed_tensors_scheme(ckpt.config(), config_name(dir))) {
+      // The checkpoint's own integers and scales are kept: the image takes its group size and
+      // zero points; the Linears it keeps dense are quantized with integer zero points too.
+      if (opts.precision != quant::Precision::kW4A16 || opts.scale_bits != 16) {
+        throw Error(dir.string() + " is a compressed-tensors W4A16 checkpoint: it builds as --precision w4a16 with "
+                    "16-bit scales (its integers and scales are kept as they are)");
+      }
+      if (log && (opts.group_size != ct->group_size || opts.zero_points == ct->symmetric)) {
+        log("compressed-tensors checkpoint: group size " + std::to_string(ct->group_size) +
+            (ct->symmetric ? ", symmetric" : ", integer zero points") + " (the checkpoint's, kept exactly)");
+      }
+      opts.group_size = ct->group_size;
+      opts.zero_points = !ct->symmetric;
+      opts.integer_zero_points = !ct->symmetric;  // matrices the checkpoint keeps dense (its `ignore`)
+    }
+  }
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
     const auto name = entry.path().filename().string();

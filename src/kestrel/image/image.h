@@ -21,6 +21,10 @@ inline constexpr const char* kPrecision = "kestrel.precision";
 inline constexpr const char* kGroupSize = "kestrel.quant.group_size";
 inline constexpr const char* kQuantMethod = "kestrel.quant.method";
 inline constexpr const char* kZeroPoints = "kestrel.quant.zero_points";
+/// w4a16 with zero points: "int" when every minimum stands for an integer zero point
+/// (quant::integer_zero_point_min; built with --zero-points int, or imported from a
+/// compressed-tensors checkpoint); absent: "float" (a free fp16 minimum).
+inline constexpr const char* kZeroPointType = "kestrel.quant.zero_point_type";
 /// w4a16: bits of a group's scale and minimum, 16 (fp16, the default when absent) or 8 (u8
 /// under an fp16 pair per row, quant::compress_group_params).
 inline constexpr const char* kScaleBits = "kestrel.quant.scale_bits";

@@ -67,7 +67,7 @@ class Evaluator {
       }
       const W4Matrix q = quantize_w4(w, m.rows, cols, params_.group_size,
                                      params_.weighted ? importance.data() : nullptr,
-                                     params_.zero_points, pool_, fast);
+                                     params_.zero_points, pool_, fast, params_.integer_zero_points);
       y.resize(n * m.rows);
       kernels::matmul(q.view(), x.data(), n, cols, y.data(), m.rows, pool_);
       for (size_t j = 0; j < y.size(); ++j) {

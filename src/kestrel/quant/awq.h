@@ -39,6 +39,8 @@ struct W4Params {
   bool zero_points = true;
   /// Weight each group's fit by the (scaled) mean squared input, as imatrix does.
   bool weighted = true;
+  /// With zero_points: minimums tied to integer zero points (quantize_w4's integer_zero_points).
+  bool integer_zero_points = false;
 };
 
 /// A float32 matrix [rows, cols], row-major (a row holds one output's input weights).

@@ -120,7 +120,107 @@ Affine quantize_group_affine(const float* w, const float* importance, size_t n, 
   return best;
 }
 
+// quantize_group_affine with the minimum tied to an integer zero point (quantize_w4's
+// integer_zero_points): m = integer_zero_point_min(d, z).
+Affine quantize_group_int_zero(const float* w, const float* importance, size_t n, uint8_t* out,
+                               bool fast) {
+  float lo = w[0], hi = w[0];
+  for (size_t i = 1; i < n; ++i) {
+    lo = std::min(lo, w[i]);
+    hi = std::max(hi, w[i]);
+  }
+  std::vector<uint8_t> q(n, 0), best_q(n, 0), scratch(n, 0);
+  Affine best{0, 0};
+  double best_err = INFINITY;
+  if (hi == 0.0f && lo == 0.0f) {  // an all-zero group: d = 0, z = 0
+    pack_group(best_q.data(), n, out);
+    return best;
+  }
+  auto clamp_z = [](double z) { return static_cast<unsigned>(std::clamp(std::nearbyint(z), 0.0, 15.0)); };
+  constexpr float kSteps[] = {15.0f, 14.0f, 14.5f, 15.5f, 16.0f, 17.0f};
+  for (size_t grid = 0; grid < (fast ? 1 : std::size(kSteps)); ++grid) {
+    double d = (hi - lo) / kSteps[grid];
+    if (d <= 0.0) d = std::fabs(lo) / 8.0;  // a constant group
+    unsigned z = clamp_z(-lo / d);
+    for (int iter = 0; iter < 4; ++iter) {
+      const uint16_t d16 = gguf::fp32_to_fp16(static_cast<float>(d));
+      const float df = gguf::fp16_to_fp32(d16);
+      if (!(df > 0.0f) || !std::isfinite(df)) break;
+      const uint16_t m16 = integer_zero_point_min(d16, z);
+      const double err = affine_error(w, importance, n, df, gguf::fp16_to_fp32(m16), q.data());
+      if (err < best_err) {
+        best_err = err;
+        best = {d16, m16};
+        best_q = q;
+      }
+      // Unconstrained weighted least squares of w ~ d * q + m gives z = round(-m / d); for it
+      // and its two neighbours, the least-squares d of w ~ d * (q - z) is tried on the current
+      // codes, and the best (re-rounded) pair is the next iterate.
+      double s = 0, sq = 0, sqq = 0, sw = 0, sqw = 0;
+      for (size_t i = 0; i < n; ++i) {
+        const double a = importance ? importance[i] : 1.0, qi = q[i];
+        s += a;
+        sq += a * qi;
+        sqq += a * qi * qi;
+        sw += a * w[i];
+        sqw += a * qi * w[i];
+      }
+      const double det = s * sqq - sq * sq;
+      if (det <= 0) break;
+      const double d_free = (s * sqw - sq * sw) / det, m_free = (sqq * sw - sq * sqw) / det;
+      if (!(d_free > 0)) break;
+      const unsigned z0 = clamp_z(-m_free / d_free);
+      double next_err = INFINITY, next_d = 0;
+      unsigned next_z = z0;
+      for (const unsigned zc : {z0, z0 - 1, z0 + 1}) {
+        if (zc > 15) continue;  // (z0 - 1 wraps for z0 = 0)
+        double num = 0, den = 0;
+        for (size_t i = 0; i < n; ++i) {
+          const double a = importance ? importance[i] : 1.0, c = static_cast<double>(q[i]) - zc;
+          num += a * c * w[i];
+          den += a * c * c;
+        }
+        if (den <= 0 || !(num / den > 0)) continue;
+        const uint16_t dc16 = gguf::fp32_to_fp16(static_cast<float>(num / den));
+        const double e = affine_error(w, importance, n, gguf::fp16_to_fp32(dc16),
+                                      gguf::fp16_to_fp32(integer_zero_point_min(dc16, zc)), scratch.data());
+        if (e < next_err) {
+          next_err = e;
+          next_d = num / den;
+          next_z = zc;
+        }
+        if (e < best_err) {  // a candidate in its own right
+          best_err = e;
+          best = {dc16, integer_zero_point_min(dc16, zc)};
+          best_q = scratch;
+        }
+      }
+      if (!(next_d > 0)) break;
+      d = next_d;
+      z = next_z;
+    }
+  }
+  pack_group(best_q.data(), n, out);
+  return best;
+}
+
 }  // namespace
+
+uint16_t integer_zero_point_min(uint16_t d, unsigned z) {
+  if (z == 0) return 0;
+  return gguf::fp32_to_fp16(-(gguf::fp16_to_fp32(d) * static_cast<float>(z)));
+}
+
+std::optional<unsigned> integer_zero_point(uint16_t d, uint16_t m) {
+  const float df = gguf::fp16_to_fp32(d), mf = gguf::fp16_to_fp32(m);
+  if (!std::isfinite(df) || !std::isfinite(mf)) return std::nullopt;
+  if (df == 0.0f) return mf == 0.0f ? std::optional<unsigned>(0) : std::nullopt;
+  const double z = std::nearbyint(-static_cast<double>(mf) / df);
+  if (z < 0 || z > 15) return std::nullopt;
+  const auto zi = static_cast<unsigned>(z);
+  if (gguf::fp16_to_fp32(integer_zero_point_min(d, zi)) != mf) return std::nullopt;
+  return zi;
+}
 
 kernels::Matrix W4Matrix::view() const {
   kernels::Matrix m;
@@ -141,7 +241,8 @@ kernels::Matrix W4Matrix::view() const {
 }
 
 W4Matrix quantize_w4(const float* w, size_t rows, size_t cols, size_t group_size,
-                     const float* importance, bool zero_points, ThreadPool& pool, bool fast) {
+                     const float* importance, bool zero_points, ThreadPool& pool, bool fast,
+                     bool integer_zero_points) {
   if (group_size == 0 || group_size % 32 != 0 || cols % group_size != 0) {
     throw Error("INT4 group size " + std::to_string(group_size) +
                 " must be a multiple of 32 that divides the row length " + std::to_string(cols));
@@ -162,7 +263,8 @@ W4Matrix quantize_w4(const float* w, size_t rows, size_t cols, size_t group_size
         const float* ig = importance ? importance + col : nullptr;
         uint8_t* out = &q.qs[(r * cols + col) / 2];
         if (zero_points) {
-          const Affine a = quantize_group_affine(wg, ig, group_size, out, fast);
+          const Affine a = integer_zero_points ? quantize_group_int_zero(wg, ig, group_size, out, fast)
+                                               : quantize_group_affine(wg, ig, group_size, out, fast);
           q.scales[r * n_groups + g] = a.d;
           q.mins[r * n_groups + g] = a.m;
         } else {
@@ -250,7 +352,10 @@ W4Groups quantize_w4_rows(gguf::TensorType type, std::span<const std::byte> data
                           size_t cols, size_t group_size, const float* importance, bool zero_points,
                           size_t block_rows,
                           const std::function<void(std::span<const uint8_t>)>& write_codes,
-                          ThreadPool& pool, int scale_bits) {
+                          ThreadPool& pool, int scale_bits, bool integer_zero_points) {
+  if (integer_zero_points && (!zero_points || scale_bits != 16)) {
+    throw Error("INT4 quantization: integer zero points need affine groups with fp16 scales");
+  }
   if (scale_bits != 16 && (scale_bits != 8 || !zero_points)) {
     throw Error("INT4 quantization: group scales of " + std::to_string(scale_bits) +
                 " bits (16, or 8 with zero points)");
@@ -269,7 +374,8 @@ W4Groups quantize_w4_rows(gguf::TensorType type, std::span<const std::byte> data
   for (size_t r = 0; r < rows; r += block_rows) {
     const size_t n_rows = std::min(block_rows, rows - r);
     gguf::dequantize(type, data.data() + r * src_row, dense.data(), n_rows * cols);
-    W4Matrix q = quantize_w4(dense.data(), n_rows, cols, group_size, importance, zero_points, pool);
+    W4Matrix q = quantize_w4(dense.data(), n_rows, cols, group_size, importance, zero_points, pool, false,
+                             integer_zero_points);
     if (scale_bits == 8) compress_group_params(q, dense.data(), importance, pool);
     write_codes(q.qs);
     groups.scales.insert(groups.scales.end(), q.scales.begin(), q.scales.end());

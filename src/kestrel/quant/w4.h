@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -45,9 +46,23 @@ struct W4Matrix {
 /// `fast` (affine groups only) starts from the 15-step grid alone instead of six grids, about
 /// 6x less work for a slightly larger error (the AWQ scale search, quant/awq.h, uses it).
 /// Throws kestrel::Error unless group_size is a multiple of 32 dividing cols.
+///
+/// `integer_zero_points` (with zero_points): each group's minimum is tied to an integer zero
+/// point z in 0..15, m = integer_zero_point_min(d, z), so that the group is exactly
+/// w ~ d * (q - z), the form compressed-tensors, AWQ and GPTQ checkpoints store. The fit
+/// alternates rounding, the unconstrained least-squares (d, m), z = round(-m / d) clamped to
+/// 0..15, and the least-squares d for that z, from the same starting grids.
 W4Matrix quantize_w4(const float* w, size_t rows, size_t cols, size_t group_size,
                      const float* importance, bool zero_points, ThreadPool& pool,
-                     bool fast = false);
+                     bool fast = false, bool integer_zero_points = false);
+
+/// The fp16 group minimum that stands for the integer zero point z (0..15) with fp16 scale d:
+/// fp16(-(d * z)), the product taken in float32 (exact: 11 + 4 significant bits); +0 for z = 0.
+uint16_t integer_zero_point_min(uint16_t d, unsigned z);
+
+/// z when the fp16 pair (d, m) is exactly an integer zero point, i.e. m equals (as a value)
+/// integer_zero_point_min(d, z) for a z in 0..15 (with d = 0: m = 0, z = 0); nullopt otherwise.
+std::optional<unsigned> integer_zero_point(uint16_t d, uint16_t m);
 
 /// The affine fit quantize_w4 makes for one group of n weights: fp16 scale d and minimum m
 /// (w ~ d * q + m, q in 0..15), minimizing the error weighted by `importance` (null: uniform).
@@ -92,7 +107,7 @@ W4Groups quantize_w4_rows(gguf::TensorType type, std::span<const std::byte> data
                           size_t cols, size_t group_size, const float* importance, bool zero_points,
                           size_t block_rows,
                           const std::function<void(std::span<const uint8_t>)>& write_codes,
-                          ThreadPool& pool, int scale_bits = 16);
+                          ThreadPool& pool, int scale_bits = 16, bool integer_zero_points = false);
 
 /// Root-mean-square error of the quantized matrix against `w` (for reports and tests).
 double w4_rms_error(const W4Matrix& q, const float* w);

@@ -1,0 +1,435 @@
+#include "kestrel/image/hf_export.h"
+
+#include <algorithm>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+#include "kestrel/formats/dequant.h"
+#include "kestrel/formats/gguf.h"
+#include "kestrel/formats/safetensors_writer.h"
+#include "kestrel/head/flashhead_format.h"
+#include "kestrel/image/builder.h"
+#include "kestrel/image/hf_export_config.h"
+#include "kestrel/image/image.h"
+#include "kestrel/kernels/matmul.h"
+#include "kestrel/quant/compressed_tensors.h"
+#include "kestrel/quant/w4.h"
+#include "kestrel/text/hf_tokenizer_export.h"
+
+namespace kestrel::image {
+namespace {
+
+using gguf::TensorType;
+using nlohmann::json;
+namespace st = safetensors;
+
+bool ends_with(const std::string& s, const char* suffix) {
+  const size_t k = std::strlen(suffix);
+  return s.size() >= k && s.compare(s.size() - k, k, suffix) == 0;
+}
+
+// The HF module of a GGUF tensor ("blk.3.attn_q.weight" -> "model.layers.3.self_attn.q_proj");
+// empty when it is not part of a Gemma 3 text model.
+std::string hf_module(const std::string& name) {
+  static const std::map<std::string, std::string> kLayer = {
+      {"attn_q", "self_attn.q_proj"}, {"attn_k", "self_attn.k_proj"}, {"attn_v", "self_attn.v_proj"},
+      {"attn_output", "self_attn.o_proj"}, {"attn_q_norm", "self_attn.q_norm"}, {"attn_k_norm", "self_attn.k_norm"},
+      {"attn_norm", "input_layernorm"}, {"post_attention_norm", "post_attention_layernorm"},
+      {"ffn_norm", "pre_feedforward_layernorm"}, {"post_ffw_norm", "post_feedforward_layernorm"},
+      {"ffn_gate", "mlp.gate_proj"}, {"ffn_up", "mlp.up_proj"}, {"ffn_down", "mlp.down_proj"}};
+  if (name == "token_embd.weight") return "model.embed_tokens";
+  if (name == "output_norm.weight") return "model.norm";
+  if (name == "output.weight") return "lm_head";
+  if (name.rfind("blk.", 0) != 0 || !ends_with(name, ".weight")) return "";
+  const size_t dot = name.find('.', 4);
+  if (dot == std::string::npos) return "";
+  const std::string layer = name.substr(4, dot - 4);
+  const std::string part = name.substr(dot + 1, name.size() - dot - 1 - std::strlen(".weight"));
+  const auto it = kLayer.find(part);
+  const bool digits = !layer.empty() && std::all_of(layer.begin(), layer.end(), [](char c) { return c >= '0' && c <= '9'; });
+  if (!digits || it == kLayer.end()) return "";
+  return "model.layers." + layer + "." + it->second;
+}
+
+// An INT4 matrix of the image (NAME.q4, NAME.scales, NAME.mins / NAME.row_scales) as the
+// kernels read it.
+kernels::Matrix int4_matrix(const gguf::File& f, const std::string& base, size_t group) {
+  const auto& q4 = f.tensor(base + kQ4Suffix);
+  const auto& sc = f.tensor(base + kScalesSuffix);
+  kernels::Matrix m;
+  m.type = kernels::WeightType::kW4;
+  m.data = f.tensor_data(q4).data();
+  m.rows = q4.shape[1];
+  m.cols = q4.shape[0] * 2;
+  m.group_size = group;
+  const gguf::TensorInfo* mn = f.find_tensor(base + kMinsSuffix);
+  if (sc.type == TensorType::kI8) {
+    m.scales8 = reinterpret_cast<const uint8_t*>(f.tensor_data(sc).data());
+    if (mn == nullptr) throw Error("image tensor " + base + " has 8-bit scales without " + kMinsSuffix);
+    m.mins8 = reinterpret_cast<const uint8_t*>(f.tensor_data(*mn).data());
+    m.row_scales = reinterpret_cast<const uint16_t*>(f.tensor_data(f.tensor(base + kRowScalesSuffix)).data());
+  } else {
+    m.scales = reinterpret_cast<const uint16_t*>(f.tensor_data(sc).data());
+    m.mins = mn ? reinterpret_cast<const uint16_t*>(f.tensor_data(*mn).data()) : nullptr;
+  }
+  if (m.cols % group != 0 || sc.n_elements * group != m.rows * m.cols) {
+    throw Error("image tensor " + base + ": scales do not match the group size " + std::to_string(group));
+  }
+  return m;
+}
+
+// Which groups of an INT4 matrix compressed-tensors represents exactly (1) or not (0).
+std::vector<char> exact_groups(const kernels::Matrix& m) {
+  const size_t n = m.rows * m.cols / m.group_size;
+  if (m.scales8 != nullptr) return std::vector<char>(n, 0);  // 8-bit parameters: d_row * s_g, -m_row * n_g
+  std::vector<char> exact(n, 1);
+  if (m.mins == nullptr) return exact;  // symmetric: w = d (q - 8)
+  for (size_t i = 0; i < n; ++i) exact[i] = quant::integer_zero_point(m.scales[i], m.mins[i]).has_value();
+  return exact;
+}
+
+// An INT4 matrix in compressed-tensors' terms: codes (kW4 layout), fp16 scales, zero points
+// (0..15; empty when symmetric).
+struct CtMatrix {
+  std::vector<uint8_t> codes;
+  std::vector<uint16_t> scales;
+  std::vector<uint8_t> zeros;
+  size_t requantized_groups = 0;
+};
+
+CtMatrix to_ct(const kernels::Matrix& m, bool symmetric, ThreadPool& pool) {
+  const size_t G = m.group_size, n_groups = m.rows * m.cols / G;
+  CtMatrix out;
+  const auto* codes = static_cast<const uint8_t*>(m.data);
+  out.codes.assign(codes, codes + m.rows * m.cols / 2);
+  const std::vector<char> exact = exact_groups(m);
+  if (m.scales != nullptr) out.scales.assign(m.scales, m.scales + n_groups);
+  else out.scales.assign(n_groups, 0);
+  if (!symmetric) {
+    out.zeros.assign(n_groups, 0);
+    for (size_t i = 0; i < n_groups; ++i) {
+      if (exact[i]) out.zeros[i] = static_cast<uint8_t>(*quant::integer_zero_point(m.scales[i], m.mins[i]));
+    }
+  }
+  out.requantized_groups = static_cast<size_t>(std::count(exact.begin(), exact.end(), 0));
+  if (out.requantized_groups == 0) return out;
+  // Requantize from the image's own weights (what Kestrel computes), integer zero points;
+  // the exact groups keep their codes and scales.
+  std::vector<float> dense(m.rows * m.cols);
+  for (size_t r = 0; r < m.rows; ++r) kernels::matrix_row(m, r, dense.data() + r * m.cols);
+  const quant::W4Matrix q = quant::quantize_w4(dense.data(), m.rows, m.cols, G, nullptr, true, pool, false, true);
+  for (size_t i = 0; i < n_groups; ++i) {
+    if (exact[i]) continue;
+    std::memcpy(&out.codes[i * G / 2], &q.qs[i * G / 2], G / 2);
+    out.scales[i] = q.scales[i];
+    const auto z = quant::integer_zero_point(q.scales[i], q.mins[i]);
+    if (!z) throw Error("internal: the integer-zero-point fit of " + std::to_string(i) + " is not exact");
+    out.zeros[i] = static_cast<uint8_t>(*z);
+  }
+  return out;
+}
+
+// Row r of a 2-D image tensor (INT4 or any GGUF type) as float32 [cols].
+class RowReader {
+ public:
+  RowReader(const gguf::File& f, const std::string& name, size_t group) {
+    if (const auto* t = f.find_tensor(name)) {
+      t_ = t;
+      data_ = f.tensor_data(*t).data();
+      cols_ = t->shape[0];
+      rows_ = t->rows();
+      row_bytes_ = gguf::row_bytes(t->type, cols_);
+    } else {
+      m_ = int4_matrix(f, name, group);
+      cols_ = m_.cols;
+      rows_ = m_.rows;
+    }
+  }
+  size_t rows() const { return rows_; }
+  size_t cols() const { return cols_; }
+  void row(size_t r, float* out) const {
+    if (t_ != nullptr) gguf::dequantize(t_->type, data_ + r * row_bytes_, out, cols_);
+    else kernels::matrix_row(m_, r, out);
+  }
+
+ private:
+  const gguf::TensorInfo* t_ = nullptr;
+  const std::byte* data_ = nullptr;
+  kernels::Matrix m_;
+  size_t rows_ = 0, cols_ = 0;
+  uint64_t row_bytes_ = 0;
+};
+
+template <typename T>
+std::span<const std::byte> bytes_of(const std::vector<T>& v) {
+  return {reinterpret_cast<const std::byte*>(v.data()), v.size() * sizeof(T)};
+}
+
+// Writes float32 values as the export's dense dtype.
+void write_dense(st::Writer& w, const float* x, size_t n, bool float32) {
+  if (float32) {
+    w.write({reinterpret_cast<const std::byte*>(x), n * sizeof(float)});
+    return;
+  }
+  std::vector<uint16_t> b(n);
+  for (size_t i = 0; i < n; ++i) b[i] = gguf::fp32_to_bf16(x[i]);
+  w.write(bytes_of(b));
+}
+
+void write_text(const std::filesystem::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  if (!out) throw Error("cannot write " + path.string());
+}
+
+std::string utc_now() {
+  const std::time_t now = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  return buf;
+}
+
+// The image's kestrel.license.text ("==> NAME <==" sections) as files of DIR; a section whose
+// name is not a plain file name, or text without sections, goes to NOTICE.kestrel.
+std::vector<std::string> write_licenses(const std::string& text, const std::filesystem::path& dir) {
+  std::vector<std::string> written;
+  if (text.empty()) return written;
+  std::vector<std::pair<std::string, std::string>> sections;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    if (text.compare(pos, 4, "==> ") == 0) {
+      const size_t end = text.find(" <==\n", pos);
+      if (end != std::string::npos) {
+        const std::string name = text.substr(pos + 4, end - pos - 4);
+        const size_t body = end + 5;
+        size_t next = text.find("\n==> ", body);
+        next = next == std::string::npos ? text.size() : next + 1;
+        std::string content = text.substr(body, next - body);
+        if (!content.empty() && content.back() == '\n') content.pop_back();  // the separator the build added
+        sections.emplace_back(name, content);
+        pos = next;
+        continue;
+      }
+    }
+    sections.clear();
+    sections.emplace_back("NOTICE.kestrel", text);
+    break;
+  }
+  for (auto& [name, content] : sections) {
+    const bool plain = !name.empty() && name.find('/') == std::string::npos && name != "." && name != ".." &&
+                       name.find_first_of("\\\n\r") == std::string::npos;
+    std::string file = plain ? name : "NOTICE.kestrel";
+    if (std::find(written.begin(), written.end(), file) != written.end()) file += ".2";
+    write_text(dir / file, content);
+    written.push_back(file);
+  }
+  return written;
+}
+
+struct Item {
+  std::string name;    // GGUF name (without .q4)
+  std::string module;  // HF module
+  enum class Kind { kInt4, kDense, kNorm } kind = Kind::kDense;
+  size_t rows = 0, cols = 0;  // HF [rows, cols]; norms: cols values
+};
+
+}  // namespace
+
+HfExportReport export_hf(const std::filesystem::path& image_path, const std::filesystem::path& dir,
+                         const HfExportOptions& options, ThreadPool& pool) {
+  const gguf::File f = gguf::File::open(image_path);
+  const auto info = read_image_info(f);
+  if (!info) {
+    throw Error(image_path.string() + " is not a Kestrel image (kestrel export reads images: `kestrel build` one first)");
+  }
+  verify_content(f);
+  const std::string arch = f.get_string("general.architecture");
+  if (arch != "gemma3") {
+    throw Error("kestrel export writes Gemma 3 images; " + image_path.string() + " is '" + arch +
+                "' (Gemma 4 export is not implemented yet)");
+  }
+  const bool w4 = info->precision == quant::Precision::kW4A16;
+  const size_t group = w4 ? info->group_size : 0;
+  const bool symmetric = w4 && !info->zero_points;
+
+  // Plan every tensor; check exactness before anything is written.
+  std::vector<Item> items;
+  HfExportReport report;
+  std::vector<std::string> inexact;
+  size_t inexact_groups = 0;
+  for (const auto& t : f.tensors()) {
+    std::string name = t.name;
+    Item it;
+    if (ends_with(name, kQ4Suffix)) {
+      name.resize(name.size() - std::strlen(kQ4Suffix));
+      it.kind = Item::Kind::kInt4;
+      it.rows = t.shape[1];
+      it.cols = t.shape[0] * 2;
+    } else if (ends_with(name, kScalesSuffix) || ends_with(name, kMinsSuffix) || ends_with(name, kRowScalesSuffix) ||
+               name.rfind("flashhead.", 0) == 0) {
+      continue;
+    } else if (t.shape.size() == 1) {
+      it.kind = Item::Kind::kNorm;
+      it.cols = t.shape[0];
+    } else {
+      it.rows = t.rows();
+      it.cols = t.shape[0];
+    }
+    it.name = name;
+    it.module = hf_module(name);
+    if (it.module.empty()) throw Error("image tensor '" + t.name + "' is not part of a Gemma 3 text model");
+    const bool layer_matrix = name.rfind("blk.", 0) == 0 && it.kind != Item::Kind::kNorm;
+    if (it.kind == Item::Kind::kInt4 && !layer_matrix) it.kind = Item::Kind::kDense;  // an INT4 embedding
+    if (it.kind == Item::Kind::kInt4) {
+      const auto e = exact_groups(int4_matrix(f, name, group));
+      const auto bad = static_cast<size_t>(std::count(e.begin(), e.end(), 0));
+      if (bad > 0) {
+        inexact.push_back(name);
+        inexact_groups += bad;
+      }
+      report.total_groups += e.size();
+    } else if (layer_matrix && w4) {
+      report.ignored.push_back(it.module);  // kept above 4 bits (--tensor-type)
+    }
+    items.push_back(std::move(it));
+  }
+  if (!inexact.empty() && !options.requantize) {
+    throw InexactExportError(
+        image_path.string() + ": " + std::to_string(inexact_groups) + " of " + std::to_string(report.total_groups) +
+        " INT4 groups (in " + std::to_string(inexact.size()) + " matrices, e.g. " + inexact.front() +
+        ") have a minimum that is not the scale times an integer zero point" +
+        (info->scale_bits == 8 ? " (8-bit group parameters)" : "") +
+        ", which compressed-tensors cannot store exactly. Build the image with --zero-points int (or "
+        "--symmetric), or pass --requantize to requantize those groups from the image's weights");
+  }
+  const bool has_output = f.find_tensor("output.weight") != nullptr || f.find_tensor(std::string("output.weight") + kQ4Suffix) != nullptr;
+  // The output head (tied to the embedding, or output.weight) is written dense either way.
+  if (w4) report.ignored.insert(report.ignored.begin(), "lm_head");
+
+  // FlashHead images keep the head's rows in cluster order: map them back to token order.
+  std::vector<int32_t> row_of_token;
+  if (const auto* rt = f.find_tensor(head::kRowTokensTensor)) {
+    const auto* tokens = reinterpret_cast<const int32_t*>(f.tensor_data(*rt).data());
+    row_of_token.assign(rt->n_elements, -1);
+    for (size_t r = 0; r < rt->n_elements; ++r) {
+      if (tokens[r] < 0 || static_cast<size_t>(tokens[r]) >= rt->n_elements) throw Error("image: bad flashhead.row_tokens");
+      row_of_token[static_cast<size_t>(tokens[r])] = static_cast<int32_t>(r);
+    }
+  }
+  const std::string head_name = has_output ? "output.weight" : "token_embd.weight";
+
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) throw Error("cannot create " + dir.string() + ": " + ec.message());
+
+  // model.safetensors, written to a .partial file and renamed when complete.
+  const st::Dtype dense_dtype = options.float32 ? st::Dtype::kF32 : st::Dtype::kBF16;
+  const auto partial = dir / "model.safetensors.partial";
+  size_t vocab_rows = 0;
+  {
+    st::Writer w(partial);
+    w.set_metadata({{"format", "pt"}});
+    for (const auto& it : items) {
+      if (it.kind == Item::Kind::kInt4) {
+        w.add_tensor(it.module + ".weight_packed", st::Dtype::kI32, {it.rows, it.cols / 8});
+        w.add_tensor(it.module + ".weight_scale", st::Dtype::kF16, {it.rows, it.cols / group});
+        if (!symmetric) w.add_tensor(it.module + ".weight_zero_point", st::Dtype::kI32, {(it.rows + 7) / 8, it.cols / group});
+        w.add_tensor(it.module + ".weight_shape", st::Dtype::kI64, {2});
+      } else if (it.kind == Item::Kind::kNorm) {
+        w.add_tensor(it.module + ".weight", dense_dtype, {it.cols});
+      } else {
+        w.add_tensor(it.module + ".weight", dense_dtype, {it.rows, it.cols});
+        if (it.name == "token_embd.weight") vocab_rows = it.rows;
+      }
+    }
+    w.begin_data();
+    std::vector<float> buf;
+    for (const auto& it : items) {
+      if (it.kind == Item::Kind::kInt4) {
+        const CtMatrix m = to_ct(int4_matrix(f, it.name, group), symmetric, pool);
+        if (m.requantized_groups > 0) {
+          ++report.requantized_matrices;
+          report.requantized_groups += m.requantized_groups;
+        }
+        w.write(bytes_of(quant::ct::pack_weight(m.codes, it.rows, it.cols, group)));
+        w.write(bytes_of(m.scales));
+        if (!symmetric) w.write(bytes_of(quant::ct::pack_zero_points(m.zeros, it.rows, it.cols / group)));
+        w.write(bytes_of(std::vector<int64_t>{static_cast<int64_t>(it.rows), static_cast<int64_t>(it.cols)}));
+        ++report.int4_matrices;
+      } else if (it.kind == Item::Kind::kNorm) {
+        // Gemma's HF RMSNorm multiplies by 1 + w; images store the whole multiplier.
+        buf.resize(it.cols);
+        gguf::dequantize(f.tensor(it.name).type, f.tensor_data(f.tensor(it.name)).data(), buf.data(), it.cols);
+        for (float& x : buf) x -= 1.0f;
+        write_dense(w, buf.data(), it.cols, options.float32);
+      } else {
+        const RowReader reader(f, it.name, group);
+        const bool permuted = !row_of_token.empty() && it.name == head_name;
+        if (permuted && row_of_token.size() != it.rows) throw Error("image: flashhead.row_tokens does not match " + it.name);
+        const size_t step = std::max<size_t>(1, (size_t{1} << 20) / it.cols);
+        buf.resize(step * it.cols);
+        for (size_t r = 0; r < it.rows; r += step) {
+          const size_t n = std::min(step, it.rows - r);
+          for (size_t k = 0; k < n; ++k) {
+            reader.row(permuted ? static_cast<size_t>(row_of_token[r + k]) : r + k, buf.data() + k * it.cols);
+          }
+          write_dense(w, buf.data(), n * it.cols, options.float32);
+        }
+        if (it.name.rfind("blk.", 0) == 0) ++report.dense_matrices;
+      }
+    }
+    w.finish();
+  }
+  std::filesystem::rename(partial, dir / "model.safetensors");
+
+  const std::string dtype = options.float32 ? "float32" : "bfloat16";
+  const json quant = w4 ? compressed_tensors_config(group, symmetric, report.ignored) : json(nullptr);
+  write_text(dir / "config.json", gemma3_hf_config(f, vocab_rows, !has_output, dtype, quant).dump(2) + "\n");
+  write_text(dir / "generation_config.json", gemma3_generation_config(f).dump(2) + "\n");
+  const size_t max_length = f.find_uint(arch + ".context_length").value_or(8192);
+  text::export_hf_tokenizer(f, dir, max_length);
+  write_text(dir / "chat_template.jinja",
+             f.find_string("tokenizer.chat_template").value_or(text::gemma3_jinja_template()));
+  const auto licenses = write_licenses(f.find_string(keys::kLicenseText).value_or(""), dir);
+
+  json prov = {
+      {"exporter", std::string("kestrel ") + KESTREL_VERSION},
+      {"export_date", utc_now()},
+      {"image", {{"file", image_path.filename().string()},
+                 {"sha256", sha256_file(image_path)},
+                 {"content_xxh3", f.find_uint(keys::kContentHash).value_or(0)},
+                 {"precision", f.find_string(keys::kPrecision).value_or("")},
+                 {"quant_method", f.find_string(keys::kQuantMethod).value_or("")},
+                 {"group_size", group},
+                 {"zero_points", symmetric ? "none (symmetric)" : w4 ? f.find_string(keys::kZeroPointType).value_or("float") : "n/a"},
+                 {"scale_bits", info->scale_bits},
+                 {"tensor_types", f.find_string(keys::kTensorTypes).value_or("")},
+                 {"flashhead", !row_of_token.empty()},
+                 {"kestrel_version", f.find_string(keys::kKestrelVersion).value_or("")},
+                 {"build_date", f.find_string(keys::kBuildDate).value_or("")},
+                 {"source_file", f.find_string(keys::kSourceFile).value_or("")},
+                 {"source_sha256", f.find_string(keys::kSourceSha256).value_or("")},
+                 {"calibration_sha256", f.find_string(keys::kCalibrationSha256).value_or("")}}},
+      {"format", w4 ? "compressed-tensors pack-quantized W4A16" : "dense"},
+      {"dense_dtype", dtype},
+      {"int4_matrices", report.int4_matrices},
+      {"int4_groups", report.total_groups},
+      {"requantized", {{"matrices", report.requantized_matrices}, {"groups", report.requantized_groups}}},
+      {"exact", report.requantized_groups == 0},
+      {"ignore", report.ignored},
+      {"licence_files", licenses}};
+  write_text(dir / "kestrel_export.json", prov.dump(2) + "\n");
+  if (options.log && report.requantized_groups > 0) {
+    options.log("requantized " + std::to_string(report.requantized_groups) + " of " + std::to_string(report.total_groups) +
+                " INT4 groups in " + std::to_string(report.requantized_matrices) +
+                " matrices (integer zero points, fitted to the image's weights): the export is close to the image, not "
+                "identical");
+  }
+  return report;
+}
+
+}  // namespace kestrel::image

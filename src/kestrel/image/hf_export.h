@@ -1,0 +1,58 @@
+// `kestrel export`: a Kestrel image as a Hugging Face checkpoint directory that vLLM, SGLang
+// and transformers load, with the INT4 layer matrices in compressed-tensors' W4A16
+// "pack-quantized" format (quant/compressed_tensors.h) carrying the image's own codes and
+// scales (docs/export.md).
+#pragma once
+
+#include <cstddef>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "kestrel/base/error.h"
+#include "kestrel/base/thread_pool.h"
+
+namespace kestrel::image {
+
+/// The image holds INT4 groups compressed-tensors cannot represent exactly (a free float
+/// minimum that is not d times an integer zero point, or 8-bit group parameters), and
+/// requantization was not asked for.
+class InexactExportError : public Error {
+ public:
+  using Error::Error;
+};
+
+struct HfExportOptions {
+  /// Requantize the groups that are not exactly representable (from the image's dequantized
+  /// weights, with integer zero points) instead of refusing the image.
+  bool requantize = false;
+  /// dtype of the tensors that are not INT4 (embedding, norms, matrices kept above 4 bits):
+  /// bfloat16 (the Gemma checkpoints' dtype) or float32 (exact for every stored value).
+  bool float32 = false;
+  /// Notes (requantized matrices, ignored layers); optional.
+  std::function<void(const std::string&)> log;
+};
+
+struct HfExportReport {
+  size_t int4_matrices = 0;        // written as compressed-tensors pack-quantized
+  size_t dense_matrices = 0;       // layer matrices kept above 4 bits (listed in `ignore`)
+  size_t requantized_matrices = 0;
+  size_t requantized_groups = 0;   // of the groups in the requantized matrices
+  size_t total_groups = 0;         // INT4 groups written
+  std::vector<std::string> ignored;  // quantization_config.ignore
+};
+
+/// Writes DIR (created; files in it are replaced): config.json (Gemma3ForCausalLM, model_type
+/// gemma3_text, with quantization_config for a w4a16 image), model.safetensors,
+/// generation_config.json, tokenizer.json / tokenizer_config.json / special_tokens_map.json /
+/// chat_template.jinja, the image's licence / NOTICE texts, and kestrel_export.json
+/// (provenance). `image_path` must be a Kestrel image (docs/image-format.md) of a Gemma 3
+/// model; its content checksum is verified first.
+/// Throws InexactExportError (nothing written) when groups are not exactly representable and
+/// options.requantize is false; kestrel::Error for a file that is not an image, a corrupt
+/// image, or an architecture other than gemma3.
+HfExportReport export_hf(const std::filesystem::path& image_path, const std::filesystem::path& dir,
+                         const HfExportOptions& options, ThreadPool& pool);
+
+}  // namespace kestrel::image

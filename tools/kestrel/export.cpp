@@ -1,0 +1,68 @@
+// kestrel export: a Kestrel image as a Hugging Face directory for vLLM, SGLang and
+// transformers (compressed-tensors W4A16), docs/export.md.
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "commands.h"
+#include "kestrel/base/thread_pool.h"
+#include "kestrel/image/hf_export.h"
+#include "option_checks.h"
+
+namespace kestrel::tools {
+namespace {
+
+struct ExportCommandOptions {
+  std::string image;
+  std::string out;
+  bool requantize = false;
+  std::string dtype = "bfloat16";
+  int threads = 0;
+};
+
+int export_image(const ExportCommandOptions& o) {
+  image::HfExportOptions options;
+  options.requantize = o.requantize;
+  options.float32 = o.dtype == "float32";
+  options.log = [](const std::string& m) { std::fprintf(stderr, "kestrel export: %s\n", m.c_str()); };
+  ThreadPool pool(o.threads);
+  const auto r = image::export_hf(o.image, o.out, options, pool);
+  std::string exactness = ", exact";
+  if (r.requantized_groups > 0) {
+    exactness = ", ";
+    exactness += std::to_string(r.requantized_groups);
+    exactness += " requantized";
+  }
+  if (r.int4_matrices == 0) {
+    std::printf("exported %s to %s: a dense checkpoint (no INT4 matrices), %zu layer matrices, %s\n", o.image.c_str(),
+                o.out.c_str(), r.dense_matrices, o.dtype.c_str());
+    return 0;
+  }
+  std::printf("exported %s to %s: %zu INT4 matrices (compressed-tensors pack-quantized, %zu groups%s), "
+              "%zu layer matrices kept dense, %s for the rest\n",
+              o.image.c_str(), o.out.c_str(), r.int4_matrices, r.total_groups,
+              exactness.c_str(),
+              r.dense_matrices, o.dtype.c_str());
+  return 0;
+}
+
+}  // namespace
+
+Command add_export_command(CLI::App& app) {
+  auto o = std::make_shared<ExportCommandOptions>();
+  auto* cmd = app.add_subcommand(
+      "export", "Write a Kestrel image as a Hugging Face directory (compressed-tensors W4A16) for vLLM, SGLang, transformers");
+  cmd->add_option("image", o->image, "Kestrel image (.kimg) of a Gemma 3 model")->required();
+  cmd->add_option("-o,--output", o->out, "Output directory (created; files in it are replaced)")->required();
+  cmd->add_flag("--requantize", o->requantize,
+                "Requantize the INT4 groups compressed-tensors cannot store exactly (a free float minimum, 8-bit "
+                "group parameters) instead of refusing the image");
+  cmd->add_option("--dtype", o->dtype, "dtype of the tensors that are not INT4 (embedding, norms, matrices kept above 4 bits)")
+      ->check(CLI::IsMember({"bfloat16", "float32"}))
+      ->capture_default_str();
+  cmd->add_option("-t,--threads", o->threads, "Threads (default: every core)")
+      ->check(integer_range(0, ThreadPool::kMaxThreads));
+  return [o] { return export_image(*o); };
+}
+
+}  // namespace kestrel::tools
