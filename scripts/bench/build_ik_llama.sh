@@ -42,8 +42,9 @@ commit=$(git -C "$SRC" rev-parse HEAD 2>/dev/null || echo unknown)
 dirty=""
 # Files missing from a partial clone (large test vocabularies, web UI sources) do not count;
 # modified sources do.
-if [[ "$commit" != unknown ]] && git -C "$SRC" status --porcelain --untracked-files=no 2>/dev/null | grep -qv '^ D '; then
-  dirty="+modified"
+if [[ "$commit" != unknown ]]; then
+  changes=$(git -C "$SRC" status --porcelain --untracked-files=no 2>/dev/null || true)
+  if [[ -n "$changes" ]] && grep -qv '^ D ' <<<"$changes"; then dirty="+modified"; fi
 fi
 
 GEN=()
