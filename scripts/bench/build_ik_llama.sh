@@ -24,7 +24,7 @@ PEERS=${KESTREL_PEERS:-$HOME/.cache/kestrel/peers}
 SRC=${1:-${IK_LLAMA_SRC:-$PEERS/ik_llama.cpp-src}}
 OUT=$PEERS/ik_llama.cpp
 JOBS=${JOBS:-2}
-TARGETS=(${IK_LLAMA_TARGETS:-llama-bench llama-cli llama-server})
+read -r -a TARGETS <<<"${IK_LLAMA_TARGETS:-llama-bench llama-cli llama-server}"
 
 die() { echo "build_ik_llama.sh: error: $*" >&2; exit 1; }
 
