@@ -32,6 +32,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import llama_cpp_check  # noqa: E402  (scripts/llama_cpp_check.py)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import machine  # noqa: E402  (scripts/bench/machine.py)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -180,7 +182,8 @@ def main():
     lines = [
         f"Model `{os.path.basename(model)}`, prompt {args.prompt} tokens, {args.out_tokens} out "
         f"(greedy, EOS ignored), {args.threads} threads, median of {args.runs} runs. "
-        f"CPU: {cpu_name()}, {os.cpu_count()} cores. llama.cpp: llama-cpp-python {llama_cpp.__version__}.",
+        f"CPU: {cpu_name()}, {os.cpu_count()} cores (flags: {machine.cpu()[1] or 'none listed'}). "
+        f"llama.cpp: llama-cpp-python {llama_cpp.__version__}.",
         "",
         "| engine | prefill tok/s | decode tok/s | prefill vs llama.cpp | decode vs llama.cpp |",
         "| --- | ---: | ---: | ---: | ---: |",
