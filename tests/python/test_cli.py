@@ -218,6 +218,7 @@ def check_default_prefers_the_cached_image(tmp_path, image, args, from_image, in
         assert json.loads(r.stdout)["tokens"] == from_image and "--as-default" not in r.stderr
     at_load = kestrel(*args, "--precision", "w4a16", "--group-size", 64, env=env)
     assert json.loads(at_load.stdout)["tokens"] == in_memory
+    assert "--as-default" not in at_load.stderr  # the GGUF is converted, not run as stored: no hint
     cached.unlink()
     with open(image, "rb") as f:
         cached.write_bytes(f.read(100_000))  # an image that does not load

@@ -181,8 +181,11 @@ def test_export_directory_and_config(exports):
     d = exports["int"]
     names = {p.name for p in d.iterdir()}
     assert names >= {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
-                     "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                     "tokenizer_config.json", "special_tokens_map.json",
                      "kestrel_export.json", "NOTICE.md", "GEMMA_TERMS.html"}
+    # The default model is a base model: no chat template, so that it reads back as one.
+    assert "chat_template.jinja" not in names
+    assert "chat_template" not in json.loads((d / "tokenizer_config.json").read_text())
     c = json.loads((d / "config.json").read_text())
     assert c["architectures"] == ["Gemma3ForCausalLM"] and c["model_type"] == "gemma3_text"
     q = c["quantization_config"]
@@ -208,6 +211,8 @@ def test_round_trip_is_bit_exact(images, exports, kind, tmp_path):
     for name in a:
         assert np.array_equal(a[name], b[name]), name
     assert image_key(out, "kestrel.quant.method") == "compressed-tensors"
+    # A base model read back stays a base model (no chat template turns `run` into chat).
+    assert image_key(out, "tokenizer.chat_template") is None
 
 
 def test_float_minimums_are_refused(images, tmp_path):

@@ -197,7 +197,7 @@ Command add_build_command(CLI::App& app) {
   cmd->add_option("source", o->source, "Source GGUF file ('default': the default model) or Hugging Face Gemma 3 checkpoint directory")->required();
   cmd->add_option("-o,--output", o->out, "Image file to write (required unless --as-default)");
   cmd->add_flag("--as-default", o->as_default,
-                "Build the default model's W4A16 + FlashHead image into the cache ($KESTREL_CACHE, else "
+                "Build the default model's W4A16 + FlashHead image into the cache ($KESTREL_CACHE/images/, else "
                 "~/.cache/kestrel/images/), where run, chat and serve find it for -m default");
   cmd->add_option("--precision", o->precision,
                   "w4a16 (INT4 weights), or bf16 / fp16 (the unquantized baseline)")

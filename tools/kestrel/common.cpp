@@ -3,8 +3,10 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <utility>
 
 #include "kestrel/base/error.h"
+#include "kestrel/formats/gguf.h"
 #include "kestrel/runtime/model_path.h"
 #include "option_checks.h"
 
@@ -63,6 +65,8 @@ void hint_default_image() {
 // The default image could not be loaded (an image from an older Kestrel, a damaged file): run the
 // GGUF instead of failing, and say how to rebuild it.
 void warn_default_image(const std::exception& e) {
+  static bool warned = false;  // resolve() may run twice (serve names the model, then loads it)
+  if (std::exchange(warned, true)) return;
   std::fprintf(stderr,
                "kestrel: the default image %s does not load (%s); running the default GGUF instead. "
                "Rebuild the image with `kestrel build default --as-default`\n",
@@ -73,13 +77,29 @@ void warn_default_image(const std::exception& e) {
 
 runtime::RunnableModel ModelOptions::resolve() const {
   runtime::RunnableModel m = runtime::runnable_model(model, precision == "source");
+  if (m.default_image) {
+    // A cached image whose header does not read (an older format, a cut or damaged file) is
+    // passed over here, before the server names the model after it; a damaged body is caught
+    // by the checksum at load (load()).
+    try {
+      gguf::File::open(m.path);
+    } catch (const Error& e) {
+      warn_default_image(e);
+      m = {runtime::default_model_path()};
+    }
+  }
   check_not_a_directory(m.path);
   return m;
 }
 
+// The hint only where the cached image would have run: not for a precision built at load.
+bool ModelOptions::hint_wanted(const runtime::RunnableModel& m) const {
+  return m.default_gguf && precision == "source";
+}
+
 runtime::Engine ModelOptions::load() const {
   const runtime::RunnableModel m = resolve();
-  if (m.default_gguf) hint_default_image();
+  if (hint_wanted(m)) hint_default_image();
   if (!m.default_image) return runtime::Engine(m.path, engine_options());
   try {
     return runtime::Engine(m.path, engine_options());
@@ -91,7 +111,7 @@ runtime::Engine ModelOptions::load() const {
 
 std::unique_ptr<runtime::Engine> ModelOptions::load_unique() const {
   const runtime::RunnableModel m = resolve();
-  if (m.default_gguf) hint_default_image();
+  if (hint_wanted(m)) hint_default_image();
   if (!m.default_image) return std::make_unique<runtime::Engine>(m.path, engine_options());
   try {
     return std::make_unique<runtime::Engine>(m.path, engine_options());

@@ -29,6 +29,8 @@ struct ModelOptions {
   /// The file to load (runtime::runnable_model: "default" is the cached default image when it
   /// exists and the precision is "source"). Throws kestrel::Error for a directory.
   runtime::RunnableModel resolve() const;
+  /// Whether loading `m` should print the one-line hint about the default image.
+  bool hint_wanted(const runtime::RunnableModel& m) const;
   /// Loads resolve()'s model; the default image falls back to the default GGUF, with a warning,
   /// when it does not load.
   runtime::Engine load() const;

@@ -391,9 +391,12 @@ HfExportReport export_hf(const std::filesystem::path& image_path, const std::fil
   write_text(dir / "config.json", gemma3_hf_config(f, vocab_rows, !has_output, dtype, quant).dump(2) + "\n");
   write_text(dir / "generation_config.json", gemma3_generation_config(f).dump(2) + "\n");
   const size_t max_length = f.find_uint(arch + ".context_length").value_or(8192);
-  text::export_hf_tokenizer(f, dir, max_length);
-  write_text(dir / "chat_template.jinja",
-             f.find_string("tokenizer.chat_template").value_or(text::gemma3_jinja_template()));
+  // A base model (no chat template in the image) is exported without one, so that reading the
+  // export back (transformers, vLLM, kestrel build) does not turn it into a chat model.
+  text::export_hf_tokenizer(f, dir, max_length, text::MissingChatTemplate::kNone);
+  std::error_code stale;
+  std::filesystem::remove(dir / "chat_template.jinja", stale);
+  if (const auto own = f.find_string("tokenizer.chat_template")) write_text(dir / "chat_template.jinja", *own);
   const auto licenses = write_licenses(f.find_string(keys::kLicenseText).value_or(""), dir);
 
   json prov = {

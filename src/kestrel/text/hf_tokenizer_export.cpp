@@ -158,7 +158,8 @@ json hf_tokenizer_json(const gguf::File& file) {
             {"merges", merge_list}}}};
 }
 
-void export_hf_tokenizer(const gguf::File& file, const std::filesystem::path& dir, size_t model_max_length) {
+void export_hf_tokenizer(const gguf::File& file, const std::filesystem::path& dir, size_t model_max_length,
+                         MissingChatTemplate missing) {
   const json tokenizer = hf_tokenizer_json(file);
   const Tokenizer tok = Tokenizer::from_gguf(file);
   std::error_code ec;
@@ -179,7 +180,11 @@ void export_hf_tokenizer(const gguf::File& file, const std::filesystem::path& di
   config["add_eos_token"] = file.find_bool("tokenizer.ggml.add_eos_token").value_or(false);
   config["model_max_length"] = model_max_length;
   config["clean_up_tokenization_spaces"] = false;
-  config["chat_template"] = file.find_string("tokenizer.chat_template").value_or(gemma3_jinja_template());
+  if (const auto own = file.find_string("tokenizer.chat_template")) {
+    config["chat_template"] = *own;
+  } else if (missing == MissingChatTemplate::kGemma3) {
+    config["chat_template"] = gemma3_jinja_template();
+  }
   config["padding_side"] = "left";
   write_file(dir / "tokenizer.json", dump(tokenizer, -1));
   write_file(dir / "tokenizer_config.json", dump(config, 2));

@@ -24,10 +24,17 @@ namespace kestrel::text {
 /// Throws kestrel::Error for an unsupported tokenizer model or inconsistent arrays.
 nlohmann::json hf_tokenizer_json(const gguf::File& file);
 
+/// The chat template tokenizer_config.json gets when the file carries none (a base model).
+enum class MissingChatTemplate {
+  kGemma3,  // Kestrel's Gemma 3 turn format (tools such as AIPerf need a template to format chats)
+  kNone,    // none: a model checkpoint of a base model stays a base model when read back
+};
+
 /// Writes DIR/tokenizer.json, tokenizer_config.json (special tokens, model_max_length, the
-/// chat template: the file's own, else Kestrel's Gemma 3 turn format), special_tokens_map.json.
+/// chat template: the file's own, else as `missing` says), special_tokens_map.json.
 /// Creates DIR. Throws kestrel::Error when a file cannot be written.
-void export_hf_tokenizer(const gguf::File& file, const std::filesystem::path& dir, size_t model_max_length);
+void export_hf_tokenizer(const gguf::File& file, const std::filesystem::path& dir, size_t model_max_length,
+                         MissingChatTemplate missing = MissingChatTemplate::kGemma3);
 
 /// Kestrel's Gemma 3 turn format as a Jinja chat template (what `kestrel serve` renders for a
 /// model without tokenizer.chat_template), written for this project.
