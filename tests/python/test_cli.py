@@ -4,6 +4,7 @@ Expected token ids come from llama.cpp (tests/goldens/model_llamacpp.json, refer
 not from Kestrel's own earlier output.
 """
 import json
+import shlex
 import os
 import re
 import subprocess
@@ -207,8 +208,12 @@ def check_default_prefers_the_cached_image(tmp_path, image, args, from_image, in
     env = {**os.environ, "KESTREL_CACHE": str(cache)}
     source = kestrel(*args, env=env)
     assert source.returncode == 0, source.stderr
-    assert "kestrel build default --as-default" in source.stderr  # the one-line hint
+    assert "--as-default" not in source.stderr  # no hint where stderr is not a terminal
     source_tokens = json.loads(source.stdout)["tokens"]
+    # At a terminal (a pty from util-linux's `script`), the one-line hint.
+    cmd = " ".join(shlex.quote(str(a)) for a in (KESTREL, "run", "-p", "Hi", "-n", 1, "--temp", 0))
+    tty = subprocess.run(["script", "-qec", cmd, "/dev/null"], capture_output=True, text=True, env=env, timeout=300)
+    assert tty.returncode == 0 and "kestrel build default --as-default" in tty.stdout, tty.stdout
     cached = cache / "images" / "gemma-3-270m-w4a16-flashhead.kimg"
     cached.parent.mkdir(parents=True)
     cached.symlink_to(image)

@@ -1,5 +1,7 @@
 #include "common.h"
 
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -92,9 +94,10 @@ runtime::RunnableModel ModelOptions::resolve() const {
   return m;
 }
 
-// The hint only where the cached image would have run: not for a precision built at load.
+// The hint only where the cached image would have run (not for a precision built at load), and
+// only for a person at a terminal: scripts and pipes read stderr for errors ("kestrel: error:").
 bool ModelOptions::hint_wanted(const runtime::RunnableModel& m) const {
-  return m.default_gguf && precision == "source";
+  return m.default_gguf && precision == "source" && isatty(STDERR_FILENO) != 0;
 }
 
 runtime::Engine ModelOptions::load() const {
