@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <iterator>
+#include <optional>
 #include <string>
 
 #include "kestrel/base/error.h"
@@ -75,6 +76,26 @@ double affine_error(const float* w, const float* importance, size_t n, float d, 
   return err;
 }
 
+// The weighted least-squares (d, m) of w ~ d * q + m for fixed codes q (weights `importance`,
+// or 1); nullopt when the codes do not determine it (all equal).
+struct LeastSquares {
+  double d, m;
+};
+std::optional<LeastSquares> least_squares_fit(const float* w, const float* importance, const uint8_t* q, size_t n) {
+  double s = 0, sq = 0, sqq = 0, sw = 0, sqw = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double a = importance ? importance[i] : 1.0, qi = q[i];
+    s += a;
+    sq += a * qi;
+    sqq += a * qi * qi;
+    sw += a * w[i];
+    sqw += a * qi * w[i];
+  }
+  const double det = s * sqq - sq * sq;
+  if (det <= 0) return std::nullopt;
+  return LeastSquares{(s * sqw - sq * sw) / det, (sqq * sw - sq * sqw) / det};
+}
+
 Affine quantize_group_affine(const float* w, const float* importance, size_t n, uint8_t* out,
                              bool fast) {
   float lo = w[0], hi = w[0];
@@ -101,19 +122,10 @@ Affine quantize_group_affine(const float* w, const float* importance, size_t n, 
       best_q = q;
     }
     // Weighted least squares of w ~ d * q + m for the current codes.
-    double s = 0, sq = 0, sqq = 0, sw = 0, sqw = 0;
-    for (size_t i = 0; i < n; ++i) {
-      const double a = importance ? importance[i] : 1.0, qi = q[i];
-      s += a;
-      sq += a * qi;
-      sqq += a * qi * qi;
-      sw += a * w[i];
-      sqw += a * qi * w[i];
-    }
-    const double det = s * sqq - sq * sq;
-    if (det <= 0) break;
-    d = static_cast<float>((s * sqw - sq * sw) / det);
-    m = static_cast<float>((sqq * sw - sq * sqw) / det);
+    const auto fit = least_squares_fit(w, importance, q.data(), n);
+    if (!fit) break;
+    d = static_cast<float>(fit->d);
+    m = static_cast<float>(fit->m);
   }
   }
   pack_group(best_q.data(), n, out);
@@ -156,18 +168,9 @@ Affine quantize_group_int_zero(const float* w, const float* importance, size_t n
       // Unconstrained weighted least squares of w ~ d * q + m gives z = round(-m / d); for it
       // and its two neighbours, the least-squares d of w ~ d * (q - z) is tried on the current
       // codes, and the best (re-rounded) pair is the next iterate.
-      double s = 0, sq = 0, sqq = 0, sw = 0, sqw = 0;
-      for (size_t i = 0; i < n; ++i) {
-        const double a = importance ? importance[i] : 1.0, qi = q[i];
-        s += a;
-        sq += a * qi;
-        sqq += a * qi * qi;
-        sw += a * w[i];
-        sqw += a * qi * w[i];
-      }
-      const double det = s * sqq - sq * sq;
-      if (det <= 0) break;
-      const double d_free = (s * sqw - sq * sw) / det, m_free = (sqq * sw - sq * sqw) / det;
+      const auto fit = least_squares_fit(w, importance, q.data(), n);
+      if (!fit) break;
+      const double d_free = fit->d, m_free = fit->m;
       if (!(d_free > 0)) break;
       const unsigned z0 = clamp_z(-m_free / d_free);
       double next_err = INFINITY, next_d = 0;
