@@ -40,9 +40,10 @@ KESTREL_BF16_TARGET void block16(const W4Interleaved& il, size_t block, const ui
   for (size_t t = 0; t < NT; ++t) acc[t] = offset_acc[t] = _mm512_setzero_ps();
   const uint8_t* codes = &il.codes[block * octets * 64];
   for (size_t g = 0; g < n_groups; ++g) {
-    // Two partial sums per token (even and odd octets): two dependency chains.
-    __m512 dot_even[NT], dot_odd[NT];
-    for (size_t t = 0; t < NT; ++t) dot_even[t] = dot_odd[t] = _mm512_setzero_ps();
+    // Four partial sums per token, one per unpacked vector: each dependency chain takes one
+    // vdpbf16ps per octet, so NT x 4 chains hide the instruction's latency.
+    __m512 dot[NT][4];
+    for (size_t t = 0; t < NT; ++t) dot[t][0] = dot[t][1] = dot[t][2] = dot[t][3] = _mm512_setzero_ps();
     for (size_t oi = 0; oi < G / 8; ++oi) {
       const size_t o = g * (G / 8) + oi;
       // The codes stream from memory in decode: ask for them kPrefetchBytes ahead (a prefetch
@@ -55,11 +56,10 @@ KESTREL_BF16_TARGET void block16(const W4Interleaved& il, size_t block, const ui
       for (size_t t = 0; t < NT; ++t) {
         int32_t pairs[4];  // the bf16 pairs of columns 8o + 2v, 8o + 2v + 1
         std::memcpy(pairs, x[t] + 8 * o, sizeof(pairs));
-        __m512& dot = oi % 2 == 0 ? dot_even[t] : dot_odd[t];
-        dot = _mm512_dpbf16_ps(dot, w0, as_bh(_mm512_set1_epi32(pairs[0])));
-        dot = _mm512_dpbf16_ps(dot, w1, as_bh(_mm512_set1_epi32(pairs[1])));
-        dot = _mm512_dpbf16_ps(dot, w2, as_bh(_mm512_set1_epi32(pairs[2])));
-        dot = _mm512_dpbf16_ps(dot, w3, as_bh(_mm512_set1_epi32(pairs[3])));
+        dot[t][0] = _mm512_dpbf16_ps(dot[t][0], w0, as_bh(_mm512_set1_epi32(pairs[0])));
+        dot[t][1] = _mm512_dpbf16_ps(dot[t][1], w1, as_bh(_mm512_set1_epi32(pairs[1])));
+        dot[t][2] = _mm512_dpbf16_ps(dot[t][2], w2, as_bh(_mm512_set1_epi32(pairs[2])));
+        dot[t][3] = _mm512_dpbf16_ps(dot[t][3], w3, as_bh(_mm512_set1_epi32(pairs[3])));
       }
     }
     const size_t at = (block * n_groups + g) * kBlock;
@@ -69,7 +69,8 @@ KESTREL_BF16_TARGET void block16(const W4Interleaved& il, size_t block, const ui
     const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(&il.mins[at])));
     const __m512 offset = _mm512_fnmadd_ps(d, _mm512_set1_ps(128.0f), m);
     for (size_t t = 0; t < NT; ++t) {
-      acc[t] = _mm512_fmadd_ps(_mm512_add_ps(dot_even[t], dot_odd[t]), d, acc[t]);
+      const __m512 sum = _mm512_add_ps(_mm512_add_ps(dot[t][0], dot[t][1]), _mm512_add_ps(dot[t][2], dot[t][3]));
+      acc[t] = _mm512_fmadd_ps(sum, d, acc[t]);
       offset_acc[t] = _mm512_fmadd_ps(offset, _mm512_set1_ps(sums[t][g]), offset_acc[t]);
     }
   }
