@@ -61,12 +61,12 @@ std::vector<model::TokenId> random_tokens(size_t n, uint64_t seed) {
   return t;
 }
 
-enum class Mode { kBatched, kSeparate, kStep };
+enum class Mode { kBatched, kSeparate, kStep, kSearch };
 
 void Decode(benchmark::State& state, Mode mode) {
   Fixture& f = fixture();
-  if (mode == Mode::kStep && f.flash == nullptr) {
-    state.SkipWithError("DecodeStep needs KESTREL_BENCH_IMAGE, an image built with --flashhead");
+  if ((mode == Mode::kStep || mode == Mode::kSearch) && f.flash == nullptr) {
+    state.SkipWithError("DecodeStep and HeadSearch need KESTREL_BENCH_IMAGE, an image built with --flashhead");
     return;
   }
   std::vector<head::Candidates> candidates(static_cast<size_t>(state.range(0)));
@@ -81,6 +81,15 @@ void Decode(benchmark::State& state, Mode mode) {
   }
   std::vector<model::BatchSequence> seqs(n);
   for (size_t i = 0; i < n; ++i) seqs[i] = {next[i], &caches[i], &hidden[i * d]};
+  if (mode == Mode::kSearch) {  // the head alone, on the hidden states of one real step
+    f.model->forward_batch(seqs, f.pool);
+    std::vector<const float*> rows(n);
+    std::vector<head::Candidates*> outs(n);
+    for (size_t i = 0; i < n; ++i) rows[i] = &hidden[i * d], outs[i] = &candidates[i];
+    for (auto _ : state) f.flash->search_batch(rows, f.flash->default_probes(), outs, f.pool);
+    state.counters["rows/s"] = benchmark::Counter(static_cast<double>(n), benchmark::Counter::kIsIterationInvariantRate);
+    return;
+  }
   for (auto _ : state) {
     if (mode != Mode::kSeparate) {
       f.model->forward_batch(seqs, f.pool);
@@ -106,8 +115,10 @@ void Decode(benchmark::State& state, Mode mode) {
 void ForwardBatch(benchmark::State& state) { Decode(state, Mode::kBatched); }
 void SeparateForwardHidden(benchmark::State& state) { Decode(state, Mode::kSeparate); }
 void DecodeStep(benchmark::State& state) { Decode(state, Mode::kStep); }
+void HeadSearch(benchmark::State& state) { Decode(state, Mode::kSearch); }
 BENCHMARK(ForwardBatch)->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(DecodeStep)->Arg(1)->Arg(2)->Arg(4)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(HeadSearch)->Arg(1)->Arg(4)->Arg(7)->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(SeparateForwardHidden)->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "kestrel/base/error.h"
+#include "kestrel/head/best_clusters.h"
 #include "kestrel/head/flashhead_format.h"
 
 namespace kestrel::head {
@@ -98,42 +99,78 @@ void FlashHead::search(const float* hidden, size_t probes, Candidates& out, Thre
   search_batch(rows, probes, outs, pool);
 }
 
+namespace {
+
+// search_batch's buffers. Piece: head rows [head_row, head_row + count) scored for `row` into
+// its output at `at`. Group: pieces [first, first + n) of the same head rows.
+struct Piece {
+  size_t head_row, count, row, at;
+};
+struct Group {
+  size_t first, n;
+};
+struct Scratch {
+  std::vector<float> x, scores;
+  std::vector<std::vector<uint32_t>> probed;
+  std::vector<Piece> pieces;
+  std::vector<Group> groups;
+};
+
+}  // namespace
+
 void FlashHead::search_batch(std::span<const float* const> hidden, size_t probes,
                              std::span<Candidates* const> out, ThreadPool& pool) const {
   if (hidden.size() != out.size()) throw Error("FlashHead: hidden states and outputs differ in number");
   const size_t n_rows = hidden.size(), cap = cluster_size_, d = head_->weight.cols;
   if (n_rows == 0) return;
   probes = std::clamp<size_t>(probes, 1, n_clusters_);
-  // Stage 1: every row's cluster scores in one product, then each row's best `probes`.
-  std::vector<std::vector<uint32_t>> probed(n_rows, std::vector<uint32_t>(n_clusters_));
-  for (auto& p : probed) std::iota(p.begin(), p.end(), 0u);
+  // Scratch kept between calls (a decode step allocates nothing here once warm). The lambdas
+  // below run on the pool's threads: they must see this thread's buffers, hence the references
+  // (a thread_local named inside a lambda would be the running thread's own).
+  thread_local Scratch scratch;
+  auto& x = scratch.x;
+  auto& scores = scratch.scores;
+  auto& probed = scratch.probed;
+  auto& pieces = scratch.pieces;
+  auto& groups = scratch.groups;
+  x.resize(n_rows * d);
+  if (probed.size() < n_rows) probed.resize(n_rows);
+  for (size_t i = 0; i < n_rows; ++i) std::copy_n(hidden[i], d, &x[i * d]);
+  // Stage 1: every row's cluster scores in one product, then each row's best `probes`, in
+  // memory order for stage 2 (the rows' selections in parallel).
   if (probes < n_clusters_) {
-    std::vector<float> x(n_rows * d), scores(n_rows * n_clusters_);
-    for (size_t i = 0; i < n_rows; ++i) std::copy_n(hidden[i], d, &x[i * d]);
+    scores.resize(n_rows * n_clusters_);
     kernels::matmul(centroids_, x.data(), n_rows, d, scores.data(), n_clusters_, pool);
+    pool.parallel_for(n_rows, 1, [&](size_t b, size_t e) {
+      for (size_t i = b; i < e; ++i) {
+        float* s = &scores[i * n_clusters_];
+        add_radius_term(hidden[i], s);
+        best_indices(s, n_clusters_, probes, probed[i]);
+      }
+    });
+  } else {
     for (size_t i = 0; i < n_rows; ++i) {
-      float* s = &scores[i * n_clusters_];
-      add_radius_term(hidden[i], s);
-      auto& p = probed[i];
-      std::nth_element(p.begin(), p.begin() + static_cast<std::ptrdiff_t>(probes), p.end(),
-                       [&](uint32_t a, uint32_t b) { return s[a] > s[b] || (s[a] == s[b] && a < b); });
-      p.resize(probes);
-      std::sort(p.begin(), p.end());  // memory order for stage 2
+      probed[i].resize(n_clusters_);
+      std::iota(probed[i].begin(), probed[i].end(), 0u);
     }
   }
   // Stage 2. A row's output order: its probed clusters in memory order, then the special tokens
   // whose cluster it did not probe. The pieces to score: (head rows, row, output position),
   // sorted by head row so that the rows probing one cluster score it one after another.
-  struct Piece {
-    size_t head_row, count, row, at;
+  const auto before = [](const Piece& a, const Piece& b) {
+    return a.head_row < b.head_row || (a.head_row == b.head_row && a.row < b.row);
   };
-  std::vector<Piece> pieces;
+  pieces.clear();
   for (size_t i = 0; i < n_rows; ++i) {
+    // Each row's pieces are appended in head-row order (its clusters are sorted; the few
+    // special tokens are sorted in), so the rows' runs merge in linear time.
+    const size_t first = pieces.size();
     size_t n = 0;
     for (uint32_t k : probed[i]) {
       pieces.push_back({k * cap, cap, i, n});
       n += cap;
     }
+    const size_t specials = pieces.size();
     for (TokenId t : special_) {
       const size_t row = head_->row_of(t);
       if (!std::binary_search(probed[i].begin(), probed[i].end(), static_cast<uint32_t>(row / cap))) {
@@ -141,18 +178,19 @@ void FlashHead::search_batch(std::span<const float* const> hidden, size_t probes
         n += 1;
       }
     }
+    std::sort(pieces.begin() + static_cast<std::ptrdiff_t>(specials), pieces.end(), before);
+    std::inplace_merge(pieces.begin() + static_cast<std::ptrdiff_t>(first), pieces.begin() + static_cast<std::ptrdiff_t>(specials),
+                       pieces.end(), before);
+    if (first > 0) {
+      std::inplace_merge(pieces.begin(), pieces.begin() + static_cast<std::ptrdiff_t>(first), pieces.end(), before);
+    }
     out[i]->ids.resize(n);
     out[i]->logits.resize(n);
   }
-  std::sort(pieces.begin(), pieces.end(),
-            [](const Piece& a, const Piece& b) { return a.head_row < b.head_row || (a.head_row == b.head_row && a.row < b.row); });
   // Pieces of the same head rows (rows of the step probing the same cluster: the drafted tokens
   // of one sequence mostly do) are scored together: each Q8_0 row is dequantized once for all of
   // them, with each product bit-identical to scoring it alone (kernels::matmul).
-  struct Group {
-    size_t first, n;
-  };
-  std::vector<Group> groups;
+  groups.clear();
   for (size_t p = 0; p < pieces.size(); ++p) {
     if (!groups.empty() && pieces[groups.back().first].head_row == pieces[p].head_row &&
         pieces[groups.back().first].count == pieces[p].count) {
@@ -178,10 +216,15 @@ void FlashHead::search_batch(std::span<const float* const> hidden, size_t probes
       const Piece& first = pieces[group.first];
       const size_t count = first.count;
       const kernels::Matrix slice = kernels::row_slice(head_->weight, first.head_row, count);
-      xs.resize(group.n * d);
+      // One row alone reads its hidden state in place; several are gathered.
+      const float* in = &x[first.row * d];
+      if (group.n > 1) {
+        xs.resize(group.n * d);
+        for (size_t j = 0; j < group.n; ++j) std::copy_n(&x[pieces[group.first + j].row * d], d, &xs[j * d]);
+        in = xs.data();
+      }
       ys.resize(group.n * count);
-      for (size_t j = 0; j < group.n; ++j) std::copy_n(hidden[pieces[group.first + j].row], d, &xs[j * d]);
-      kernels::matmul_rows(slice, xs.data(), group.n, d, ys.data(), count, 0, count);
+      kernels::matmul_rows(slice, in, group.n, d, ys.data(), count, 0, count);
       apply_softcap(ys.data(), ys.size(), head_->final_softcap);
       for (size_t j = 0; j < group.n; ++j) {
         const Piece& piece = pieces[group.first + j];
