@@ -9,9 +9,9 @@ namespace kestrel::head {
 
 /// The k best of scores[0, n) — larger score first, the lower index on ties (the set
 /// std::nth_element selects with that comparison) — in increasing index order, into `best`.
-/// k >= n gives every index, k = 0 none; -0 and +0 are equal. A radix select: one histogram of the scores' top 11 bits,
-/// then an exact sort of the bucket where the k-th best lies; O(n), and allocation-free after
-/// the first call on a thread.
+/// k >= n gives every index, k = 0 none; -0 and +0 are equal. A bucket select: one histogram
+/// over 2,048 even buckets of [min, max], then an exact sort of the bucket where the k-th best
+/// lies only; O(n), and allocation-free after the first call on a thread.
 void best_indices(const float* scores, size_t n, size_t k, std::vector<uint32_t>& best);
 
 }  // namespace kestrel::head

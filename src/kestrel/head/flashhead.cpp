@@ -47,6 +47,7 @@ FlashHead::FlashHead(const gguf::File& file, const OutputHead& head) : head_(&he
   centroids_.data = file.tensor_data(*c).data();
   centroids_.rows = n_clusters_;
   centroids_.cols = d;
+  centroids_il_ = kernels::interleave_q8_0(centroids_);
   // A non-finite centroid scale would rank clusters by NaN: refuse the image instead.
   const auto* blocks = static_cast<const uint8_t*>(centroids_.data);
   for (size_t b = 0; b < n_clusters_ * d / 32; ++b) {
@@ -81,8 +82,18 @@ FlashHead::FlashHead(const gguf::File& file, const OutputHead& head) : head_(&he
 }
 
 void FlashHead::cluster_scores(const float* hidden, float* scores, ThreadPool& pool) const {
-  kernels::matmul(centroids_, hidden, 1, centroids_.cols, scores, n_clusters_, pool);
-  add_radius_term(hidden, scores);
+  stage1(hidden, 1, scores, pool);
+}
+
+void FlashHead::stage1(const float* x, size_t n_rows, float* scores, ThreadPool& pool) const {
+  thread_local kernels::Q8Activations xq;
+  const size_t d = centroids_.cols;
+  kernels::quantize_q8_activations(x, n_rows, d, d, xq);
+  const kernels::Q8Activations& q = xq;  // this thread's, for the pool's threads
+  pool.parallel_for(centroids_il_.padded_rows() / 16, 1, [&](size_t b, size_t e) {
+    kernels::gemv_q8_interleaved(centroids_il_, q, scores, n_clusters_, b * 16, std::min(e * 16, n_clusters_));
+  });
+  for (size_t i = 0; i < n_rows; ++i) add_radius_term(x + i * d, scores + i * n_clusters_);
 }
 
 void FlashHead::add_radius_term(const float* hidden, float* scores) const {
@@ -140,13 +151,9 @@ void FlashHead::search_batch(std::span<const float* const> hidden, size_t probes
   // memory order for stage 2 (the rows' selections in parallel).
   if (probes < n_clusters_) {
     scores.resize(n_rows * n_clusters_);
-    kernels::matmul(centroids_, x.data(), n_rows, d, scores.data(), n_clusters_, pool);
+    stage1(x.data(), n_rows, scores.data(), pool);
     pool.parallel_for(n_rows, 1, [&](size_t b, size_t e) {
-      for (size_t i = b; i < e; ++i) {
-        float* s = &scores[i * n_clusters_];
-        add_radius_term(hidden[i], s);
-        best_indices(s, n_clusters_, probes, probed[i]);
-      }
+      for (size_t i = b; i < e; ++i) best_indices(&scores[i * n_clusters_], n_clusters_, probes, probed[i]);
     });
   } else {
     for (size_t i = 0; i < n_rows; ++i) {

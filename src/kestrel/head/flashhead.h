@@ -9,6 +9,7 @@
 #include "kestrel/base/thread_pool.h"
 #include "kestrel/formats/gguf.h"
 #include "kestrel/head/output_head.h"
+#include "kestrel/kernels/gemv_q8_interleaved.h"
 #include "kestrel/kernels/matmul.h"
 
 namespace kestrel::head {
@@ -46,7 +47,9 @@ class FlashHead {
   /// Scores one hidden state (float32 [d_model], after the output norm).
   /// Stage 1: s_k = centroid_k . h + alpha |h| radius_k for every cluster (centroid = mean
   /// row, radius = the largest distance of a member row from it, alpha = the image's radius
-  /// weight: an optimistic estimate of the cluster's best logit rather than its mean), keeping
+  /// weight: an optimistic estimate of the cluster's best logit rather than its mean; the dot
+  /// product with h rounded to int8 per block of 32, kernels/gemv_q8_interleaved.h, since stage 1
+  /// only ranks clusters), keeping
   /// the `probes` best (partial selection; ties to the lower cluster). Stage 2: exact logits, with the dense head's
   /// arithmetic and soft-cap, of every token in those clusters and of the special tokens.
   /// probes is clamped to [1, n_clusters]; probes == n_clusters gives the dense head's logits
@@ -70,7 +73,12 @@ class FlashHead {
   void add_radius_term(const float* hidden, float* scores) const;
 
   const OutputHead* head_;
+  /// The scores of every cluster for n_rows hidden states x (float32 [n_rows, d_model]) into
+  /// scores[n_rows, n_clusters], radius term included (stage 1's arithmetic, one place).
+  void stage1(const float* x, size_t n_rows, float* scores, ThreadPool& pool) const;
+
   kernels::Matrix centroids_;  // Q8_0 [n_clusters, d_model]
+  kernels::Q8Interleaved centroids_il_;  // the same, interleaved for stage 1 (gemv_q8_interleaved.h)
   size_t cluster_size_ = 0, n_clusters_ = 0, default_probes_ = 0;
   std::vector<TokenId> special_;
   const float* radii_ = nullptr;  // [n_clusters] or null

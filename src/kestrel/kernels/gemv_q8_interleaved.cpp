@@ -1,0 +1,205 @@
+#include "kestrel/kernels/gemv_q8_interleaved.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "kestrel/base/error.h"
+#include "kestrel/formats/dequant.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#include <immintrin.h>
+#define KESTREL_HAVE_VNNI 1
+#define KESTREL_VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vnni")))
+#endif
+
+namespace kestrel::kernels {
+namespace {
+
+constexpr size_t kBlock = 16;        // rows per interleaved block
+constexpr size_t kQ8 = 32;           // columns per Q8_0 block
+constexpr size_t kQ8Bytes = 34;      // fp16 scale + 32 int8 codes
+constexpr size_t kMaxTileTokens = 4; // tokens per pass over a block
+constexpr size_t kPrefetchBytes = 1024;
+
+#ifdef KESTREL_HAVE_VNNI
+
+// Block `block`'s 16 rows for NT tokens (1..4) of x, starting at token t0, into out[t][0..16).
+template <size_t NT>
+KESTREL_VNNI_TARGET void block16(const Q8Interleaved& il, size_t block, const Q8Activations& x, size_t t0,
+                                 float (*out)[kBlock]) {
+  const size_t quads = il.cols / 4, nb = il.cols / kQ8;
+  const uint8_t* codes = &il.codes[block * quads * 64];
+  const float* scales = &il.scales[block * nb * kBlock];
+  const int8_t* xq[NT];
+  const float* xd[NT];
+  const int32_t* xs[NT];
+  for (size_t t = 0; t < NT; ++t) {
+    xq[t] = &x.q[(t0 + t) * x.cols];
+    xd[t] = &x.scale[(t0 + t) * nb];
+    xs[t] = &x.sum128[(t0 + t) * nb];
+  }
+  __m512 acc[NT];
+  for (size_t t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+  for (size_t b = 0; b < nb; ++b) {
+    // Two integer chains per token (even and odd quads); integer sums are exact in any order.
+    __m512i even[NT], odd[NT];
+    for (size_t t = 0; t < NT; ++t) even[t] = odd[t] = _mm512_setzero_si512();
+    for (size_t j = 0; j < kQ8 / 4; j += 2) {
+      const uint8_t* at = codes + (b * (kQ8 / 4) + j) * 64;
+      _mm_prefetch(reinterpret_cast<const char*>(at + kPrefetchBytes), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(at + 64 + kPrefetchBytes), _MM_HINT_T0);
+      const __m512i w0 = _mm512_loadu_si512(at), w1 = _mm512_loadu_si512(at + 64);
+      for (size_t t = 0; t < NT; ++t) {
+        int32_t x4[2];
+        std::memcpy(x4, xq[t] + b * kQ8 + 4 * j, sizeof(x4));
+        even[t] = _mm512_dpbusd_epi32(even[t], w0, _mm512_set1_epi32(x4[0]));
+        odd[t] = _mm512_dpbusd_epi32(odd[t], w1, _mm512_set1_epi32(x4[1]));
+      }
+    }
+    const __m512 s = _mm512_loadu_ps(scales + b * kBlock);
+    for (size_t t = 0; t < NT; ++t) {
+      const __m512i dot = _mm512_sub_epi32(_mm512_add_epi32(even[t], odd[t]), _mm512_set1_epi32(xs[t][b]));
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(s, _mm512_set1_ps(xd[t][b])), acc[t]);
+    }
+  }
+  for (size_t t = 0; t < NT; ++t) _mm512_storeu_ps(out[t], acc[t]);
+}
+
+void block_tokens(const Q8Interleaved& il, size_t block, const Q8Activations& x, size_t t0, size_t n,
+                  float (*out)[kBlock]) {
+  switch (n) {
+    case 4: return block16<4>(il, block, x, t0, out);
+    case 3: return block16<3>(il, block, x, t0, out);
+    case 2: return block16<2>(il, block, x, t0, out);
+    default: return block16<1>(il, block, x, t0, out);
+  }
+}
+
+#endif  // KESTREL_HAVE_VNNI
+
+void check(const Q8Interleaved& il, const Q8Activations& x, size_t row_end) {
+  if (x.cols != il.cols) throw Error("gemv_q8_interleaved: activations of " + std::to_string(x.cols) +
+                                     " columns for a matrix of " + std::to_string(il.cols));
+  if (row_end > il.rows) throw Error("gemv_q8_interleaved: rows past the matrix");
+}
+
+}  // namespace
+
+bool vnni_available() {
+#ifdef KESTREL_HAVE_VNNI
+  static const bool available = [] {
+    const char* off = std::getenv("KESTREL_NO_VNNI");
+    return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
+           !(off != nullptr && *off != '\0' && *off != '0');
+  }();
+  return available;
+#else
+  return false;
+#endif
+}
+
+Q8Interleaved interleave_q8_0(const Matrix& w) {
+  if (w.type != WeightType::kQ8_0 || w.cols % kQ8 != 0 || w.cols == 0) {
+    throw Error("interleave_q8_0: not a Q8_0 matrix with a multiple of 32 columns");
+  }
+  Q8Interleaved il;
+  il.rows = w.rows;
+  il.cols = w.cols;
+  const size_t quads = w.cols / 4, nb = w.cols / kQ8, blocks = il.padded_rows() / kBlock;
+  il.codes.assign(blocks * quads * 64, 128);  // padding rows: code 0
+  il.scales.assign(blocks * nb * kBlock, 0.0f);
+  for (size_t r = 0; r < w.rows; ++r) {
+    const size_t block = r / kBlock, i = r % kBlock;
+    const uint8_t* row = w.row(r);
+    for (size_t b = 0; b < nb; ++b) {
+      const uint8_t* q8 = row + b * kQ8Bytes;
+      uint16_t half = 0;
+      std::memcpy(&half, q8, sizeof(half));
+      il.scales[(block * nb + b) * kBlock + i] = gguf::fp16_to_fp32(half);
+      for (size_t c = 0; c < kQ8; ++c) {
+        const int8_t code = static_cast<int8_t>(q8[2 + c]);
+        const size_t col = b * kQ8 + c;
+        il.codes[(block * quads + col / 4) * 64 + 4 * i + col % 4] = static_cast<uint8_t>(code + 128);
+      }
+    }
+  }
+  return il;
+}
+
+void quantize_q8_activations(const float* x, size_t n_tokens, size_t x_stride, size_t cols, Q8Activations& out) {
+  if (cols % kQ8 != 0) throw Error("quantize_q8_activations: columns not a multiple of 32");
+  const size_t nb = cols / kQ8;
+  out.n_tokens = n_tokens;
+  out.cols = cols;
+  out.q.resize(n_tokens * cols);
+  out.scale.resize(n_tokens * nb);
+  out.sum128.resize(n_tokens * nb);
+  for (size_t t = 0; t < n_tokens; ++t) {
+    for (size_t b = 0; b < nb; ++b) {
+      const float* v = x + t * x_stride + b * kQ8;
+      float amax = 0.0f;
+      for (size_t i = 0; i < kQ8; ++i) amax = std::max(amax, std::fabs(v[i]));
+      const float d = amax / 127.0f;
+      int32_t sum = 0;
+      int8_t* q = &out.q[t * cols + b * kQ8];
+      for (size_t i = 0; i < kQ8; ++i) {
+        const float r = d > 0.0f ? std::clamp(std::nearbyint(v[i] / d), -127.0f, 127.0f) : 0.0f;
+        q[i] = static_cast<int8_t>(r);
+        sum += q[i];
+      }
+      out.scale[t * nb + b] = d;
+      out.sum128[t * nb + b] = 128 * sum;
+    }
+  }
+}
+
+void gemv_q8_interleaved_scalar(const Q8Interleaved& il, const Q8Activations& x, float* y, size_t y_stride,
+                                size_t row_begin, size_t row_end) {
+  check(il, x, row_end);
+  const size_t quads = il.cols / 4, nb = il.cols / kQ8;
+  for (size_t r = row_begin; r < row_end; ++r) {
+    const size_t block = r / kBlock, i = r % kBlock;
+    const uint8_t* codes = &il.codes[block * quads * 64 + 4 * i];
+    for (size_t t = 0; t < x.n_tokens; ++t) {
+      const int8_t* q = &x.q[t * x.cols];
+      float acc = 0.0f;
+      for (size_t b = 0; b < nb; ++b) {
+        int32_t dot = 0;
+        for (size_t c = b * kQ8; c < (b + 1) * kQ8; ++c) {
+          dot += (static_cast<int32_t>(codes[(c / 4) * 64 + c % 4]) - 128) * q[c];
+        }
+        const float s = il.scales[(block * nb + b) * kBlock + i] * x.scale[t * nb + b];
+        acc = std::fma(static_cast<float>(dot), s, acc);
+      }
+      y[t * y_stride + r] = acc;
+    }
+  }
+}
+
+void gemv_q8_interleaved(const Q8Interleaved& il, const Q8Activations& x, float* y, size_t y_stride,
+                         size_t row_begin, size_t row_end) {
+#ifdef KESTREL_HAVE_VNNI
+  if (vnni_available()) {
+    check(il, x, row_end);
+    float out[kMaxTileTokens][kBlock];
+    for (size_t blk = row_begin / kBlock; blk * kBlock < row_end; ++blk) {
+      const size_t lo = std::max(row_begin, blk * kBlock), hi = std::min(row_end, (blk + 1) * kBlock);
+      for (size_t t0 = 0; t0 < x.n_tokens; t0 += kMaxTileTokens) {
+        const size_t n = std::min(kMaxTileTokens, x.n_tokens - t0);
+        block_tokens(il, blk, x, t0, n, out);
+        for (size_t t = 0; t < n; ++t) {
+          std::copy(&out[t][lo - blk * kBlock], &out[t][hi - blk * kBlock], y + (t0 + t) * y_stride + lo);
+        }
+      }
+    }
+    return;
+  }
+#endif
+  gemv_q8_interleaved_scalar(il, x, y, y_stride, row_begin, row_end);
+}
+
+}  // namespace kestrel::kernels

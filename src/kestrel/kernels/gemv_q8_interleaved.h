@@ -1,0 +1,63 @@
+// Products of a Q8_0 matrix with int8-quantized activations over a copy whose rows are
+// interleaved in blocks of 16 (x86 AVX512-VNNI `vpdpbusd`, with a scalar path computing the
+// same numbers bit for bit), for FlashHead's stage 1 (the cluster scores).
+//
+// Stage 1 only ranks clusters, so it may round the activations: each token's float32 vector is
+// quantized per block of 32 (the Q8_0 block) to int8 with scale d = max|x| / 127, q =
+// round-to-nearest-even(x / d) — the activation rounding llama.cpp applies in its quantized
+// matrix products. Then per row r and token t, in block order b (float32, fused multiply-add):
+//   y = fma(float(sum_{i in b} w_ri * q_ti), s_rb * d_tb, y),   y starting at 0,
+// with w the int8 codes and s_rb the fp16 block scale of the matrix: the integer sums are exact.
+// In the interleaved copy a 64-byte load holds 4 columns of 16 rows (codes + 128 as uint8, the
+// unsigned operand of vpdpbusd; 128 * sum q is subtracted back); the 16 rows' block scales are
+// one vector. One vpdpbusd is 64 multiply-adds, against 16 for the float32 path of matmul.h.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "kestrel/kernels/matmul.h"
+
+namespace kestrel::kernels {
+
+/// The interleaved copy of a Q8_0 matrix, rows padded with zeros to a multiple of 16.
+struct Q8Interleaved {
+  size_t rows = 0;         // the matrix's rows (the copy holds padded_rows())
+  size_t cols = 0;         // a multiple of 32
+  std::vector<uint8_t> codes;   // [padded_rows / 16][cols / 4][64]: byte 4i + e = code(16B + i, 4c + e) + 128
+  std::vector<float> scales;    // [padded_rows / 16][cols / 32][16]: the fp16 block scales as float32
+  size_t padded_rows() const { return (rows + 15) / 16 * 16; }
+};
+
+/// The interleaved copy of `w` (kQ8_0, cols a multiple of 32; throws kestrel::Error otherwise).
+Q8Interleaved interleave_q8_0(const Matrix& w);
+
+/// Activations quantized per block of 32 as the header describes: per token, `cols` int8 values,
+/// cols / 32 float32 scales and cols / 32 sums 128 * sum(q) (int32).
+struct Q8Activations {
+  size_t n_tokens = 0, cols = 0;
+  std::vector<int8_t> q;          // [n_tokens][cols]
+  std::vector<float> scale;       // [n_tokens][cols / 32]
+  std::vector<int32_t> sum128;    // [n_tokens][cols / 32]
+};
+
+/// Quantizes x[t * x_stride + i] (t < n_tokens, i < cols, cols a multiple of 32) into `out`
+/// (resized; reused without allocating once large enough).
+void quantize_q8_activations(const float* x, size_t n_tokens, size_t x_stride, size_t cols, Q8Activations& out);
+
+/// y[t * y_stride + r] for every token of `x` and r in [row_begin, row_end) (at most il.rows),
+/// computed as the header says: with AVX512-VNNI where the CPU has it (vnni_available()), else
+/// by gemv_q8_interleaved_scalar; the two agree bit for bit. Each result is the same whatever
+/// the number of tokens and the row range (a block cut by the range is computed whole).
+void gemv_q8_interleaved(const Q8Interleaved& il, const Q8Activations& x, float* y, size_t y_stride,
+                         size_t row_begin, size_t row_end);
+
+/// The portable path of gemv_q8_interleaved (every CPU; used where VNNI is absent, and by tests).
+void gemv_q8_interleaved_scalar(const Q8Interleaved& il, const Q8Activations& x, float* y, size_t y_stride,
+                                size_t row_begin, size_t row_end);
+
+/// True when the CPU runs AVX512-VNNI (and AVX512-BW) and KESTREL_NO_VNNI is not set.
+bool vnni_available();
+
+}  // namespace kestrel::kernels

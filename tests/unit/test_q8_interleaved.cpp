@@ -1,0 +1,142 @@
+// FlashHead stage 1's kernel (kernels/gemv_q8_interleaved.h): the VNNI path and the portable
+// path agree bit for bit on every shape, token count and row range; both equal a float64 sum of
+// the formula the header states, with activations quantized here independently.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "kestrel/base/error.h"
+#include "kestrel/formats/dequant.h"
+#include "kestrel/kernels/gemv_q8_interleaved.h"
+
+namespace k = kestrel::kernels;
+
+namespace {
+
+// A Q8_0 matrix of random codes (-127..127) and random positive fp16 scales.
+std::vector<uint8_t> random_q8_0(size_t rows, size_t cols, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int> code(-127, 127);
+  std::uniform_real_distribution<float> scale(1e-3f, 2e-2f);
+  std::vector<uint8_t> bytes(rows * cols / 32 * 34);
+  for (size_t b = 0; b < rows * cols / 32; ++b) {
+    const uint16_t h = kestrel::gguf::fp32_to_fp16(scale(rng));
+    std::memcpy(&bytes[b * 34], &h, 2);
+    for (size_t i = 0; i < 32; ++i) bytes[b * 34 + 2 + i] = static_cast<uint8_t>(static_cast<int8_t>(code(rng)));
+  }
+  return bytes;
+}
+
+k::Matrix view(const std::vector<uint8_t>& bytes, size_t rows, size_t cols) {
+  k::Matrix m;
+  m.type = k::WeightType::kQ8_0;
+  m.data = bytes.data();
+  m.rows = rows;
+  m.cols = cols;
+  return m;
+}
+
+// Activations with a block of zeros and a block with one large outlier.
+std::vector<float> activations(size_t n_tokens, size_t cols, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> g;
+  std::vector<float> x(n_tokens * cols);
+  for (auto& v : x) v = g(rng);
+  for (size_t t = 0; t < n_tokens; ++t) {
+    for (size_t i = 0; i < 32; ++i) x[t * cols + i] = 0.0f;
+    if (cols >= 64) x[t * cols + 40] = 300.0f;
+  }
+  return x;
+}
+
+TEST(Q8Interleaved, VnniAndPortablePathsAgreeAndEqualTheStatedFormula) {
+  for (auto [rows, cols] : std::vector<std::pair<size_t, size_t>>{{16, 32}, {37, 64}, {64, 640}, {48, 2560}}) {
+    const auto bytes = random_q8_0(rows, cols, rows + cols);
+    const k::Matrix m = view(bytes, rows, cols);
+    const k::Q8Interleaved il = k::interleave_q8_0(m);
+    const size_t n_max = 7;
+    const auto x = activations(n_max, cols, 3 * rows);
+    k::Q8Activations xq;
+    k::quantize_q8_activations(x.data(), n_max, cols, cols, xq);
+    // The quantization, recomputed here: d = max|x| / 127, q = round-half-even(x / d).
+    const size_t nb = cols / 32;
+    for (size_t t = 0; t < n_max; ++t) {
+      for (size_t b = 0; b < nb; ++b) {
+        float amax = 0.0f;
+        for (size_t i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[t * cols + b * 32 + i]));
+        const float d = amax / 127.0f;
+        ASSERT_EQ(xq.scale[t * nb + b], d);
+        int32_t sum = 0;
+        for (size_t i = 0; i < 32; ++i) {
+          const float v = x[t * cols + b * 32 + i];
+          const int q = d > 0.0f ? static_cast<int>(std::nearbyint(v / d)) : 0;
+          ASSERT_EQ(xq.q[t * cols + b * 32 + i], q);
+          sum += q;
+        }
+        ASSERT_EQ(xq.sum128[t * nb + b], 128 * sum);
+      }
+    }
+    // float64 reference of sum_b (sum_i w q) * s * d.
+    std::vector<float> portable(n_max * rows);
+    k::gemv_q8_interleaved_scalar(il, xq, portable.data(), rows, 0, rows);
+    for (size_t t = 0; t < n_max; ++t) {
+      for (size_t r = 0; r < rows; ++r) {
+        double ref = 0, magnitude = 0;
+        for (size_t b = 0; b < nb; ++b) {
+          const uint8_t* blk = m.row(r) + b * 34;
+          uint16_t h = 0;
+          std::memcpy(&h, blk, 2);
+          int64_t dot = 0;
+          for (size_t i = 0; i < 32; ++i) dot += static_cast<int8_t>(blk[2 + i]) * xq.q[t * cols + b * 32 + i];
+          const double term = static_cast<double>(dot) * kestrel::gguf::fp16_to_fp32(h) * xq.scale[t * nb + b];
+          ref += term;
+          magnitude += std::fabs(term);
+        }
+        ASSERT_NEAR(portable[t * rows + r], ref, 1e-5 * magnitude + 1e-30) << rows << "x" << cols << " r=" << r;
+      }
+    }
+    // Every token count and row range (ranges cutting blocks, as the pool's split does): the
+    // dispatching entry (VNNI where the CPU has it) writes exactly the portable path's bits.
+    for (size_t n = 1; n <= n_max; ++n) {
+      k::Q8Activations some;
+      k::quantize_q8_activations(x.data(), n, cols, cols, some);
+      for (auto [begin, end] : std::vector<std::pair<size_t, size_t>>{{0, rows}, {3, rows - 5}, {rows / 2, rows}}) {
+        std::vector<float> y(n * rows, -1.0f);
+        k::gemv_q8_interleaved(il, some, y.data(), rows, begin, end);
+        for (size_t t = 0; t < n; ++t) {
+          for (size_t r = 0; r < rows; ++r) {
+            if (r < begin || r >= end) {
+              ASSERT_EQ(y[t * rows + r], -1.0f) << "wrote outside its rows";
+            } else {
+              ASSERT_EQ(y[t * rows + r], portable[t * rows + r]) << "n=" << n << " rows " << begin << ".." << end << " r=" << r;
+            }
+          }
+        }
+      }
+    }
+  }
+  if (!k::vnni_available()) GTEST_SKIP() << "checked the portable path only: this CPU has no AVX512-VNNI";
+}
+
+TEST(Q8Interleaved, BadShapesAreErrors) {
+  const auto bytes = random_q8_0(16, 64, 1);
+  const k::Q8Interleaved il = k::interleave_q8_0(view(bytes, 16, 64));
+  k::Q8Activations xq;
+  const std::vector<float> x(32, 1.0f);
+  k::quantize_q8_activations(x.data(), 1, 32, 32, xq);
+  std::vector<float> y(16);
+  EXPECT_THROW(k::gemv_q8_interleaved(il, xq, y.data(), 16, 0, 16), kestrel::Error);  // 32 vs 64 columns
+  k::quantize_q8_activations(std::vector<float>(64, 1.0f).data(), 1, 64, 64, xq);
+  EXPECT_THROW(k::gemv_q8_interleaved(il, xq, y.data(), 16, 0, 17), kestrel::Error);  // past the rows
+  EXPECT_THROW(k::quantize_q8_activations(x.data(), 1, 31, 31, xq), kestrel::Error);
+  k::Matrix f32;
+  f32.type = k::WeightType::kF32;
+  f32.rows = 16;
+  f32.cols = 64;
+  EXPECT_THROW(k::interleave_q8_0(f32), kestrel::Error);
+}
+
+}  // namespace
