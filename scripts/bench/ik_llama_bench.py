@@ -137,7 +137,7 @@ def measure(binary, model, threads, runs, rtr, suites, label):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--llama-bench", default=default_bench(),
+    ap.add_argument("--llama-bench", default=None,
                     help="ik_llama.cpp's llama-bench (default: $IK_LLAMA_BENCH, else "
                          "${KESTREL_PEERS:-~/.cache/kestrel/peers}/ik_llama.cpp/bin/llama-bench)")
     ap.add_argument("-m", "--model", default=None, help="GGUF file (default: the default model)")
@@ -151,7 +151,14 @@ def main():
     ap.add_argument("--json", default=None, help="write the report here")
     args = ap.parse_args()
 
-    if not (os.path.isfile(args.llama_bench) and os.access(args.llama_bench, os.X_OK)):
+    given = args.llama_bench is not None
+    if not given:
+        args.llama_bench = default_bench()
+    runnable = os.path.isfile(args.llama_bench) and os.access(args.llama_bench, os.X_OK)
+    if given and not runnable:  # asked for by name: a typo must not pass as "skipped"
+        print(f"ik_llama_bench.py: error: --llama-bench {args.llama_bench}: not an executable file", file=sys.stderr)
+        return 2
+    if not runnable:
         print(f"ik_llama.cpp: skipped (no {args.llama_bench}; scripts/bench/build_ik_llama.sh builds it)",
               file=sys.stderr)
         return 0

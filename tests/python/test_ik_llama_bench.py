@@ -61,10 +61,20 @@ def check_schema(p, j):
 
 
 def test_skips_in_one_line_where_ik_is_not_built(tmp_path):
+    # Not built where the scripts look for it ($KESTREL_PEERS): skipped, rc 0, one line.
     out = tmp_path / "ik.json"
-    r = run("--llama-bench", tmp_path / "no-such-llama-bench", "--json", out, env={"KESTREL_MODEL": "/nonexistent"})
+    env = {"KESTREL_MODEL": "/nonexistent", "KESTREL_PEERS": str(tmp_path / "peers"), "IK_LLAMA_BENCH": ""}
+    r = run("--json", out, env=env)
     assert r.returncode == 0, r.stderr
     assert r.stderr.count("\n") == 1 and "skipped" in r.stderr and "build_ik_llama.sh" in r.stderr
+    assert not out.exists()
+
+
+def test_a_named_llama_bench_that_is_not_there_is_an_error(tmp_path):
+    out = tmp_path / "ik.json"
+    r = run("--llama-bench", tmp_path / "no-such-llama-bench", "--json", out, env={"KESTREL_MODEL": "/nonexistent"})
+    assert r.returncode == 2
+    assert "no-such-llama-bench" in r.stderr and "not an executable file" in r.stderr
     assert not out.exists()
 
 
