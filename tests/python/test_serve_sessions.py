@@ -74,6 +74,18 @@ def test_two_conversations_keep_their_own_sessions(server, client):
     assert ub.prompt_tokens_details.cached_tokens > 300
 
 
+def test_a_regenerated_answer_reuses_its_prompt(server, client):
+    # A short prompt and an answer longer than it: the shared prefix is under half of the
+    # session's cache (prompt + answer) but all of the prompt, so it counts.
+    wait_idle(server)
+    turn = [{"role": "user", "content": "Name three rivers."}]
+    first, u1 = chat(client, turn, max_tokens=48)
+    assert u1.completion_tokens == 48 and u1.prompt_tokens < 48
+    again, u2 = chat(client, turn, max_tokens=48)
+    assert u2.prompt_tokens_details.cached_tokens >= u1.prompt_tokens - 1, (u1, u2)
+    assert again == first
+
+
 def test_one_session_serves_one_conversation_at_a_time():
     s = Server("--model-name", "m", "--parallel", 1)
     try:

@@ -26,7 +26,8 @@ class SessionPool {
   };
   /// The session for `prompt`: with `cache_prompt`, the one whose cache shares the longest
   /// exactly reusable prefix with it, counting only prefixes that keep at least half of that
-  /// session's cache (a chat template's first tokens do not evict another conversation); else,
+  /// session's cache or cover at least half of the prompt (a chat template's first tokens do
+  /// not evict another conversation; a regenerated answer reuses its prompt); else,
   /// and without `cache_prompt`, the least recently used, so that other conversations keep
   /// their caches. `reusable` is the chosen session's prefix as counted here (0 when it won by
   /// age). Only free sessions are considered; the one picked is busy until release(). Not
