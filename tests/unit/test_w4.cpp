@@ -194,7 +194,7 @@ TEST(W4, DecodeOfSeveralTokensEqualsOneAtATimeBitForBit) {
 TEST(W4, InterleavedDecodeMatchesTheReferenceAndNeverDependsOnItsCompany) {
   // The 16-row interleaved copy (the decode kernel of images and w4a16 loads): against float64
   // sums of the dequantized weights and the bf16-rounded activations, for groups 32-128,
-  // symmetric and affine; and bit for bit the same per token whatever the number of tokens
+  // symmetric, affine, and affine with 8-bit group parameters; and bit for bit the same per token whatever the number of tokens
   // (1-7: batched decode rows, drafted tokens), the row range (ranges that cut blocks, as the
   // thread pool's split does) and the pool's threads, through matmul.
   bool ran = false;
@@ -202,10 +202,13 @@ TEST(W4, InterleavedDecodeMatchesTheReferenceAndNeverDependsOnItsCompany) {
            {16, 128, 32}, {48, 640, 32}, {32, 768, 64}, {64, 256, 128}}) {
     const auto w = gaussian(rows * cols, 91);
     const auto x = gaussian(7 * cols, 92);
-    for (bool affine : {true, false}) {
+    for (int variant : {0, 1, 2}) {  // affine, symmetric, affine with 8-bit group parameters
+      const bool affine = variant != 1;
       kestrel::ThreadPool one(1);
       auto m = q::quantize_w4(w.data(), rows, cols, group, nullptr, affine, one);
+      if (variant == 2) q::compress_group_params(m, w.data(), nullptr, one);
       if (!k::w4_interleavable(m.view())) continue;
+      ASSERT_EQ(k::interleave_w4(m.view()).params8(), variant == 2);
       ran = true;
       const k::W4Interleaved il = k::interleave_w4(m.view());
       k::Matrix view = m.view();

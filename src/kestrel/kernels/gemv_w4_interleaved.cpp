@@ -29,9 +29,14 @@ size_t interleaved_byte(size_t i, size_t e) { return 16 * (i / 4) + ((e / 2) & 1
 
 KESTREL_BF16_TARGET inline __m512bh as_bh(__m512i v) { return reinterpret_cast<__m512bh>(v); }
 
+// 16 bytes as 16 float32 lanes.
+KESTREL_BF16_TARGET inline __m512 u8(const uint8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+
 // Block `block`'s 16 rows for NT tokens (1..4) into out[t][0..16). x[t]: bf16 activations in
 // column order; sums[t]: their per-group float32 sums.
-template <size_t NT>
+template <size_t NT, bool kParams8>
 KESTREL_BF16_TARGET void block16(const W4Interleaved& il, size_t block, const uint16_t* const* x,
                                  const float* const* sums, float (*out)[kBlock]) {
   const size_t G = il.group_size, n_groups = il.cols / G, octets = il.cols / 8;
@@ -39,6 +44,12 @@ KESTREL_BF16_TARGET void block16(const W4Interleaved& il, size_t block, const ui
   __m512 acc[NT], offset_acc[NT];
   for (size_t t = 0; t < NT; ++t) acc[t] = offset_acc[t] = _mm512_setzero_ps();
   const uint8_t* codes = &il.codes[block * octets * 64];
+  __m512 row_d = _mm512_setzero_ps(), neg_row_m = _mm512_setzero_ps();
+  if constexpr (kParams8) {
+    row_d = _mm512_loadu_ps(&il.row_d[block * kBlock]);
+    neg_row_m = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(_mm512_loadu_ps(&il.row_m[block * kBlock])),
+                                                     _mm512_set1_epi32(static_cast<int>(0x80000000u))));
+  }
   for (size_t g = 0; g < n_groups; ++g) {
     // Four partial sums per token, one per unpacked vector: each dependency chain takes one
     // vdpbf16ps per octet, so NT x 4 chains hide the instruction's latency.
@@ -63,10 +74,17 @@ KESTREL_BF16_TARGET void block16(const W4Interleaved& il, size_t block, const ui
       }
     }
     const size_t at = (block * n_groups + g) * kBlock;
-    _mm_prefetch(reinterpret_cast<const char*>(il.scales.data() + at + kPrefetchParams), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(il.mins.data() + at + kPrefetchParams), _MM_HINT_T0);
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(&il.scales[at])));
-    const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(&il.mins[at])));
+    __m512 d, m;
+    if constexpr (kParams8) {
+      // d = d_row * s_g, m = -m_row * n_g (float32 products, as w4_group_params forms them).
+      d = _mm512_mul_ps(row_d, u8(&il.scales8[at]));
+      m = il.mins8.empty() ? _mm512_mul_ps(d, _mm512_set1_ps(-8.0f)) : _mm512_mul_ps(neg_row_m, u8(&il.mins8[at]));
+    } else {
+      _mm_prefetch(reinterpret_cast<const char*>(il.scales.data() + at + kPrefetchParams), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(il.mins.data() + at + kPrefetchParams), _MM_HINT_T0);
+      d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(&il.scales[at])));
+      m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(&il.mins[at])));
+    }
     const __m512 offset = _mm512_fnmadd_ps(d, _mm512_set1_ps(128.0f), m);
     for (size_t t = 0; t < NT; ++t) {
       const __m512 sum = _mm512_add_ps(_mm512_add_ps(dot[t][0], dot[t][1]), _mm512_add_ps(dot[t][2], dot[t][3]));
@@ -79,11 +97,19 @@ KESTREL_BF16_TARGET void block16(const W4Interleaved& il, size_t block, const ui
 
 void block_tokens(const W4Interleaved& il, size_t block, size_t n, const uint16_t* const* x,
                   const float* const* sums, float (*out)[kBlock]) {
+  if (il.params8()) {
+    switch (n) {
+      case 4: return block16<4, true>(il, block, x, sums, out);
+      case 3: return block16<3, true>(il, block, x, sums, out);
+      case 2: return block16<2, true>(il, block, x, sums, out);
+      default: return block16<1, true>(il, block, x, sums, out);
+    }
+  }
   switch (n) {
-    case 4: return block16<4>(il, block, x, sums, out);
-    case 3: return block16<3>(il, block, x, sums, out);
-    case 2: return block16<2>(il, block, x, sums, out);
-    default: return block16<1>(il, block, x, sums, out);
+    case 4: return block16<4, false>(il, block, x, sums, out);
+    case 3: return block16<3, false>(il, block, x, sums, out);
+    case 2: return block16<2, false>(il, block, x, sums, out);
+    default: return block16<1, false>(il, block, x, sums, out);
   }
 }
 
@@ -110,7 +136,8 @@ bool w4_interleavable(const Matrix& w) {
     const char* v = std::getenv("KESTREL_NO_INTERLEAVE");
     return v != nullptr && *v != '\0' && *v != '0';
   }();
-  return !off && w.type == WeightType::kW4 && w.scales != nullptr && w.rows % kBlock == 0 && w.rows > 0 && w.group_size % 8 == 0 &&
+  const bool params = w.scales != nullptr || (w.scales8 != nullptr && w.row_scales != nullptr);
+  return !off && w.type == WeightType::kW4 && params && w.rows % kBlock == 0 && w.rows > 0 && w.group_size % 8 == 0 &&
          w.group_size > 0 && w.cols % w.group_size == 0 && bf16_dot_available();
 }
 
@@ -122,8 +149,16 @@ W4Interleaved interleave_w4(const Matrix& w) {
   il.cols = w.cols;
   il.group_size = G;
   il.codes.assign(il.rows / kBlock * octets * 64, 0);
-  il.scales.resize(il.rows * n_groups);
-  il.mins.resize(il.rows * n_groups);
+  const bool params8 = w.scales == nullptr;
+  if (params8) {
+    il.scales8.resize(il.rows * n_groups);
+    if (w.mins8 != nullptr) il.mins8.resize(il.rows * n_groups);
+    il.row_d.resize(il.rows);
+    il.row_m.resize(il.rows);
+  } else {
+    il.scales.resize(il.rows * n_groups);
+    il.mins.resize(il.rows * n_groups);
+  }
   for (size_t r = 0; r < il.rows; ++r) {
     const size_t block = r / kBlock, i = r % kBlock;
     const uint8_t* row = w.row(r);
@@ -138,6 +173,16 @@ W4Interleaved interleave_w4(const Matrix& w) {
         const uint8_t q = high ? src[e] >> 4 : src[e] & 0x0F;
         dst[interleaved_byte(i, e)] |= e >= 4 ? static_cast<uint8_t>(q << 4) : q;
       }
+    }
+    if (params8) {
+      il.row_d[r] = gguf::fp16_to_fp32(w.row_scales[2 * r]);
+      il.row_m[r] = gguf::fp16_to_fp32(w.row_scales[2 * r + 1]);
+      for (size_t g = 0; g < n_groups; ++g) {
+        const size_t at = (block * n_groups + g) * kBlock + i;
+        il.scales8[at] = w.scales8[r * n_groups + g];
+        if (w.mins8 != nullptr) il.mins8[at] = w.mins8[r * n_groups + g];
+      }
+      continue;
     }
     for (size_t g = 0; g < n_groups; ++g) {
       const size_t at = (block * n_groups + g) * kBlock + i;

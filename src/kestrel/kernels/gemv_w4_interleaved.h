@@ -26,18 +26,26 @@ namespace kestrel::kernels {
 /// Rows per interleaved block.
 inline constexpr size_t kInterleaveRows = 16;
 
-/// The interleaved copy of a kW4 matrix. Per block of 16 rows, per 8 columns, 64 bytes of codes; per block and group, the 16 rows'
-/// fp16 scales d and fp16 minimums m (m = -8 d for symmetric groups, exact in fp16).
+/// The interleaved copy of a kW4 matrix. Per block of 16 rows, per 8 columns, 64 bytes of codes;
+/// per block and group, the 16 rows' group parameters: fp16 scales d and fp16 minimums m (m = -8 d
+/// for symmetric groups, exact in fp16), or, for a matrix with 8-bit group parameters (matmul.h),
+/// the 16 rows' u8 s_g and n_g beside per-row float32 d_row and m_row, from which the kernel forms
+/// d = d_row * s_g and m = -m_row * n_g as float32 products, as the row-major kernel does.
 struct W4Interleaved {
   size_t rows = 0;  // a multiple of kInterleaveRows
   size_t cols = 0;
   size_t group_size = 0;
   std::vector<uint8_t> codes;     // [rows / 16][cols / 8][64]
-  std::vector<uint16_t> scales;   // fp16 [rows / 16][cols / group_size][16]
-  std::vector<uint16_t> mins;     // fp16 [rows / 16][cols / group_size][16]
+  std::vector<uint16_t> scales;   // fp16 [rows / 16][cols / group_size][16] (16-bit parameters)
+  std::vector<uint16_t> mins;     // fp16 [rows / 16][cols / group_size][16] (16-bit parameters)
+  std::vector<uint8_t> scales8;   // u8 s_g [rows / 16][cols / group_size][16] (8-bit parameters)
+  std::vector<uint8_t> mins8;     // u8 n_g, same shape; empty: symmetric groups, m = -8 d
+  std::vector<float> row_d;       // [rows] d_row (8-bit parameters)
+  std::vector<float> row_m;       // [rows] m_row (8-bit parameters)
+  bool params8() const { return !scales8.empty(); }
 };
 
-/// True when the interleaved kernel can run `w`: kW4 with 16-bit group parameters, rows a
+/// True when the interleaved kernel can run `w`: kW4 (16- or 8-bit group parameters), rows a
 /// multiple of 16, group_size a multiple of 8, the CPU has AVX512-BF16 (bf16_dot_available()),
 /// and KESTREL_NO_INTERLEAVE is not set (for A/B runs against gemv_w4_bf16).
 bool w4_interleavable(const Matrix& w);
