@@ -96,8 +96,8 @@ TEST(AwqGptqLayout, GptqV1ZerosAreUndoneWordWiseWithTheirBorrows) {
 }
 
 TEST(AwqGptqLayout, GptqZerosArePackedAlongTheOutputsWithAPartialLastWord) {
-  const size_t rows = 12, n_groups = 2;  // words [2, 2]: outputs 8..11 in the low half of word 1
-  std::vector<int32_t> qzeros = {0x11111111, 0x22222222, 0x00004321, 0x00008765};
+  const size_t rows = 12, n_groups = 2;  // [n_groups, 2] words: outputs 8..11 in the low half of word 1
+  std::vector<int32_t> qzeros = {0x11111111, 0x00004321, 0x22222222, 0x00008765};
   const auto z = img::gptq_unpack_zeros(qzeros, rows, n_groups, false);
   for (size_t r = 0; r < 8; ++r) {
     EXPECT_EQ(z[r * n_groups + 0], 1);
