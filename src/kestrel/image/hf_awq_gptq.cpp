@@ -303,6 +303,26 @@ void write_awq_gptq_linear(gguf::Writer& w, const st::Checkpoint& ckpt, const st
   const std::string zname = hf_base + ".qzeros";
   const auto qzeros = read_i32(ckpt, zname, {n_groups, awq ? rows / 8 : (rows + 7) / 8});
   const auto z = awq ? awq_unpack_zeros(qzeros, rows, n_groups) : gptq_unpack_zeros(qzeros, rows, n_groups, scheme.gptq_v1);
+  if (scheme.gptq_v1 && log) {
+    // A stored nibble 15 is a zero point 0 (its borrow taken from the next nibble): GPTQModel and
+    // transformers read the word as here; AutoGPTQ's kernels (+1 per nibble) read the neighbour
+    // one lower. Said, not refused: the word-wise reading is the writer's (GPTQModel's) own.
+    size_t words_with_zero = 0;
+    for (const int32_t word : qzeros) {
+      const auto u = static_cast<uint32_t>(word);
+      for (unsigned k = 0; k < 8; ++k) {
+        if (((u >> (4 * k)) & 0xFu) == 0xFu) {
+          ++words_with_zero;
+          break;
+        }
+      }
+    }
+    if (words_with_zero > 0) {
+      log(hf_base + ": " + std::to_string(words_with_zero) + " of " + std::to_string(qzeros.size()) +
+          " v1 qzeros words hold a zero point 0 (stored as 15 with a borrow): read word-wise as GPTQModel and "
+          "transformers do (AutoGPTQ's kernels read its neighbour one lower)");
+    }
+  }
   if (scheme.symmetric) {
     const size_t off = static_cast<size_t>(std::count_if(z.begin(), z.end(), [](uint8_t v) { return v != 8; }));
     if (off > 0) {
