@@ -267,6 +267,21 @@ def test_packed_checkpoint_imports_exactly(dense, tmp_path, kind, sym):
     assert keys["kestrel.quant.zero_points"] == (0 if sym else 1)
 
 
+def test_autogptq_quantize_config_json_is_read(dense, tmp_path):
+    """Older AutoGPTQ checkpoints keep the scheme in quantize_config.json (no quant_method)."""
+    d = tmp_path / "gptq"
+    expected = packed_checkpoint(dense, d, "gptq")
+    cfg = json.loads((d / "config.json").read_text())
+    q = cfg.pop("quantization_config")
+    del q["quant_method"], q["pack_dtype"]
+    (d / "config.json").write_text(json.dumps(cfg))
+    (d / "quantize_config.json").write_text(json.dumps(q))
+    img = tmp_path / "x.kimg"
+    p = run("build", d, "-o", img, "-t", "2")
+    assert p.returncode == 0, p.stderr
+    assert check_image(img, expected, False)["kestrel.quant.method"] == "gptq"
+
+
 def _refused(d, tmp_path, *words):
     img = tmp_path / "refused.kimg"
     p = run("build", d, "-o", img, "-t", "2")

@@ -113,26 +113,26 @@ TEST(AwqGptqLayout, GptqZerosArePackedAlongTheOutputsWithAPartialLastWord) {
 TEST(AwqGptqLayout, ConfigsAreRecognisedOrRefusedWithTheReason) {
   using nlohmann::json;
   auto cfg = [](json q) { return json{{"quantization_config", q}}; };
-  EXPECT_FALSE(img::awq_gptq_scheme(json::object(), "c").has_value());
-  EXPECT_FALSE(img::awq_gptq_scheme(cfg({{"quant_method", "compressed-tensors"}}), "c").has_value());
+  EXPECT_FALSE(img::awq_gptq_scheme(json::object(), "/nonexistent").has_value());
+  EXPECT_FALSE(img::awq_gptq_scheme(cfg({{"quant_method", "compressed-tensors"}}), "/nonexistent").has_value());
   const auto awq = img::awq_gptq_scheme(
-      cfg({{"quant_method", "awq"}, {"bits", 4}, {"group_size", 128}, {"zero_point", true}, {"version", "gemm"}}), "c");
+      cfg({{"quant_method", "awq"}, {"bits", 4}, {"group_size", 128}, {"zero_point", true}, {"version", "gemm"}}), "/nonexistent");
   ASSERT_TRUE(awq);
   EXPECT_EQ(awq->format, img::PackedInt4Format::kAwqGemm);
   EXPECT_EQ(awq->group_size, 128u);
   EXPECT_FALSE(awq->symmetric);
-  const auto v1 = img::awq_gptq_scheme(cfg({{"quant_method", "gptq"}, {"bits", 4}, {"group_size", 32}, {"sym", true}}), "c");
+  const auto v1 = img::awq_gptq_scheme(cfg({{"quant_method", "gptq"}, {"bits", 4}, {"group_size", 32}, {"sym", true}}), "/nonexistent");
   ASSERT_TRUE(v1);
   EXPECT_TRUE(v1->gptq_v1);
   EXPECT_TRUE(v1->symmetric);
   const auto v2 = img::awq_gptq_scheme(
-      cfg({{"quant_method", "gptq"}, {"bits", 4}, {"group_size", 64}, {"sym", false}, {"checkpoint_format", "gptq_v2"}}), "c");
+      cfg({{"quant_method", "gptq"}, {"bits", 4}, {"group_size", 64}, {"sym", false}, {"checkpoint_format", "gptq_v2"}}), "/nonexistent");
   ASSERT_TRUE(v2);
   EXPECT_FALSE(v2->gptq_v1);
   EXPECT_FALSE(v2->symmetric);
   auto refused = [&](json q, const char* why) {
     try {
-      img::awq_gptq_scheme(cfg(q), "config.json");
+      img::awq_gptq_scheme(cfg(q), "/nonexistent");
       ADD_FAILURE() << "accepted " << q.dump();
     } catch (const kestrel::Error& e) {
       EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();

@@ -84,10 +84,23 @@ std::span<const std::byte> bytes_of(const std::vector<T>& v) {
 
 }  // namespace
 
-std::optional<AwqGptqScheme> awq_gptq_scheme(const json& config, const std::string& where) {
+std::optional<AwqGptqScheme> awq_gptq_scheme(const json& config, const std::filesystem::path& dir) {
+  std::string where = (dir / "config.json").string();
   const json* q = quantization_config(config);
-  if (q == nullptr) return std::nullopt;
-  const auto method = string_field(*q, "quant_method") ? string_field(*q, "quant_method") : string_field(*q, "method");
+  json file_config;
+  std::optional<std::string> method;
+  if (q == nullptr) {
+    const auto path = dir / "quantize_config.json";
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(path, ec)) return std::nullopt;
+    file_config = st::read_json(path);
+    if (!file_config.is_object()) throw Error(path.string() + " is not a JSON object");
+    q = &file_config;
+    where = path.string();
+    method = "gptq";  // AutoGPTQ's file; versions before 0.7 name no quant_method
+  }
+  if (string_field(*q, "quant_method")) method = string_field(*q, "quant_method");
+  else if (string_field(*q, "method")) method = string_field(*q, "method");
   if (!method || (*method != "awq" && *method != "gptq")) return std::nullopt;
   const bool awq = *method == "awq";
   auto bad = [&](const std::string& what) {

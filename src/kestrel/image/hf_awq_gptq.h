@@ -30,6 +30,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <optional>
 #include <span>
@@ -57,15 +58,17 @@ struct AwqGptqScheme {
   std::string name;        // "awq-gemm", "gptq" or "gptq_v2": messages and kestrel.quant.method
 };
 
-/// The scheme of a checkpoint's config.json quantization_config (or text_config's) when its
-/// quant_method is "awq" or "gptq"; nullopt for no quantization_config or another quant_method
-/// (compressed-tensors is image/hf_compressed_tensors.h's). Throws kestrel::Error naming `where`
-/// for an AWQ / GPTQ configuration Kestrel cannot keep exactly: bits other than 4, a group_size
+/// The scheme of the checkpoint in `dir` from its config.json `config` quantization_config (or
+/// text_config's) when its quant_method is "awq" or "gptq"; without a quantization_config, from
+/// dir/quantize_config.json when present (AutoGPTQ's own file: GPTQ when it names no
+/// quant_method). nullopt for neither, or another quant_method (compressed-tensors is
+/// image/hf_compressed_tensors.h's). Throws kestrel::Error naming the file for an AWQ / GPTQ
+/// configuration Kestrel cannot keep exactly: bits other than 4, a group_size
 /// that is not a positive multiple of 32 (-1: one group per row), an AWQ version other than
 /// "gemm" (gemv, gemv_fast, marlin, exllama, ipex, llm-awq packing) or without zero points, a
 /// GPTQ checkpoint_format other than gptq / gptq_v2 (marlin, bitblas, planar), a pack_dtype
 /// other than int32, per-module `dynamic` overrides, or a quantized lm_head.
-std::optional<AwqGptqScheme> awq_gptq_scheme(const nlohmann::json& config, const std::string& where);
+std::optional<AwqGptqScheme> awq_gptq_scheme(const nlohmann::json& config, const std::filesystem::path& dir);
 
 /// True for the tensors read with a Linear's qweight: NAME.qzeros, NAME.scales, NAME.g_idx.
 bool is_awq_gptq_aux(const std::string& name);

@@ -246,7 +246,7 @@ void write_hf_gemma3_gguf(const std::filesystem::path& dir, const std::filesyste
   const Vocab vocab = read_vocab(dir);
   const uint64_t n_vocab = vocab.tokens.size();
   // A prequantized W4A16 checkpoint: AWQ / GPTQ (image/hf_awq_gptq.h) or compressed-tensors.
-  const std::optional<AwqGptqScheme> ag = awq_gptq_scheme(ckpt.config(), config_name(dir));
+  const std::optional<AwqGptqScheme> ag = awq_gptq_scheme(ckpt.config(), dir);
   const std::optional<CtScheme> ct = ag ? std::nullopt : compressed_tensors_scheme(ckpt.config(), config_name(dir));
   const size_t int4_group = ag ? ag->group_size : ct ? ct->group_size : 0;
   const bool int4_symmetric = ag ? ag->symmetric : ct ? ct->symmetric : true;
@@ -473,7 +473,7 @@ BuildReport build_image_from_hf(const std::filesystem::path& dir, const std::fil
   BuildOptions opts = options;
   if (!is_hf_gemma4(dir)) {
     const st::Checkpoint ckpt = st::Checkpoint::open(dir);
-    if (const auto ag = awq_gptq_scheme(ckpt.config(), config_name(dir))) {
+    if (const auto ag = awq_gptq_scheme(ckpt.config(), dir)) {
       // As for compressed-tensors below: the checkpoint's integers and scales are kept.
       if (opts.precision != quant::Precision::kW4A16 || opts.scale_bits != 16) {
         throw Error(dir.string() + " is a " + ag->name + " W4A16 checkpoint: it builds as --precision w4a16 with "
