@@ -10,6 +10,10 @@
 #                                    tests/python/test_export.py (about 1 min, 5.2 GB: torch's
 #                                    PyPI wheel brings CUDA libraries); without them those tests
 #                                    skip
+#   scripts/install_deps.sh --awq-gptq-check
+#                                    also torch, GPTQModel, optimum and AutoAWQ, the references of
+#                                    tests/python/test_import_awq_gptq.py (GPTQModel builds from
+#                                    source: a few minutes); without them those tests skip
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -76,6 +80,12 @@ fi
 if [[ " $* " == *" --export-check "* ]]; then
   echo "== pip: scripts/requirements-export.txt (torch with its CUDA libraries: ~3 GB download)"
   pip_quiet -r scripts/requirements-export.txt
+fi
+# The AWQ / GPTQ import's reference checks (docs/export.md), only when asked.
+if [[ " $* " == *" --awq-gptq-check "* ]]; then
+  echo "== pip: scripts/requirements-awq-gptq.txt (torch, GPTQModel, optimum) and AutoAWQ"
+  pip_quiet -r scripts/requirements-awq-gptq.txt
+  pip_quiet --no-deps autoawq==0.2.9
 fi
 
 echo "== default model"

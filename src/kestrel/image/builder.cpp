@@ -372,7 +372,9 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
                          : !scaling.empty()  ? "awq-activation-weighted"
                                              : "rtn-activation-weighted";
     if (options.calibration && options.gptq && options.zero_points) method += "-gptq";
-    if (prequantized) method = "compressed-tensors";  // the source's integers and scales, copied
+    if (prequantized) {  // the source's integers and scales, copied
+      method = options.source_quant_method.empty() ? "compressed-tensors" : options.source_quant_method;
+    }
     w.add_string(keys::kQuantMethod, method);
     w.add_uint32(keys::kZeroPoints, options.zero_points ? 1 : 0);
     if (options.zero_points && (options.integer_zero_points || prequantized)) w.add_string(keys::kZeroPointType, "int");

@@ -62,6 +62,9 @@ struct BuildOptions {
   /// Messages about the build's choices (AWQ's alpha per group); optional.
   std::function<void(const std::string&)> log;
   std::string calibration_sha256;  // of the calibration text, recorded in the image
+  /// The format of a source whose INT4 matrices are copied (kestrel.quant.method): set by
+  /// build_image_from_hf for AWQ / GPTQ checkpoints; empty: "compressed-tensors".
+  std::string source_quant_method;
   /// Licence / NOTICE files to carry. Files named LICENSE*, NOTICE*, COPYING* or *TERMS* next to
   /// the source are added as well.
   std::vector<std::filesystem::path> license_files;

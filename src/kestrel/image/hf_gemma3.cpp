@@ -15,6 +15,7 @@
 #include "kestrel/formats/gguf_writer.h"
 #include "kestrel/formats/safetensors.h"
 #include "kestrel/image/hf_common.h"
+#include "kestrel/image/hf_awq_gptq.h"
 #include "kestrel/image/hf_compressed_tensors.h"
 #include "kestrel/image/hf_gemma4.h"
 
@@ -244,7 +245,11 @@ void write_hf_gemma3_gguf(const std::filesystem::path& dir, const std::filesyste
   }
   const Vocab vocab = read_vocab(dir);
   const uint64_t n_vocab = vocab.tokens.size();
-  const std::optional<CtScheme> ct = compressed_tensors_scheme(ckpt.config(), config_name(dir));
+  // A prequantized W4A16 checkpoint: AWQ / GPTQ (image/hf_awq_gptq.h) or compressed-tensors.
+  const std::optional<AwqGptqScheme> ag = awq_gptq_scheme(ckpt.config(), dir);
+  const std::optional<CtScheme> ct = ag ? std::nullopt : compressed_tensors_scheme(ckpt.config(), config_name(dir));
+  const size_t int4_group = ag ? ag->group_size : ct ? ct->group_size : 0;
+  const bool int4_symmetric = ag ? ag->symmetric : ct ? ct->symmetric : true;
 
   // Plan every tensor: name, shape (checked against config.json), type.
   std::vector<Planned> plan;
@@ -261,6 +266,7 @@ void write_hf_gemma3_gguf(const std::filesystem::path& dir, const std::filesyste
     if (ct && (ends_with(bare, ".weight_scale") || ends_with(bare, ".weight_zero_point") || ends_with(bare, ".weight_shape"))) {
       continue;  // read with their weight_packed
     }
+    if (ag && is_awq_gptq_aux(bare)) continue;  // read with their qweight
     if (ends_with(bare, ".weight_g_idx")) {
       throw Error(dir.string() + ": tensor '" + hf + "': activation ordering (g_idx) is not supported");
     }
@@ -270,6 +276,11 @@ void write_hf_gemma3_gguf(const std::filesystem::path& dir, const std::filesyste
       p.hf = hf.substr(0, hf.size() - std::strlen("_packed"));
       bare_weight = bare.substr(0, bare.size() - std::strlen("_packed"));
     }
+    if (ag && ends_with(bare, ".qweight")) {
+      p.int4 = true;
+      p.hf = hf.substr(0, hf.size() - std::strlen(".qweight")) + ".weight";
+      bare_weight = bare.substr(0, bare.size() - std::strlen(".qweight")) + ".weight";
+    }
     p.name = gguf_name(bare_weight);
     if (p.name.empty()) throw Error(dir.string() + ": tensor '" + hf + "' is not part of a Gemma 3 text model");
     if (p.int4) {
@@ -278,15 +289,20 @@ void write_hf_gemma3_gguf(const std::filesystem::path& dir, const std::filesyste
       }
       p.layer = std::stoi(p.name.substr(4));
       if (p.layer >= static_cast<int>(n_layers)) throw Error(dir.string() + ": tensor '" + hf + "' is past num_hidden_layers");
-      const auto shape = ckpt.info(p.hf + "_shape");
-      const auto sd = ckpt.data(p.hf + "_shape");
-      if (shape.dtype != st::Dtype::kI64 || shape.n_elements() != 2) {
-        throw Error(dir.string() + ": " + p.hf + "_shape is not two int64 values");
+      if (ag) {
+        const auto [rows, cols] = awq_gptq_linear_shape(ckpt, p.hf.substr(0, p.hf.size() - std::strlen(".weight")), *ag);
+        p.shape = {cols, rows};  // GGUF order
+      } else {
+        const auto shape = ckpt.info(p.hf + "_shape");
+        const auto sd = ckpt.data(p.hf + "_shape");
+        if (shape.dtype != st::Dtype::kI64 || shape.n_elements() != 2) {
+          throw Error(dir.string() + ": " + p.hf + "_shape is not two int64 values");
+        }
+        int64_t rc[2];
+        std::memcpy(rc, sd.data(), sizeof(rc));
+        if (rc[0] <= 0 || rc[1] <= 0) throw Error(dir.string() + ": " + p.hf + "_shape is not positive");
+        p.shape = {static_cast<uint64_t>(rc[1]), static_cast<uint64_t>(rc[0])};  // GGUF order
       }
-      int64_t rc[2];
-      std::memcpy(rc, sd.data(), sizeof(rc));
-      if (rc[0] <= 0 || rc[1] <= 0) throw Error(dir.string() + ": " + p.hf + "_shape is not positive");
-      p.shape = {static_cast<uint64_t>(rc[1]), static_cast<uint64_t>(rc[0])};  // GGUF order
       p.rows_kept = p.shape[1];
       const std::string& g = p.name;
       auto ends = [&](const char* x) { return ends_with(g, x); };
@@ -418,14 +434,18 @@ void write_hf_gemma3_gguf(const std::filesystem::path& dir, const std::filesyste
   for (const auto& p : plan) {
     if (p.int4) {  // the image's INT4 tensors (image/image.h), copied by build_image
       w.add_tensor(p.name + ".q4", TensorType::kI8, {p.shape[0] / 2, p.shape[1]});
-      w.add_tensor(p.name + ".scales", TensorType::kF16, {p.shape[0] / ct->group_size, p.shape[1]});
-      if (!ct->symmetric) w.add_tensor(p.name + ".mins", TensorType::kF16, {p.shape[0] / ct->group_size, p.shape[1]});
+      w.add_tensor(p.name + ".scales", TensorType::kF16, {p.shape[0] / int4_group, p.shape[1]});
+      if (!int4_symmetric) w.add_tensor(p.name + ".mins", TensorType::kF16, {p.shape[0] / int4_group, p.shape[1]});
       continue;
     }
     w.add_tensor(p.name, p.type, p.shape);
   }
   w.begin_data();
   for (const auto& p : plan) {
+    if (p.int4 && ag) {
+      write_awq_gptq_linear(w, ckpt, p.hf.substr(0, p.hf.size() - std::strlen(".weight")), p.shape[1], p.shape[0], *ag, log);
+      continue;
+    }
     if (p.int4) {
       write_ct_linear(w, ckpt, p.hf.substr(0, p.hf.size() - std::strlen(".weight")), p.shape[1], p.shape[0], *ct, log);
       continue;
@@ -453,7 +473,21 @@ BuildReport build_image_from_hf(const std::filesystem::path& dir, const std::fil
   BuildOptions opts = options;
   if (!is_hf_gemma4(dir)) {
     const st::Checkpoint ckpt = st::Checkpoint::open(dir);
-    if (const auto ct = compressed_tensors_scheme(ckpt.config(), config_name(dir))) {
+    if (const auto ag = awq_gptq_scheme(ckpt.config(), dir)) {
+      // As for compressed-tensors below: the checkpoint's integers and scales are kept.
+      if (opts.precision != quant::Precision::kW4A16 || opts.scale_bits != 16) {
+        throw Error(dir.string() + " is a " + ag->name + " W4A16 checkpoint: it builds as --precision w4a16 with "
+                    "16-bit scales (its integers and scales are kept as they are)");
+      }
+      if (log && (opts.group_size != ag->group_size || opts.zero_points == ag->symmetric)) {
+        log(ag->name + " checkpoint: group size " + std::to_string(ag->group_size) +
+            (ag->symmetric ? ", symmetric" : ", integer zero points") + " (the checkpoint's, kept exactly)");
+      }
+      opts.group_size = ag->group_size;
+      opts.zero_points = !ag->symmetric;
+      opts.integer_zero_points = !ag->symmetric;  // Linears the checkpoint keeps dense
+      opts.source_quant_method = ag->name;
+    } else if (const auto ct = compressed_tensors_scheme(ckpt.config(), config_name(dir))) {
       // The checkpoint's own integers and scales are kept: the image takes its group size and
       // zero points; the Linears it keeps dense are quantized with integer zero points too.
       if (opts.precision != quant::Precision::kW4A16 || opts.scale_bits != 16) {
