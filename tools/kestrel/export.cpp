@@ -52,7 +52,7 @@ Command add_export_command(CLI::App& app) {
   auto o = std::make_shared<ExportCommandOptions>();
   auto* cmd = app.add_subcommand(
       "export", "Write a Kestrel image as a Hugging Face directory (compressed-tensors W4A16) for vLLM, SGLang, transformers");
-  cmd->add_option("image", o->image, "Kestrel image (.kimg) of a Gemma 3 model")->required();
+  cmd->add_option("image", o->image, "Kestrel image (.kimg) of a Gemma 3 or Gemma 4 model")->required();
   cmd->add_option("-o,--output", o->out, "Output directory (created; files in it are replaced)")->required();
   cmd->add_flag("--requantize", o->requantize,
                 "Requantize the INT4 groups compressed-tensors cannot store exactly (a free float minimum, 8-bit "

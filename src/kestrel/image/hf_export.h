@@ -44,14 +44,16 @@ struct HfExportReport {
 };
 
 /// Writes DIR (created; files in it are replaced): config.json (Gemma3ForCausalLM, model_type
-/// gemma3_text, with quantization_config for a w4a16 image), model.safetensors,
+/// gemma3_text, or for a Gemma 4 image the text model Gemma4ForCausalLM, model_type
+/// gemma4_text; with quantization_config for a w4a16 image), model.safetensors,
 /// generation_config.json, tokenizer.json / tokenizer_config.json / special_tokens_map.json /
 /// chat_template.jinja, the image's licence / NOTICE texts, and kestrel_export.json
-/// (provenance). `image_path` must be a Kestrel image (docs/image-format.md) of a Gemma 3
-/// model; its content checksum is verified first.
+/// (provenance). `image_path` must be a Kestrel image (docs/image-format.md) of a Gemma 3 or
+/// Gemma 4 model; its content checksum is verified first.
 /// Throws InexactExportError (nothing written) when groups are not exactly representable and
-/// options.requantize is false; kestrel::Error for a file that is not an image, a corrupt
-/// image, or an architecture other than gemma3.
+/// options.requantize is false; kestrel::Error (nothing written) for a file that is not an
+/// image, a corrupt image, an architecture other than gemma3 / gemma4, or a Gemma 4
+/// configuration transformers' Gemma4TextConfig cannot express (image/hf_export_config.h).
 HfExportReport export_hf(const std::filesystem::path& image_path, const std::filesystem::path& dir,
                          const HfExportOptions& options, ThreadPool& pool);
 

@@ -451,7 +451,7 @@ BuildReport build_image_from_hf(const std::filesystem::path& dir, const std::fil
   const std::string base = std::filesystem::absolute(dir).lexically_normal().filename().string();
   const auto gguf_path = tmp_dir / ((base.empty() ? std::string("checkpoint") : base) + ".gguf");
   BuildOptions opts = options;
-  if (!is_hf_gemma4(dir)) {
+  {
     const st::Checkpoint ckpt = st::Checkpoint::open(dir);
     if (const auto ct = compressed_tensors_scheme(ckpt.config(), config_name(dir))) {
       // The checkpoint's own integers and scales are kept: the image takes its group size and
