@@ -17,6 +17,7 @@ struct ExportCommandOptions {
   std::string out;
   bool requantize = false;
   std::string dtype = "bfloat16";
+  bool flashhead = false;
   int threads = 0;
 };
 
@@ -24,6 +25,7 @@ int export_image(const ExportCommandOptions& o) {
   image::HfExportOptions options;
   options.requantize = o.requantize;
   options.float32 = o.dtype == "float32";
+  options.flashhead = o.flashhead;
   options.log = [](const std::string& m) { std::fprintf(stderr, "kestrel export: %s\n", m.c_str()); };
   ThreadPool pool(o.threads);
   const auto r = image::export_hf(o.image, o.out, options, pool);
@@ -36,13 +38,16 @@ int export_image(const ExportCommandOptions& o) {
   if (r.int4_matrices == 0) {
     std::printf("exported %s to %s: a dense checkpoint (no INT4 matrices), %zu layer matrices, %s\n", o.image.c_str(),
                 o.out.c_str(), r.dense_matrices, o.dtype.c_str());
-    return 0;
+  } else {
+    std::printf("exported %s to %s: %zu INT4 matrices (compressed-tensors pack-quantized, %zu groups%s), "
+                "%zu layer matrices kept dense, %s for the rest\n",
+                o.image.c_str(), o.out.c_str(), r.int4_matrices, r.total_groups, exactness.c_str(), r.dense_matrices,
+                o.dtype.c_str());
   }
-  std::printf("exported %s to %s: %zu INT4 matrices (compressed-tensors pack-quantized, %zu groups%s), "
-              "%zu layer matrices kept dense, %s for the rest\n",
-              o.image.c_str(), o.out.c_str(), r.int4_matrices, r.total_groups,
-              exactness.c_str(),
-              r.dense_matrices, o.dtype.c_str());
+  if (r.flashhead_clusters > 0) {
+    std::printf("FlashHead: %zu clusters in flash_head/clustering_cache.safetensors for the flash-head vLLM plugin "
+                "(CUDA only, batch 1, greedy: docs/export.md)\n", r.flashhead_clusters);
+  }
   return 0;
 }
 
@@ -57,6 +62,9 @@ Command add_export_command(CLI::App& app) {
   cmd->add_flag("--requantize", o->requantize,
                 "Requantize the INT4 groups compressed-tensors cannot store exactly (a free float minimum, 8-bit "
                 "group parameters) instead of refusing the image");
+  cmd->add_flag("--flashhead", o->flashhead,
+                "Also write the image's FlashHead clustering for the flash-head vLLM plugin (flash_head/, config.json "
+                "flash_head_cache_dir; CUDA only, batch 1, greedy)");
   cmd->add_option("--dtype", o->dtype, "dtype of the tensors that are not INT4 (embedding, norms, matrices kept above 4 bits)")
       ->check(CLI::IsMember({"bfloat16", "float32"}))
       ->capture_default_str();

@@ -247,6 +247,55 @@ std::vector<std::string> write_licenses(const std::string& text, const std::file
   return written;
 }
 
+// Where --flashhead puts the clustering (config.json's flash_head_cache_dir, relative to DIR).
+constexpr const char* kFlashHeadDir = "flash_head";
+constexpr const char* kFlashHeadFile = "clustering_cache.safetensors";
+
+// The image's FlashHead clustering as the flash-head vLLM plugin reads it
+// (flash_head/flash_head.py, _get_centroids and get_flash_head_parameters, version 0.1.10):
+// `centroids` [d_model, clusters], whose column k is cluster k's centroid (the plugin scores
+// clusters by h . c_k / |c_k|), and `cluster_assignments` [vocab], token t's cluster. Kestrel's
+// image stores the head's rows in cluster order (row r holds token row_tokens[r], cluster
+// r / cluster_size) and the centroids Q8_0, one row of d_model per cluster: written float32,
+// the dequantized values exactly. Returns the number of clusters.
+size_t write_flashhead_cache(const gguf::File& f, const std::filesystem::path& cache_dir) {
+  const auto& rt = f.tensor(head::kRowTokensTensor);
+  const auto& ct = f.tensor(head::kCentroidsTensor);
+  const size_t vocab = rt.n_elements, d = ct.shape[0], clusters = ct.rows();
+  const uint64_t cluster_size = f.get_uint(head::keys::kClusterSize);
+  if (ct.shape.size() != 2 || clusters == 0 || cluster_size * clusters != vocab) {
+    throw Error("image: flashhead.centroids / cluster_size do not match flashhead.row_tokens");
+  }
+  std::vector<float> row(d);
+  std::vector<float> centroids(d * clusters);
+  const auto* data = f.tensor_data(ct).data();
+  const uint64_t row_bytes = gguf::row_bytes(ct.type, d);
+  for (size_t k = 0; k < clusters; ++k) {
+    gguf::dequantize(ct.type, data + k * row_bytes, row.data(), d);
+    for (size_t j = 0; j < d; ++j) centroids[j * clusters + k] = row[j];
+  }
+  std::vector<int64_t> assignment(vocab, -1);
+  const auto* tokens = reinterpret_cast<const int32_t*>(f.tensor_data(rt).data());
+  for (size_t r = 0; r < vocab; ++r) assignment[static_cast<size_t>(tokens[r])] = static_cast<int64_t>(r / cluster_size);
+  if (std::count(assignment.begin(), assignment.end(), -1) != 0) throw Error("image: flashhead.row_tokens is not a permutation");
+  std::error_code ec;
+  std::filesystem::create_directories(cache_dir, ec);
+  if (ec) throw Error("cannot create " + cache_dir.string() + ": " + ec.message());
+  const auto partial = cache_dir / (std::string(kFlashHeadFile) + ".partial");
+  {
+    st::Writer w(partial);
+    w.set_metadata({{"format", "pt"}, {"producer", std::string("kestrel ") + KESTREL_VERSION}});
+    w.add_tensor("centroids", st::Dtype::kF32, {d, clusters});
+    w.add_tensor("cluster_assignments", st::Dtype::kI64, {vocab});
+    w.begin_data();
+    w.write(bytes_of(centroids));
+    w.write(bytes_of(assignment));
+    w.finish();
+  }
+  std::filesystem::rename(partial, cache_dir / kFlashHeadFile);
+  return clusters;
+}
+
 struct Item {
   std::string name;    // GGUF name (without .q4)
   std::string module;  // HF module
@@ -345,6 +394,10 @@ HfExportReport export_hf(const std::filesystem::path& image_path, const std::fil
     }
   }
   const std::string head_name = has_output ? "output.weight" : "token_embd.weight";
+  if (options.flashhead && row_of_token.empty()) {
+    throw Error(image_path.string() + " was not built with --flashhead: it has no clustering to export "
+                "(kestrel build ... --flashhead)");
+  }
 
   // config.json first: a configuration transformers cannot express is refused before anything is written.
   size_t vocab_rows = 0, ple_rows = 0;
@@ -364,6 +417,19 @@ HfExportReport export_hf(const std::filesystem::path& image_path, const std::fil
     config = gemma4_hf_config(f, rope_freqs, vocab_rows, ple_rows, !has_output, dtype, quant);
   } else {
     config = gemma3_hf_config(f, vocab_rows, !has_output, dtype, quant);
+  }
+  if (options.flashhead) {
+    // The flash-head plugin's keys (flash_head/loading.py: load_flash_head_from_checkpoint): the
+    // cache directory relative to the model directory, the tokens always scored, the probes.
+    const auto* sp = f.find_tensor(head::kSpecialTokensTensor);
+    json special = json::array();
+    if (sp != nullptr) {
+      const auto* ids = reinterpret_cast<const int32_t*>(f.tensor_data(*sp).data());
+      for (size_t i = 0; i < sp->n_elements; ++i) special.push_back(ids[i]);
+    }
+    config["flash_head_cache_dir"] = kFlashHeadDir;
+    config["flash_head_special_token_ids"] = special;
+    config["n_probes"] = f.get_uint(head::keys::kProbes);
   }
 
   std::error_code ec;
@@ -430,6 +496,9 @@ HfExportReport export_hf(const std::filesystem::path& image_path, const std::fil
     w.finish();
   }
   std::filesystem::rename(partial, dir / "model.safetensors");
+  std::error_code stale_fh;
+  std::filesystem::remove(dir / kFlashHeadDir / kFlashHeadFile, stale_fh);  // an earlier --flashhead export's
+  if (options.flashhead) report.flashhead_clusters = write_flashhead_cache(f, dir / kFlashHeadDir);
 
   write_text(dir / "config.json", config.dump(2) + "\n");
   write_text(dir / "generation_config.json", gemma3_generation_config(f).dump(2) + "\n");
@@ -455,6 +524,7 @@ HfExportReport export_hf(const std::filesystem::path& image_path, const std::fil
                  {"scale_bits", info->scale_bits},
                  {"tensor_types", f.find_string(keys::kTensorTypes).value_or("")},
                  {"flashhead", !row_of_token.empty()},
+                 {"flashhead_exported", options.flashhead},
                  {"kestrel_version", f.find_string(keys::kKestrelVersion).value_or("")},
                  {"build_date", f.find_string(keys::kBuildDate).value_or("")},
                  {"source_file", f.find_string(keys::kSourceFile).value_or("")},
