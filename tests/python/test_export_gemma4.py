@@ -103,10 +103,10 @@ def test_config_and_tensors(images, model):
     for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
               "num_key_value_heads", "head_dim", "global_head_dim", "layer_types", "sliding_window",
               "num_kv_shared_layers", "use_double_wide_mlp", "hidden_size_per_layer_input",
-              "vocab_size_per_layer_input", "final_logit_softcapping", "rope_parameters",
+              "vocab_size_per_layer_input", "final_logit_softcapping", "rms_norm_eps", "rope_parameters",
               "tie_word_embeddings", "max_position_embeddings"):
         assert c[k] == src[k], k
-    assert c["rms_norm_eps"] == pytest.approx(src["rms_norm_eps"], rel=1e-7)
+    assert json.dumps(c["rms_norm_eps"]) == "1e-06"  # the float32 written as the decimal it stands for
     q = c["quantization_config"]
     w = q["config_groups"]["group_0"]["weights"]
     assert (w["num_bits"], w["type"], w["strategy"], w["group_size"], w["symmetric"]) == (4, "int", "group", 32, False)

@@ -296,6 +296,25 @@ size_t write_flashhead_cache(const gguf::File& f, const std::filesystem::path& c
   return clusters;
 }
 
+// Weight files in DIR that loaders would read with the export's and that the export does not
+// write: *.safetensors other than model.safetensors, *.safetensors.index.json (transformers and
+// vLLM read the index instead of model.safetensors), pytorch_model*.bin (and its index).
+std::vector<std::filesystem::path> stray_weight_files(const std::filesystem::path& dir) {
+  std::vector<std::filesystem::path> stray;
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec)) return stray;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!entry.is_regular_file(ec) || name == "model.safetensors") continue;
+    if (ends_with(name, ".safetensors") || ends_with(name, ".safetensors.index.json") ||
+        (name.rfind("pytorch_model", 0) == 0 && (ends_with(name, ".bin") || ends_with(name, ".bin.index.json")))) {
+      stray.push_back(entry.path());
+    }
+  }
+  std::sort(stray.begin(), stray.end());
+  return stray;
+}
+
 struct Item {
   std::string name;    // GGUF name (without .q4)
   std::string module;  // HF module
@@ -399,6 +418,16 @@ HfExportReport export_hf(const std::filesystem::path& image_path, const std::fil
                 "(kestrel build ... --flashhead)");
   }
 
+  // Weight files of another checkpoint in DIR would be loaded with the export's.
+  const auto stray = stray_weight_files(dir);
+  if (!stray.empty() && !options.force) {
+    std::string names;
+    for (size_t i = 0; i < stray.size() && i < 4; ++i) names += (i ? ", " : "") + stray[i].filename().string();
+    if (stray.size() > 4) names += ", ... (" + std::to_string(stray.size()) + " files)";
+    throw Error(dir.string() + " holds weight files the export does not write (" + names +
+                "), which vLLM and transformers would load with it: export into an empty directory, or pass --force "
+                "to remove them");
+  }
   // config.json first: a configuration transformers cannot express is refused before anything is written.
   size_t vocab_rows = 0, ple_rows = 0;
   for (const auto& it : items) {
@@ -435,6 +464,12 @@ HfExportReport export_hf(const std::filesystem::path& image_path, const std::fil
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) throw Error("cannot create " + dir.string() + ": " + ec.message());
+
+  for (const auto& p : stray) {
+    std::error_code rm;
+    if (!std::filesystem::remove(p, rm) && rm) throw Error("cannot remove " + p.string() + ": " + rm.message());
+    if (options.log) options.log("removed " + p.string() + " (--force: a weight file the export does not write)");
+  }
 
   // model.safetensors, written to a .partial file and renamed when complete.
   const st::Dtype dense_dtype = options.float32 ? st::Dtype::kF32 : st::Dtype::kBF16;

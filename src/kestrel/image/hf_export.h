@@ -36,7 +36,11 @@ struct HfExportOptions {
   /// config.json's flash_head_cache_dir, flash_head_special_token_ids and n_probes. The image
   /// must have been built with --flashhead.
   bool flashhead = false;
-  /// Notes (requantized matrices, ignored layers); optional.
+  /// Remove weight files in DIR that the export does not write (other *.safetensors, a
+  /// *.safetensors.index.json, pytorch_model*.bin) instead of refusing the directory: vLLM and
+  /// transformers would load them with (or instead of) the export's model.safetensors.
+  bool force = false;
+  /// Notes (requantized matrices, ignored layers, removed files); optional.
   std::function<void(const std::string&)> log;
 };
 
@@ -50,7 +54,7 @@ struct HfExportReport {
   size_t flashhead_clusters = 0;     // written for the flash-head plugin (0: none)
 };
 
-/// Writes DIR (created; files in it are replaced): config.json (Gemma3ForCausalLM, model_type
+/// Writes DIR (created; the files the export writes are replaced): config.json (Gemma3ForCausalLM, model_type
 /// gemma3_text, or for a Gemma 4 image the text model Gemma4ForCausalLM, model_type
 /// gemma4_text; with quantization_config for a w4a16 image), model.safetensors,
 /// generation_config.json, tokenizer.json / tokenizer_config.json / special_tokens_map.json /
@@ -59,7 +63,8 @@ struct HfExportReport {
 /// Gemma 4 model; its content checksum is verified first.
 /// Throws InexactExportError (nothing written) when groups are not exactly representable and
 /// options.requantize is false; kestrel::Error (nothing written) for a file that is not an
-/// image, options.flashhead for an image without FlashHead, a corrupt image, an architecture other than gemma3 / gemma4, or a Gemma 4
+/// image, DIR holding weight files the export does not write (unless options.force),
+/// options.flashhead for an image without FlashHead, a corrupt image, an architecture other than gemma3 / gemma4, or a Gemma 4
 /// configuration transformers' Gemma4TextConfig cannot express (image/hf_export_config.h).
 HfExportReport export_hf(const std::filesystem::path& image_path, const std::filesystem::path& dir,
                          const HfExportOptions& options, ThreadPool& pool);

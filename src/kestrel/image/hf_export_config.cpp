@@ -1,6 +1,9 @@
 #include "kestrel/image/hf_export_config.h"
 
+#include <charconv>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 
 #include "kestrel/base/error.h"
 #include "kestrel/model/gemma_config.h"
@@ -8,6 +11,20 @@
 namespace kestrel::image {
 
 using nlohmann::json;
+
+namespace {
+
+// A float32 value as the decimal it stands for: the shortest decimal that reads back as the
+// same float32 (1e-06 for the float nearest 1e-6), not its exact expansion as a double
+// (9.999999974752427e-07), which config.json readers would take literally.
+double float_decimal(double v) {
+  char buf[64];
+  const auto r = std::to_chars(buf, buf + sizeof(buf) - 1, static_cast<float>(v));
+  *r.ptr = '\0';
+  return std::strtod(buf, nullptr);
+}
+
+}  // namespace
 
 json compressed_tensors_config(size_t group_size, bool symmetric, const std::vector<std::string>& ignore) {
   const json weights = {{"num_bits", 4},          {"type", "int"},       {"symmetric", symmetric},
@@ -48,9 +65,9 @@ json gemma3_hf_config(const gguf::File& f, size_t vocab_size, bool tied, const s
             {"head_dim", head_dim},
             {"query_pre_attn_scalar", head_dim},
             {"max_position_embeddings", f.get_uint(key("context_length"))},
-            {"rms_norm_eps", static_cast<float>(f.get_float(key("attention.layer_norm_rms_epsilon")))},
-            {"rope_theta", static_cast<float>(f.get_float(key("rope.freq_base")))},
-            {"rope_local_base_freq", static_cast<float>(f.find_float(key("rope.freq_base_swa")).value_or(1e4))},
+            {"rms_norm_eps", float_decimal(f.get_float(key("attention.layer_norm_rms_epsilon")))},
+            {"rope_theta", float_decimal(f.get_float(key("rope.freq_base")))},
+            {"rope_local_base_freq", float_decimal(f.find_float(key("rope.freq_base_swa")).value_or(1e4))},
             {"sliding_window", f.get_uint(key("attention.sliding_window"))},
             {"sliding_window_pattern", pattern},
             {"layer_types", layer_types},
@@ -65,10 +82,10 @@ json gemma3_hf_config(const gguf::File& f, size_t vocab_size, bool tied, const s
             {"torch_dtype", dtype},
             {"dtype", dtype}};
   if (const auto cap = f.find_float(key("final_logit_softcapping")); cap && *cap > 0) {
-    c["final_logit_softcapping"] = static_cast<float>(*cap);
+    c["final_logit_softcapping"] = float_decimal(*cap);
   }
   if (const auto type = f.find_string(key("rope.scaling.type")); type && *type == "linear") {
-    c["rope_scaling"] = {{"rope_type", "linear"}, {"factor", static_cast<float>(f.get_float(key("rope.scaling.factor")))}};
+    c["rope_scaling"] = {{"rope_type", "linear"}, {"factor", float_decimal(f.get_float(key("rope.scaling.factor")))}};
   }
   for (const auto& [hf, gg] : {std::pair{"bos_token_id", "tokenizer.ggml.bos_token_id"},
                                std::pair{"eos_token_id", "tokenizer.ggml.eos_token_id"},
@@ -152,11 +169,11 @@ json gemma4_hf_config(const gguf::File& f, const std::vector<float>& rope_freqs,
             {"hidden_size_per_layer_input", m.ple_dim},
             {"vocab_size_per_layer_input", m.ple_dim > 0 ? ple_vocab_size : vocab_size},
             {"max_position_embeddings", m.context_length},
-            {"rms_norm_eps", m.rms_eps},
+            {"rms_norm_eps", float_decimal(m.rms_eps)},
             {"rope_parameters",
-             {{"sliding_attention", {{"rope_type", "default"}, {"rope_theta", static_cast<float>(theta_sliding)}}},
+             {{"sliding_attention", {{"rope_type", "default"}, {"rope_theta", float_decimal(theta_sliding)}}},
               {"full_attention",
-               {{"rope_type", "proportional"}, {"partial_rotary_factor", partial}, {"rope_theta", static_cast<float>(theta_full)}}}}},
+               {{"rope_type", "proportional"}, {"partial_rotary_factor", partial}, {"rope_theta", float_decimal(theta_full)}}}}},
             {"final_logit_softcapping", nullptr},
             {"hidden_activation", "gelu_pytorch_tanh"},
             {"attention_bias", false},
@@ -167,7 +184,7 @@ json gemma4_hf_config(const gguf::File& f, const std::vector<float>& rope_freqs,
             {"use_cache", true},
             {"torch_dtype", dtype},
             {"dtype", dtype}};
-  if (m.final_softcap > 0.0f) c["final_logit_softcapping"] = m.final_softcap;
+  if (m.final_softcap > 0.0f) c["final_logit_softcapping"] = float_decimal(m.final_softcap);
   for (const auto& [hf, gg] : {std::pair{"bos_token_id", "tokenizer.ggml.bos_token_id"},
                                std::pair{"eos_token_id", "tokenizer.ggml.eos_token_id"},
                                std::pair{"pad_token_id", "tokenizer.ggml.padding_token_id"}}) {
