@@ -6,10 +6,10 @@
 #                                    without AMX; an installed copy built otherwise is rebuilt
 #                                    by either form
 #   scripts/install_deps.sh --export-check
-#                                    also torch and compressed-tensors, the references of
-#                                    tests/python/test_export.py (about 1 min, 5.2 GB: torch's
-#                                    PyPI wheel brings CUDA libraries); without them those tests
-#                                    skip
+#                                    also torch, compressed-tensors and flash-head, the
+#                                    references of tests/python/test_export*.py (about 1 min,
+#                                    5.2 GB: torch's PyPI wheel brings CUDA libraries); without
+#                                    them those tests skip
 #   scripts/install_deps.sh --awq-gptq-check
 #                                    also torch, GPTQModel, optimum and AutoAWQ, the references of
 #                                    tests/python/test_import_awq_gptq.py (GPTQModel builds from

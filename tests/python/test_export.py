@@ -188,6 +188,9 @@ def test_export_directory_and_config(exports):
     assert "chat_template" not in json.loads((d / "tokenizer_config.json").read_text())
     c = json.loads((d / "config.json").read_text())
     assert c["architectures"] == ["Gemma3ForCausalLM"] and c["model_type"] == "gemma3_text"
+    # float32 metadata as the decimals they stand for, not 9.999999974752427e-07
+    assert (c["rms_norm_eps"], c["rope_theta"], c["rope_local_base_freq"]) == (1e-06, 1000000.0, 10000.0)
+    assert '"rms_norm_eps": 1e-06,' in (d / "config.json").read_text()
     q = c["quantization_config"]
     assert q["quant_method"] == "compressed-tensors" and q["format"] == "pack-quantized"
     w = q["config_groups"]["group_0"]["weights"]

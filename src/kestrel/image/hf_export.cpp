@@ -32,27 +32,44 @@ bool ends_with(const std::string& s, const char* suffix) {
   return s.size() >= k && s.compare(s.size() - k, k, suffix) == 0;
 }
 
-// The HF module of a GGUF tensor ("blk.3.attn_q.weight" -> "model.layers.3.self_attn.q_proj");
-// empty when it is not part of a Gemma 3 text model.
-std::string hf_module(const std::string& name) {
+// The HF module of a GGUF tensor ("blk.3.attn_q.weight" -> "model.layers.3.self_attn.q_proj")
+// in transformers' Gemma3ForCausalLM or (gemma4) Gemma4ForCausalLM; empty when it is not part
+// of the text model. Gemma 4's layer_output_scale is the layer's `layer_scalar` buffer.
+std::string hf_module(const std::string& name, bool gemma4) {
   static const std::map<std::string, std::string> kLayer = {
       {"attn_q", "self_attn.q_proj"}, {"attn_k", "self_attn.k_proj"}, {"attn_v", "self_attn.v_proj"},
       {"attn_output", "self_attn.o_proj"}, {"attn_q_norm", "self_attn.q_norm"}, {"attn_k_norm", "self_attn.k_norm"},
       {"attn_norm", "input_layernorm"}, {"post_attention_norm", "post_attention_layernorm"},
       {"ffn_norm", "pre_feedforward_layernorm"}, {"post_ffw_norm", "post_feedforward_layernorm"},
       {"ffn_gate", "mlp.gate_proj"}, {"ffn_up", "mlp.up_proj"}, {"ffn_down", "mlp.down_proj"}};
+  // Gemma 4's per-layer embeddings (PLE) and layer scalars (HF Gemma4TextDecoderLayer).
+  static const std::map<std::string, std::string> kGemma4Layer = {
+      {"inp_gate", "per_layer_input_gate"}, {"proj", "per_layer_projection"},
+      {"post_norm", "post_per_layer_input_norm"}, {"layer_output_scale", "layer_scalar"}};
+  static const std::map<std::string, std::string> kGemma4Global = {
+      {"per_layer_token_embd.weight", "model.embed_tokens_per_layer"},
+      {"per_layer_model_proj.weight", "model.per_layer_model_projection"},
+      {"per_layer_proj_norm.weight", "model.per_layer_projection_norm"}};
   if (name == "token_embd.weight") return "model.embed_tokens";
   if (name == "output_norm.weight") return "model.norm";
   if (name == "output.weight") return "lm_head";
+  if (gemma4) {
+    if (const auto g = kGemma4Global.find(name); g != kGemma4Global.end()) return g->second;
+  }
   if (name.rfind("blk.", 0) != 0 || !ends_with(name, ".weight")) return "";
   const size_t dot = name.find('.', 4);
   if (dot == std::string::npos) return "";
   const std::string layer = name.substr(4, dot - 4);
   const std::string part = name.substr(dot + 1, name.size() - dot - 1 - std::strlen(".weight"));
-  const auto it = kLayer.find(part);
+  std::string module;
+  if (const auto it = kLayer.find(part); it != kLayer.end()) {
+    module = it->second;
+  } else if (const auto g = kGemma4Layer.find(part); gemma4 && g != kGemma4Layer.end()) {
+    module = g->second;
+  }
   const bool digits = !layer.empty() && std::all_of(layer.begin(), layer.end(), [](char c) { return c >= '0' && c <= '9'; });
-  if (!digits || it == kLayer.end()) return "";
-  return "model.layers." + layer + "." + it->second;
+  if (!digits || module.empty()) return "";
+  return "model.layers." + layer + "." + module;
 }
 
 // An INT4 matrix of the image (NAME.q4, NAME.scales, NAME.mins / NAME.row_scales) as the
@@ -230,9 +247,78 @@ std::vector<std::string> write_licenses(const std::string& text, const std::file
   return written;
 }
 
+// Where --flashhead puts the clustering (config.json's flash_head_cache_dir, relative to DIR).
+constexpr const char* kFlashHeadDir = "flash_head";
+constexpr const char* kFlashHeadFile = "clustering_cache.safetensors";
+
+// The image's FlashHead clustering as the flash-head vLLM plugin reads it
+// (flash_head/flash_head.py, _get_centroids and get_flash_head_parameters, version 0.1.10):
+// `centroids` [d_model, clusters], whose column k is cluster k's centroid (the plugin scores
+// clusters by h . c_k / |c_k|), and `cluster_assignments` [vocab], token t's cluster. Kestrel's
+// image stores the head's rows in cluster order (row r holds token row_tokens[r], cluster
+// r / cluster_size) and the centroids Q8_0, one row of d_model per cluster: written float32,
+// the dequantized values exactly. Returns the number of clusters.
+size_t write_flashhead_cache(const gguf::File& f, const std::filesystem::path& cache_dir) {
+  const auto& rt = f.tensor(head::kRowTokensTensor);
+  const auto& ct = f.tensor(head::kCentroidsTensor);
+  const size_t vocab = rt.n_elements, d = ct.shape[0], clusters = ct.rows();
+  const uint64_t cluster_size = f.get_uint(head::keys::kClusterSize);
+  if (ct.shape.size() != 2 || clusters == 0 || cluster_size * clusters != vocab) {
+    throw Error("image: flashhead.centroids / cluster_size do not match flashhead.row_tokens");
+  }
+  std::vector<float> row(d);
+  std::vector<float> centroids(d * clusters);
+  const auto* data = f.tensor_data(ct).data();
+  const uint64_t row_bytes = gguf::row_bytes(ct.type, d);
+  for (size_t k = 0; k < clusters; ++k) {
+    gguf::dequantize(ct.type, data + k * row_bytes, row.data(), d);
+    for (size_t j = 0; j < d; ++j) centroids[j * clusters + k] = row[j];
+  }
+  std::vector<int64_t> assignment(vocab, -1);
+  const auto* tokens = reinterpret_cast<const int32_t*>(f.tensor_data(rt).data());
+  for (size_t r = 0; r < vocab; ++r) assignment[static_cast<size_t>(tokens[r])] = static_cast<int64_t>(r / cluster_size);
+  if (std::count(assignment.begin(), assignment.end(), -1) != 0) throw Error("image: flashhead.row_tokens is not a permutation");
+  std::error_code ec;
+  std::filesystem::create_directories(cache_dir, ec);
+  if (ec) throw Error("cannot create " + cache_dir.string() + ": " + ec.message());
+  const auto partial = cache_dir / (std::string(kFlashHeadFile) + ".partial");
+  {
+    st::Writer w(partial);
+    w.set_metadata({{"format", "pt"}, {"producer", std::string("kestrel ") + KESTREL_VERSION}});
+    w.add_tensor("centroids", st::Dtype::kF32, {d, clusters});
+    w.add_tensor("cluster_assignments", st::Dtype::kI64, {vocab});
+    w.begin_data();
+    w.write(bytes_of(centroids));
+    w.write(bytes_of(assignment));
+    w.finish();
+  }
+  std::filesystem::rename(partial, cache_dir / kFlashHeadFile);
+  return clusters;
+}
+
+// Weight files in DIR that loaders would read with the export's and that the export does not
+// write: *.safetensors other than model.safetensors, *.safetensors.index.json (transformers and
+// vLLM read the index instead of model.safetensors), pytorch_model*.bin (and its index).
+std::vector<std::filesystem::path> stray_weight_files(const std::filesystem::path& dir) {
+  std::vector<std::filesystem::path> stray;
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec)) return stray;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!entry.is_regular_file(ec) || name == "model.safetensors") continue;
+    if (ends_with(name, ".safetensors") || ends_with(name, ".safetensors.index.json") ||
+        (name.rfind("pytorch_model", 0) == 0 && (ends_with(name, ".bin") || ends_with(name, ".bin.index.json")))) {
+      stray.push_back(entry.path());
+    }
+  }
+  std::sort(stray.begin(), stray.end());
+  return stray;
+}
+
 struct Item {
   std::string name;    // GGUF name (without .q4)
   std::string module;  // HF module
+  std::string hf;      // HF tensor of a dense or norm item (module + ".weight"; Gemma 4's layer_scalar as is)
   enum class Kind { kInt4, kDense, kNorm } kind = Kind::kDense;
   size_t rows = 0, cols = 0;  // HF [rows, cols]; norms: cols values
 };
@@ -248,10 +334,10 @@ HfExportReport export_hf(const std::filesystem::path& image_path, const std::fil
   }
   verify_content(f);
   const std::string arch = f.get_string("general.architecture");
-  if (arch != "gemma3") {
-    throw Error("kestrel export writes Gemma 3 images; " + image_path.string() + " is '" + arch +
-                "' (Gemma 4 export is not implemented yet)");
+  if (arch != "gemma3" && arch != "gemma4") {
+    throw Error("kestrel export writes Gemma 3 and Gemma 4 images; " + image_path.string() + " is '" + arch + "'");
   }
+  const bool gemma4 = arch == "gemma4";
   const bool w4 = info->precision == quant::Precision::kW4A16;
   const size_t group = w4 ? info->group_size : 0;
   const bool symmetric = w4 && !info->zero_points;
@@ -270,8 +356,8 @@ HfExportReport export_hf(const std::filesystem::path& image_path, const std::fil
       it.rows = t.shape[1];
       it.cols = t.shape[0] * 2;
     } else if (ends_with(name, kScalesSuffix) || ends_with(name, kMinsSuffix) || ends_with(name, kRowScalesSuffix) ||
-               name.rfind("flashhead.", 0) == 0) {
-      continue;
+               name.rfind("flashhead.", 0) == 0 || (gemma4 && name == "rope_freqs.weight")) {
+      continue;  // rope_freqs: Gemma 4's partial RoPE, written as config.json's rope_parameters
     } else if (t.shape.size() == 1) {
       it.kind = Item::Kind::kNorm;
       it.cols = t.shape[0];
@@ -280,9 +366,15 @@ HfExportReport export_hf(const std::filesystem::path& image_path, const std::fil
       it.cols = t.shape[0];
     }
     it.name = name;
-    it.module = hf_module(name);
-    if (it.module.empty()) throw Error("image tensor '" + t.name + "' is not part of a Gemma 3 text model");
+    it.module = hf_module(name, gemma4);
+    if (it.module.empty()) {
+      throw Error("image tensor '" + t.name + "' is not part of a " + (gemma4 ? "Gemma 4" : "Gemma 3") + " text model");
+    }
+    it.hf = ends_with(it.module, ".layer_scalar") ? it.module : it.module + ".weight";
     const bool layer_matrix = name.rfind("blk.", 0) == 0 && it.kind != Item::Kind::kNorm;
+    // Gemma 4's per-layer model projection is a Linear outside the layers, kept dense.
+    const bool global_linear = name == "per_layer_model_proj.weight";
+    if (global_linear && w4) report.ignored.push_back(it.module);
     if (it.kind == Item::Kind::kInt4 && !layer_matrix) it.kind = Item::Kind::kDense;  // an INT4 embedding
     if (it.kind == Item::Kind::kInt4) {
       const auto e = exact_groups(int4_matrix(f, name, group));
@@ -321,15 +413,67 @@ HfExportReport export_hf(const std::filesystem::path& image_path, const std::fil
     }
   }
   const std::string head_name = has_output ? "output.weight" : "token_embd.weight";
+  if (options.flashhead && row_of_token.empty()) {
+    throw Error(image_path.string() + " was not built with --flashhead: it has no clustering to export "
+                "(kestrel build ... --flashhead)");
+  }
+
+  // Weight files of another checkpoint in DIR would be loaded with the export's.
+  const auto stray = stray_weight_files(dir);
+  if (!stray.empty() && !options.force) {
+    std::string names;
+    for (size_t i = 0; i < stray.size() && i < 4; ++i) names += (i ? ", " : "") + stray[i].filename().string();
+    if (stray.size() > 4) names += ", ... (" + std::to_string(stray.size()) + " files)";
+    throw Error(dir.string() + " holds weight files the export does not write (" + names +
+                "), which vLLM and transformers would load with it: export into an empty directory, or pass --force "
+                "to remove them");
+  }
+  // config.json first: a configuration transformers cannot express is refused before anything is written.
+  size_t vocab_rows = 0, ple_rows = 0;
+  for (const auto& it : items) {
+    if (it.name == "token_embd.weight") vocab_rows = it.rows;
+    if (it.name == "per_layer_token_embd.weight") ple_rows = it.rows;
+  }
+  const std::string dtype = options.float32 ? "float32" : "bfloat16";
+  const json quant = w4 ? compressed_tensors_config(group, symmetric, report.ignored) : json(nullptr);
+  json config;
+  if (gemma4) {
+    std::vector<float> rope_freqs;
+    if (const auto* rf = f.find_tensor("rope_freqs.weight")) {
+      rope_freqs.resize(rf->n_elements);
+      gguf::dequantize(rf->type, f.tensor_data(*rf).data(), rope_freqs.data(), rope_freqs.size());
+    }
+    config = gemma4_hf_config(f, rope_freqs, vocab_rows, ple_rows, !has_output, dtype, quant);
+  } else {
+    config = gemma3_hf_config(f, vocab_rows, !has_output, dtype, quant);
+  }
+  if (options.flashhead) {
+    // The flash-head plugin's keys (flash_head/loading.py: load_flash_head_from_checkpoint): the
+    // cache directory relative to the model directory, the tokens always scored, the probes.
+    const auto* sp = f.find_tensor(head::kSpecialTokensTensor);
+    json special = json::array();
+    if (sp != nullptr) {
+      const auto* ids = reinterpret_cast<const int32_t*>(f.tensor_data(*sp).data());
+      for (size_t i = 0; i < sp->n_elements; ++i) special.push_back(ids[i]);
+    }
+    config["flash_head_cache_dir"] = kFlashHeadDir;
+    config["flash_head_special_token_ids"] = special;
+    config["n_probes"] = f.get_uint(head::keys::kProbes);
+  }
 
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) throw Error("cannot create " + dir.string() + ": " + ec.message());
 
+  for (const auto& p : stray) {
+    std::error_code rm;
+    if (!std::filesystem::remove(p, rm) && rm) throw Error("cannot remove " + p.string() + ": " + rm.message());
+    if (options.log) options.log("removed " + p.string() + " (--force: a weight file the export does not write)");
+  }
+
   // model.safetensors, written to a .partial file and renamed when complete.
   const st::Dtype dense_dtype = options.float32 ? st::Dtype::kF32 : st::Dtype::kBF16;
   const auto partial = dir / "model.safetensors.partial";
-  size_t vocab_rows = 0;
   {
     st::Writer w(partial);
     w.set_metadata({{"format", "pt"}});
@@ -340,10 +484,9 @@ HfExportReport export_hf(const std::filesystem::path& image_path, const std::fil
         if (!symmetric) w.add_tensor(it.module + ".weight_zero_point", st::Dtype::kI32, {(it.rows + 7) / 8, it.cols / group});
         w.add_tensor(it.module + ".weight_shape", st::Dtype::kI64, {2});
       } else if (it.kind == Item::Kind::kNorm) {
-        w.add_tensor(it.module + ".weight", dense_dtype, {it.cols});
+        w.add_tensor(it.hf, dense_dtype, {it.cols});
       } else {
-        w.add_tensor(it.module + ".weight", dense_dtype, {it.rows, it.cols});
-        if (it.name == "token_embd.weight") vocab_rows = it.rows;
+        w.add_tensor(it.hf, dense_dtype, {it.rows, it.cols});
       }
     }
     w.begin_data();
@@ -361,10 +504,13 @@ HfExportReport export_hf(const std::filesystem::path& image_path, const std::fil
         w.write(bytes_of(std::vector<int64_t>{static_cast<int64_t>(it.rows), static_cast<int64_t>(it.cols)}));
         ++report.int4_matrices;
       } else if (it.kind == Item::Kind::kNorm) {
-        // Gemma's HF RMSNorm multiplies by 1 + w; images store the whole multiplier.
+        // Gemma 3's HF RMSNorm multiplies by 1 + w; images store the whole multiplier. Gemma 4's
+        // multiplies by w (Gemma4RMSNorm), as stored; its layer scalars too.
         buf.resize(it.cols);
         gguf::dequantize(f.tensor(it.name).type, f.tensor_data(f.tensor(it.name)).data(), buf.data(), it.cols);
-        for (float& x : buf) x -= 1.0f;
+        if (!gemma4) {
+          for (float& x : buf) x -= 1.0f;
+        }
         write_dense(w, buf.data(), it.cols, options.float32);
       } else {
         const RowReader reader(f, it.name, group);
@@ -385,10 +531,11 @@ HfExportReport export_hf(const std::filesystem::path& image_path, const std::fil
     w.finish();
   }
   std::filesystem::rename(partial, dir / "model.safetensors");
+  std::error_code stale_fh;
+  std::filesystem::remove(dir / kFlashHeadDir / kFlashHeadFile, stale_fh);  // an earlier --flashhead export's
+  if (options.flashhead) report.flashhead_clusters = write_flashhead_cache(f, dir / kFlashHeadDir);
 
-  const std::string dtype = options.float32 ? "float32" : "bfloat16";
-  const json quant = w4 ? compressed_tensors_config(group, symmetric, report.ignored) : json(nullptr);
-  write_text(dir / "config.json", gemma3_hf_config(f, vocab_rows, !has_output, dtype, quant).dump(2) + "\n");
+  write_text(dir / "config.json", config.dump(2) + "\n");
   write_text(dir / "generation_config.json", gemma3_generation_config(f).dump(2) + "\n");
   const size_t max_length = f.find_uint(arch + ".context_length").value_or(8192);
   // A base model (no chat template in the image) is exported without one, so that reading the
@@ -412,6 +559,7 @@ HfExportReport export_hf(const std::filesystem::path& image_path, const std::fil
                  {"scale_bits", info->scale_bits},
                  {"tensor_types", f.find_string(keys::kTensorTypes).value_or("")},
                  {"flashhead", !row_of_token.empty()},
+                 {"flashhead_exported", options.flashhead},
                  {"kestrel_version", f.find_string(keys::kKestrelVersion).value_or("")},
                  {"build_date", f.find_string(keys::kBuildDate).value_or("")},
                  {"source_file", f.find_string(keys::kSourceFile).value_or("")},

@@ -26,8 +26,26 @@ nlohmann::json compressed_tensors_config(size_t group_size, bool symmetric, cons
 nlohmann::json gemma3_hf_config(const gguf::File& file, size_t vocab_size, bool tied, const std::string& dtype,
                                 const nlohmann::json& quantization);
 
-/// generation_config.json: BOS, EOS (with <end_of_turn> when in the vocabulary) and padding
-/// ids; no sampling defaults (servers would apply them to every request).
+/// config.json of a Gemma4ForCausalLM (model_type gemma4_text, transformers'
+/// Gemma4TextConfig) with the hyperparameters Kestrel runs `file` (a gemma4 image or GGUF) with
+/// (model::GemmaConfig::gemma4_from_gguf): per-layer sliding / full attention as layer_types,
+/// head sizes (head_dim for sliding layers, global_head_dim for full ones), KV sharing
+/// (num_kv_shared_layers), the double-wide MLP of the shared layers (use_double_wide_mlp),
+/// per-layer embeddings (hidden_size_per_layer_input, `ple_vocab_size` rows), and both RoPEs:
+/// the full layers' "proportional" RoPE with partial_rotary_factor read from `rope_freqs`
+/// (llama.cpp's factors, 1 for the rotated pairs and >= 1e30 for the others; all rotated when
+/// absent). `vocab_size` embedding rows, `tied` head, `dtype`; `quantization` is added as
+/// quantization_config unless null.
+/// Throws kestrel::Error for a configuration transformers' Gemma4TextConfig cannot express:
+/// per-layer MLP widths other than double-wide shared layers, KV head counts that differ per
+/// layer, partial RoPE given by rope.dimension_count, or other rope_freqs factors.
+nlohmann::json gemma4_hf_config(const gguf::File& file, const std::vector<float>& rope_freqs, size_t vocab_size,
+                                size_t ple_vocab_size, bool tied, const std::string& dtype,
+                                const nlohmann::json& quantization);
+
+/// generation_config.json: BOS, EOS (with the end-of-turn token when in the vocabulary:
+/// Gemma 3's <end_of_turn>, Gemma 4's <turn|>) and padding ids; no sampling defaults (servers
+/// would apply them to every request).
 nlohmann::json gemma3_generation_config(const gguf::File& file);
 
 }  // namespace kestrel::image

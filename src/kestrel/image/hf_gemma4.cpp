@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <regex>
@@ -13,6 +15,7 @@
 #include "kestrel/formats/gguf_writer.h"
 #include "kestrel/formats/safetensors.h"
 #include "kestrel/image/hf_common.h"
+#include "kestrel/image/hf_compressed_tensors.h"
 
 namespace kestrel::image {
 namespace {
@@ -247,7 +250,13 @@ struct Planned {
   std::vector<uint64_t> shape;  // GGUF order
   TensorType type = TensorType::kF32;
   bool one_d = false;
+  bool int4 = false;  // a compressed-tensors Linear (hf is its module name + ".weight")
 };
+
+bool ends_with(const std::string& s, const char* suffix) {
+  const size_t k = std::strlen(suffix);
+  return s.size() >= k && s.compare(s.size() - k, k, suffix) == 0;
+}
 
 }  // namespace
 
@@ -272,6 +281,9 @@ void write_hf_gemma4_gguf(const std::filesystem::path& dir, const std::filesyste
   const Vocab vocab = read_vocab(dir);
   const uint64_t n_vocab = vocab.tokens.size();
   const uint64_t first_shared = h.n_layers - h.n_shared;
+  // A compressed-tensors W4A16 checkpoint (what `kestrel export` writes): its quantized Linears
+  // become image INT4 tensors, copied by build_image (image/hf_compressed_tensors.h).
+  const std::optional<CtScheme> ct = compressed_tensors_scheme(ckpt.config(), ctx.where());
 
   std::vector<Planned> plan;
   size_t towers = 0, shared_kv = 0;
@@ -284,8 +296,24 @@ void write_hf_gemma4_gguf(const std::filesystem::path& dir, const std::filesyste
     }
     Planned p;
     p.hf = hf;
-    p.name = gguf_name(bare);
+    if (ct && (ends_with(bare, ".weight_scale") || ends_with(bare, ".weight_zero_point") || ends_with(bare, ".weight_shape"))) {
+      continue;  // read with their weight_packed
+    }
+    if (ends_with(bare, ".weight_g_idx")) {
+      throw Error(dir.string() + ": tensor '" + hf + "': activation ordering (g_idx) is not supported");
+    }
+    std::string bare_weight = bare;
+    if (ct && ends_with(bare, ".weight_packed")) {
+      p.int4 = true;
+      p.hf = hf.substr(0, hf.size() - std::strlen("_packed"));
+      bare_weight = bare.substr(0, bare.size() - std::strlen("_packed"));
+    }
+    p.name = gguf_name(bare_weight);
     if (p.name.empty()) throw Error(dir.string() + ": tensor '" + hf + "' is not part of a Gemma 4 text model");
+    if (p.int4 && (p.name.rfind("blk.", 0) != 0 || p.name.find("norm") != std::string::npos ||
+                   p.name.find("layer_output_scale") != std::string::npos)) {
+      throw Error(dir.string() + ": tensor '" + hf + "' is quantized but is not a layer matrix");
+    }
     if (p.name.rfind("blk.", 0) == 0) p.layer = std::stoi(p.name.substr(4));
     if (p.layer >= static_cast<int>(h.n_layers)) throw Error(dir.string() + ": tensor '" + hf + "' is past num_hidden_layers");
     const auto il = static_cast<uint64_t>(std::max(p.layer, 0));
@@ -295,7 +323,6 @@ void write_hf_gemma4_gguf(const std::filesystem::path& dir, const std::filesyste
       ++shared_kv;  // KV-shared layers read an earlier layer's cache; nothing uses these
       continue;
     }
-    const auto& info = ckpt.info(hf);
     const uint64_t hd = p.layer >= 0 ? h.hd(il) : 0;
     std::vector<uint64_t> want;  // HF order
     if (g == "token_embd.weight") want = {n_vocab, h.d_model};
@@ -313,6 +340,20 @@ void write_hf_gemma4_gguf(const std::filesystem::path& dir, const std::filesyste
     else if (ends(".ffn_down.weight")) want = {h.d_model, h.ff(il)};
     else if (ends(".inp_gate.weight")) want = {h.ple_dim, h.d_model};
     else if (ends(".proj.weight")) want = {h.d_model, h.ple_dim};
+    if (p.int4) {
+      const auto& si = ckpt.info(p.hf + "_shape");
+      if (si.dtype != st::Dtype::kI64 || si.n_elements() != 2) throw Error(dir.string() + ": " + p.hf + "_shape is not two int64 values");
+      int64_t rc[2];
+      std::memcpy(rc, ckpt.data(p.hf + "_shape").data(), sizeof(rc));
+      const std::vector<uint64_t> have = {rc[0] > 0 ? static_cast<uint64_t>(rc[0]) : 0, rc[1] > 0 ? static_cast<uint64_t>(rc[1]) : 0};
+      if (have != want) {
+        throw Error(dir.string() + ": " + p.hf + "_shape is " + hf::shape_str(have) + ", config.json implies " + hf::shape_str(want));
+      }
+      p.shape.assign(want.rbegin(), want.rend());
+      plan.push_back(std::move(p));
+      continue;
+    }
+    const auto& info = ckpt.info(hf);
     std::vector<uint64_t> have = info.shape;
     if (have.empty()) have = {1};  // a 0-D layer_scalar
     if (have != want) {
@@ -406,6 +447,13 @@ void write_hf_gemma4_gguf(const std::filesystem::path& dir, const std::filesyste
   }
   w.add("tokenizer.ggml.add_space_prefix", boolean(false));
   w.add("tokenizer.ggml.add_bos_token", boolean(tc.value("add_bos_token", true)));
+  std::string chat_template;  // tokenizer_config.json's, else chat_template.jinja (as for Gemma 3)
+  if (tc.contains("chat_template") && tc["chat_template"].is_string()) chat_template = tc["chat_template"].get<std::string>();
+  if (chat_template.empty() && std::filesystem::is_regular_file(dir / "chat_template.jinja")) {
+    std::ifstream in(dir / "chat_template.jinja", std::ios::binary);
+    chat_template.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  if (!chat_template.empty()) w.add("tokenizer.chat_template", str(chat_template));
   w.add("general.quantization_version", u32(2));
 
   // rope_freqs: 1 on the rotated pairs of the full layers, 1e30 on the others (proportional RoPE).
@@ -414,10 +462,26 @@ void write_hf_gemma4_gguf(const std::filesystem::path& dir, const std::filesyste
   std::vector<float> rope_freqs(pairs, 1e30f);
   std::fill(rope_freqs.begin(), rope_freqs.begin() + static_cast<std::ptrdiff_t>(std::min(rotated, pairs)), 1.0f);
   w.add_tensor("rope_freqs.weight", TensorType::kF32, {pairs});
-  for (const auto& p : plan) w.add_tensor(p.name, p.type, p.shape);
+  for (const auto& p : plan) {
+    if (p.int4) {  // the image's INT4 tensors (image/image.h), copied by build_image
+      if (p.shape[0] % ct->group_size != 0) {
+        throw Error(dir.string() + ": " + p.hf + " has " + std::to_string(p.shape[0]) + " inputs, not a multiple of the group size " +
+                    std::to_string(ct->group_size));
+      }
+      w.add_tensor(p.name + ".q4", TensorType::kI8, {p.shape[0] / 2, p.shape[1]});
+      w.add_tensor(p.name + ".scales", TensorType::kF16, {p.shape[0] / ct->group_size, p.shape[1]});
+      if (!ct->symmetric) w.add_tensor(p.name + ".mins", TensorType::kF16, {p.shape[0] / ct->group_size, p.shape[1]});
+      continue;
+    }
+    w.add_tensor(p.name, p.type, p.shape);
+  }
   w.begin_data();
   w.write({reinterpret_cast<const std::byte*>(rope_freqs.data()), rope_freqs.size() * sizeof(float)});
   for (const auto& p : plan) {
+    if (p.int4) {
+      write_ct_linear(w, ckpt, p.hf.substr(0, p.hf.size() - std::strlen(".weight")), p.shape[1], p.shape[0], *ct, log);
+      continue;
+    }
     const auto& info = ckpt.info(p.hf);
     hf::write_tensor(w, ckpt.data(p.hf), info.dtype, std::max<uint64_t>(1, info.n_elements()),
                      !p.one_d && info.dtype != st::Dtype::kF64);

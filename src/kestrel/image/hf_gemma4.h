@@ -10,7 +10,9 @@
 // double-wide MLPs, sliding_window_pattern as one bool per layer, shared_kv_layers, ...) and the
 // tokenizer as tokenizer.ggml.model "gemma4" with its merges. Vision and audio towers (and their
 // embedders) are skipped with a message, as are K/V tensors of KV-shared layers, which no
-// implementation reads.
+// implementation reads. A compressed-tensors W4A16 checkpoint (quantization_config, as
+// `kestrel export` writes one) has its quantized Linears written as image INT4 tensors, codes
+// and scales unchanged (image/hf_compressed_tensors.h).
 #pragma once
 
 #include <filesystem>

@@ -92,7 +92,17 @@ json hf_tokenizer_json(const gguf::File& file) {
     size_t cut;
   };
   std::vector<Merge> merges;
-  for (size_t i = 0; i < n; ++i) {
+  // Gemma 4's BPE (tokenizer.ggml.model "gemma4", text/bpe.h) has explicit merges in rank order.
+  const bool ranked = file.find_string("tokenizer.ggml.model").value_or("") == "gemma4";
+  json merge_list = json::array();
+  if (ranked) {
+    for (const auto& m : file.get_string_array("tokenizer.ggml.merges")) {
+      const size_t sp = m.find(' ');
+      if (sp == std::string::npos || sp == 0 || sp + 1 == m.size()) throw Error("tokenizer.ggml.merges: '" + m + "' is not 'left right'");
+      merge_list.push_back(json::array({m.substr(0, sp), m.substr(sp + 1)}));
+    }
+  }
+  for (size_t i = 0; i < n && !ranked; ++i) {
     const auto id = static_cast<TokenId>(i);
     const TokenType t = tok.type(id);
     if (t != TokenType::kNormal && t != TokenType::kUnused) continue;
@@ -104,7 +114,6 @@ json hf_tokenizer_json(const gguf::File& file) {
     }
   }
   std::stable_sort(merges.begin(), merges.end(), [](const Merge& a, const Merge& b) { return a.score > b.score; });
-  json merge_list = json::array();
   for (const auto& m : merges) {
     const std::string& piece = tok.piece(m.merged);
     merge_list.push_back(json::array({piece.substr(0, m.cut), piece.substr(m.cut)}));
@@ -118,6 +127,11 @@ json hf_tokenizer_json(const gguf::File& file) {
                                                {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", space}}})}};
   } else {
     normalizer = {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", space}};
+  }
+  // Gemma 4 splits runs of newlines from the rest first (llama.cpp's gemma4 pre-tokenizer).
+  json pre_tokenizer = nullptr;
+  if (ranked) {
+    pre_tokenizer = {{"type", "Split"}, {"pattern", {{"Regex", "\n+"}}}, {"behavior", "Isolated"}, {"invert", false}};
   }
   json post = nullptr;
   if (tok.add_bos() && tok.bos() >= 0) {
@@ -142,7 +156,7 @@ json hf_tokenizer_json(const gguf::File& file) {
           {"padding", nullptr},
           {"added_tokens", added},
           {"normalizer", normalizer},
-          {"pre_tokenizer", nullptr},
+          {"pre_tokenizer", pre_tokenizer},
           {"post_processor", post},
           {"decoder", decoder},
           {"model",

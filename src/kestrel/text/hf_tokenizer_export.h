@@ -12,12 +12,14 @@
 
 namespace kestrel::text {
 
-/// tokenizer.json for `file`'s tokenizer (tokenizer.ggml.model "llama" only):
-///  - model: BPE with byte_fallback over the GGUF vocabulary; merges derived from the scores:
-///    every split of a piece into two vocabulary pieces is a merge, ranked by the piece's
-///    score (highest first), which reproduces SentencePiece-BPE's highest-score-first merging;
+/// tokenizer.json for `file`'s tokenizer (tokenizer.ggml.model "llama", Gemma 3's, or "gemma4"):
+///  - model: BPE with byte_fallback over the GGUF vocabulary; merges: for "gemma4" the file's
+///    tokenizer.ggml.merges in rank order; for "llama" derived from the scores: every split of
+///    a piece into two vocabulary pieces is a merge, ranked by the piece's score (highest
+///    first), which reproduces SentencePiece-BPE's highest-score-first merging;
 ///  - normalizer: " " -> U+2581 (no space prefix unless tokenizer.ggml.add_space_prefix);
-///    no pre-tokenizer (SentencePiece does not split on whitespace);
+///    pre-tokenizer: none for "llama" (SentencePiece does not split on whitespace); for
+///    "gemma4" runs of newlines split from the rest (Split \n+, isolated; text/bpe.h);
 ///  - added_tokens: control and user-defined tokens, matched in the raw text first;
 ///  - post_processor: BOS prepended when the file says add_bos_token (add_special_tokens=True);
 ///  - decoder: U+2581 -> " ", byte fallback, fuse.

@@ -1,0 +1,70 @@
+"""kestrel export's command line (docs/export.md): `default` as IMAGE, and an output directory
+holding weight files the export does not write. Uses the committed tiny Gemma 4 model (fast;
+no default model needed)."""
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from serve_helpers import KESTREL
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / "tests" / "data" / "gemma4" / "e4b_tiny" / "hf"
+
+pytestmark = pytest.mark.skipif(not KESTREL.exists(), reason="build/kestrel missing")
+
+
+def run(*args, env=None):
+    return subprocess.run([str(KESTREL), *map(str, args)], capture_output=True, text=True, timeout=600, env=env)
+
+
+@pytest.fixture(scope="module")
+def image(tmp_path_factory):
+    img = tmp_path_factory.mktemp("export-cli") / "tiny.kimg"
+    p = run("build", TINY, "-o", img, "-t", "2", "--symmetric", "--tensor-type", "proj=bf16")
+    assert p.returncode == 0, p.stderr
+    return img
+
+
+def test_default_is_the_cached_default_image(image, tmp_path):
+    """`kestrel export default` reads the image `kestrel build default --as-default` caches, as
+    `kestrel run -m default` does; without one it says how to build it."""
+    cache = tmp_path / "cache"
+    env = {k: v for k, v in os.environ.items() if k != "KESTREL_MODEL"}
+    env["KESTREL_CACHE"] = str(cache)
+    p = run("export", "default", "-o", tmp_path / "none", env=env)
+    assert p.returncode == 1
+    assert "no default image" in p.stderr and "--as-default" in p.stderr
+    assert not (tmp_path / "none").exists()
+    cached = cache / "images" / "gemma-3-270m-w4a16-flashhead.kimg"  # runtime::default_image_path()
+    cached.parent.mkdir(parents=True)
+    shutil.copy(image, cached)
+    p = run("export", "default", "-o", tmp_path / "out", "-t", "2", env=env)
+    assert p.returncode == 0, p.stderr
+    assert str(cached) in p.stdout
+    assert json.loads((tmp_path / "out" / "kestrel_export.json").read_text())["image"]["file"] == cached.name
+
+
+def test_stray_weight_files_are_refused_or_removed_with_force(image, tmp_path):
+    d = tmp_path / "out"
+    d.mkdir()
+    stray = ["model-00001-of-00002.safetensors", "model.safetensors.index.json", "pytorch_model.bin"]
+    for name in stray:
+        (d / name).write_bytes(b"old")
+    (d / "README.md").write_text("kept")
+    p = run("export", image, "-o", d, "-t", "2")
+    assert p.returncode == 1
+    assert "model-00001-of-00002.safetensors" in p.stderr and "--force" in p.stderr
+    assert not (d / "config.json").exists() and not (d / "model.safetensors").exists()
+    p = run("export", image, "-o", d, "-t", "2", "--force")
+    assert p.returncode == 0, p.stderr
+    for name in stray:
+        assert not (d / name).exists(), name
+        assert name in p.stderr
+    assert (d / "README.md").read_text() == "kept"
+    # Exporting again over the export's own files needs no --force.
+    p = run("export", image, "-o", d, "-t", "2")
+    assert p.returncode == 0, p.stderr
