@@ -13,6 +13,7 @@
 #include "kestrel/formats/gguf_writer.h"
 #include "kestrel/formats/safetensors.h"
 #include "kestrel/image/hf_common.h"
+#include "kestrel/image/hf_gemma4_assistant.h"
 
 namespace kestrel::image {
 namespace {
@@ -264,7 +265,8 @@ bool is_hf_gemma4(const std::filesystem::path& dir) {
 }
 
 void write_hf_gemma4_gguf(const std::filesystem::path& dir, const std::filesystem::path& out,
-                          const std::function<void(const std::string&)>& log) {
+                          const std::function<void(const std::string&)>& log,
+                          const std::filesystem::path& assistant) {
   const Context ctx{dir};
   const st::Checkpoint ckpt = st::Checkpoint::open(dir);
   const json& c = text_config(ckpt.config(), ctx);
@@ -356,6 +358,14 @@ void write_hf_gemma4_gguf(const std::filesystem::path& dir, const std::filesyste
     }
   }
 
+  std::optional<HfGemma4Assistant> mtp;
+  if (!assistant.empty()) {
+    if (!is_hf_gemma4_assistant(assistant)) {
+      throw Error(assistant.string() + " is not a Gemma 4 assistant checkpoint (config.json model_type gemma4_assistant)");
+    }
+    mtp.emplace(assistant, AssistantTarget{h.d_model, n_vocab, h.n_kv, h.head_dim, h.global_head_dim}, log);
+  }
+
   gguf::Writer w(out, 32);
   w.add("general.architecture", str("gemma4"));
   w.add("general.type", str("model"));
@@ -415,6 +425,7 @@ void write_hf_gemma4_gguf(const std::filesystem::path& dir, const std::filesyste
   std::fill(rope_freqs.begin(), rope_freqs.begin() + static_cast<std::ptrdiff_t>(std::min(rotated, pairs)), 1.0f);
   w.add_tensor("rope_freqs.weight", TensorType::kF32, {pairs});
   for (const auto& p : plan) w.add_tensor(p.name, p.type, p.shape);
+  if (mtp) mtp->add_header(w);
   w.begin_data();
   w.write({reinterpret_cast<const std::byte*>(rope_freqs.data()), rope_freqs.size() * sizeof(float)});
   for (const auto& p : plan) {
@@ -423,6 +434,7 @@ void write_hf_gemma4_gguf(const std::filesystem::path& dir, const std::filesyste
                      !p.one_d && info.dtype != st::Dtype::kF64);
     ckpt.release(p.hf);
   }
+  if (mtp) mtp->write_data(w);
   w.finish();
 }
 
