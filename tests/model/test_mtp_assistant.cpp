@@ -268,7 +268,33 @@ TEST_P(Gemma4Assistant, Bf16ImageCarriesTheAssistant) {
             << ", target's next token " << bonus_same << "/" << g.cases.size() << "\n";
   EXPECT_LE(r.worst, 1.0f);
   EXPECT_GE(static_cast<double>(r.drafts_same), 0.75 * static_cast<double>(r.drafts));
+
+  // A FlashHead image stores the target's embedding in cluster order; the assistant reads the
+  // target's input rows through the head's token -> row map, so its drafts and logits are
+  // those of the plain bf16 image exactly.
+  const fs::path fh = fs::temp_directory_path() / ("kestrel_test_mtp_" + GetParam() + ".fh.kimg");
+  options.flashhead = true;
+  image::build_image_from_hf(data_dir(GetParam()) / "hf", fh, options, pool);
+  const gguf::File fh_file = gguf::File::open(fh);
+  const auto fh_model = load_model(fh_file, LoadOptions{}, pool);
+  ASSERT_FALSE(fh_model->output_head().row_tokens.empty());
+  const MtpAssistant fh_assistant(fh_file, decoder(*fh_model), LoadOptions{}, pool);
+  for (const Case& k : g.cases) {
+    std::vector<float> logits[2];
+    std::vector<TokenId> drafts[2];
+    for (int variant : {0, 1}) {
+      const Model& m = variant == 0 ? *model : *fh_model;
+      KvCache cache = decoder(m).new_cache(64);
+      std::vector<float> hidden(g.d_target);
+      m.forward_hidden(k.prompt, cache, Logits::kLast, hidden.data(), pool);
+      drafts[variant] = (variant == 0 ? assistant : fh_assistant).draft(k.bonus, hidden.data(), cache, g.n_draft, pool,
+                                                                        &logits[variant]);
+    }
+    EXPECT_EQ(drafts[1], drafts[0]);
+    EXPECT_EQ(logits[1], logits[0]);
+  }
   fs::remove(out);
+  fs::remove(fh);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, Gemma4Assistant, ::testing::Values("e2b_tiny", "e4b_tiny"));
