@@ -17,6 +17,10 @@
 #include "kestrel/runtime/sampler.h"
 #include "kestrel/text/tokenizer.h"
 
+namespace kestrel::model {
+class MtpAssistant;
+}
+
 namespace kestrel::runtime {
 
 class Session;
@@ -68,7 +72,9 @@ class Generation {
   /// `row`: which row of the session's last scoring `scores` came from (for rescoring).
   void sample(TokenScores scores, size_t row);
   TokenScores constrain(TokenScores scores, size_t row);
-  void prepare_draft();
+  /// The next decode input: last_ and a draft. `row`: the row of the last scoring that sampled
+  /// last_ (the MTP assistant reads the target's hidden state there).
+  void prepare_draft(size_t row);
   void emit(size_t end);
   void suppress_stop_tokens(TokenScores scores) const;
 
@@ -86,6 +92,12 @@ class Generation {
   bool done_ = false;
   TokenId last_ = 0;
   std::optional<NgramDrafter> drafter_;
+  const model::MtpAssistant* mtp_ = nullptr;  // `--draft auto` on an image with an MTP assistant
+  size_t mtp_max_ = 0;                        // its longest draft
+  // The MTP drafts adapt as the n-gram drafter's do (drafter.h): length starts at 2, doubles
+  // after a draft accepted whole, becomes accepted + 1 after a partial one; a draft of which
+  // nothing was accepted pauses drafting for 1, 2, 4 ... 64 steps.
+  size_t mtp_len_ = 2, mtp_pause_ = 0, mtp_next_pause_ = 1;
   std::optional<TokenConstraint> constraint_;
   std::vector<TokenId> allowed_;  // the grammar's allowed tokens, when few
   std::vector<TokenId> decode_input_;  // last_, then the draft
