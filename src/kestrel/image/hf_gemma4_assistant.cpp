@@ -102,26 +102,26 @@ HfGemma4Assistant::HfGemma4Assistant(const std::filesystem::path& dir, const Ass
   }
   if (!top.contains("text_config") || !top["text_config"].is_object()) throw Error(where + ": no text_config object");
   const json& c = top["text_config"];
-  auto uint = [&](const json& j, const char* key, std::optional<uint64_t> fallback, uint64_t min_value = 1) {
+  auto get_u = [&](const json& j, const char* key, std::optional<uint64_t> fallback, uint64_t min_value = 1) {
     return hf::get_uint(j, key, where, fallback, min_value);
   };
-  a.d_backbone = uint(top, "backbone_hidden_size", 1536);
+  a.d_backbone = get_u(top, "backbone_hidden_size", 1536);
   const bool ordered = get_bool(top, "use_ordered_embeddings", false);
   const bool tied = get_bool(top, "tie_word_embeddings", get_bool(c, "tie_word_embeddings", true));
-  a.n_layers = uint(c, "num_hidden_layers", std::nullopt);
-  a.d_model = uint(c, "hidden_size", std::nullopt);
-  a.d_ff = uint(c, "intermediate_size", std::nullopt);
-  a.n_heads = uint(c, "num_attention_heads", 8);
-  a.n_vocab = uint(c, "vocab_size", 262144);
-  a.window = uint(c, "sliding_window", 512);
+  a.n_layers = get_u(c, "num_hidden_layers", std::nullopt);
+  a.d_model = get_u(c, "hidden_size", std::nullopt);
+  a.d_ff = get_u(c, "intermediate_size", std::nullopt);
+  a.n_heads = get_u(c, "num_attention_heads", 8);
+  a.n_vocab = get_u(c, "vocab_size", 262144);
+  a.window = get_u(c, "sliding_window", 512);
   a.eps = hf::get_float(c, "rms_norm_eps", where, 1e-6);
-  const uint64_t kv_default = uint(c, "num_key_value_heads", 4);
-  const uint64_t hd_sliding = uint(c, "head_dim", 256);
-  const uint64_t hd_full = uint(c, "global_head_dim", 512);
-  if (uint(c, "hidden_size_per_layer_input", 256, 0) != 0) throw Error(where + ": hidden_size_per_layer_input must be 0 in an assistant");
+  const uint64_t kv_default = get_u(c, "num_key_value_heads", 4);
+  const uint64_t hd_sliding = get_u(c, "head_dim", 256);
+  const uint64_t hd_full = get_u(c, "global_head_dim", 512);
+  if (get_u(c, "hidden_size_per_layer_input", 256, 0) != 0) throw Error(where + ": hidden_size_per_layer_input must be 0 in an assistant");
   if (get_bool(c, "enable_moe_block", false)) throw Error(where + ": enable_moe_block must be false in an assistant");
   if (get_bool(c, "use_double_wide_mlp", false)) throw Error(where + ": use_double_wide_mlp must be false in an assistant");
-  const uint64_t n_shared = uint(c, "num_kv_shared_layers", 0, 0);
+  const uint64_t n_shared = get_u(c, "num_kv_shared_layers", 0, 0);
   if (n_shared != 0 && n_shared != a.n_layers) {
     throw Error(where + ": every layer of an assistant reads the target's K/V (num_kv_shared_layers " +
                 std::to_string(n_shared) + ", num_hidden_layers " + std::to_string(a.n_layers) + ")");
@@ -140,7 +140,7 @@ HfGemma4Assistant::HfGemma4Assistant(const std::filesystem::path& dir, const Ass
   // Per-layer head size and KV heads: transformers writes `per_layer_config` ({"3": {"head_dim": 64}}),
   // older configs `global_head_dim` / `num_global_key_value_heads` for the full layers.
   const json* per_layer = c.contains("per_layer_config") && c["per_layer_config"].is_object() ? &c["per_layer_config"] : nullptr;
-  const uint64_t kv_full = uint(c, "num_global_key_value_heads", kv_default);
+  const uint64_t kv_full = get_u(c, "num_global_key_value_heads", kv_default);
   for (uint64_t il = 0; il < a.n_layers; ++il) {
     uint64_t hd = a.sliding[il] ? hd_sliding : hd_full, kv = a.sliding[il] ? kv_default : kv_full;
     if (per_layer != nullptr) {
@@ -150,8 +150,8 @@ HfGemma4Assistant::HfGemma4Assistant(const std::filesystem::path& dir, const Ass
       kv = kv_default;
       const std::string key = std::to_string(il);
       if (per_layer->contains(key) && (*per_layer)[key].is_object()) {
-        hd = uint((*per_layer)[key], "head_dim", hd);
-        kv = uint((*per_layer)[key], "num_key_value_heads", kv);
+        hd = get_u((*per_layer)[key], "head_dim", hd);
+        kv = get_u((*per_layer)[key], "num_key_value_heads", kv);
       }
     }
     a.head_dim.push_back(hd);
@@ -171,8 +171,8 @@ HfGemma4Assistant::HfGemma4Assistant(const std::filesystem::path& dir, const Ass
     throw Error(where + ": vocab_size " + std::to_string(a.n_vocab) + " is not the target's " + std::to_string(target.n_vocab));
   }
   if (ordered) {
-    a.centroids = uint(top, "num_centroids", 2048);
-    a.top_k = uint(top, "centroid_intermediate_top_k", 32);
+    a.centroids = get_u(top, "num_centroids", 2048);
+    a.top_k = get_u(top, "centroid_intermediate_top_k", 32);
     if (a.n_vocab % a.centroids != 0) throw Error(where + ": num_centroids does not divide the vocabulary");
     if (a.top_k > a.centroids) throw Error(where + ": centroid_intermediate_top_k exceeds num_centroids");
   }
