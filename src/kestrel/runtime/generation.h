@@ -14,12 +14,9 @@
 #include "kestrel/runtime/drafter.h"
 #include "kestrel/runtime/generate_options.h"
 #include "kestrel/runtime/grammar.h"
+#include "kestrel/runtime/mtp_drafter.h"
 #include "kestrel/runtime/sampler.h"
 #include "kestrel/text/tokenizer.h"
-
-namespace kestrel::model {
-class MtpAssistant;
-}
 
 namespace kestrel::runtime {
 
@@ -92,12 +89,7 @@ class Generation {
   bool done_ = false;
   TokenId last_ = 0;
   std::optional<NgramDrafter> drafter_;
-  const model::MtpAssistant* mtp_ = nullptr;  // `--draft auto` on an image with an MTP assistant
-  size_t mtp_max_ = 0;                        // its longest draft
-  // The MTP drafts adapt as the n-gram drafter's do (drafter.h): length starts at 2, doubles
-  // after a draft accepted whole, becomes accepted + 1 after a partial one; a draft of which
-  // nothing was accepted pauses drafting for 1, 2, 4 ... 64 steps.
-  size_t mtp_len_ = 2, mtp_pause_ = 0, mtp_next_pause_ = 1;
+  std::optional<MtpDrafter> mtp_;  // `--draft auto` on an image with a Gemma 4 MTP assistant
   std::optional<TokenConstraint> constraint_;
   std::vector<TokenId> allowed_;  // the grammar's allowed tokens, when few
   std::vector<TokenId> decode_input_;  // last_, then the draft

@@ -81,11 +81,6 @@ void Session::score_batch(std::span<Session* const> sessions, std::span<TokenSco
   for (size_t i = 0; i < sessions.size(); ++i) out[i] = {candidates[i]->logits, candidates[i]->ids};
 }
 
-const float* Session::scored_hidden(size_t row) const {
-  if (scored_hidden_ == nullptr || row >= scored_rows_) return nullptr;
-  return scored_hidden_ + row * engine_.model().info().d_model;
-}
-
 TokenScores Session::rescore(size_t row, std::span<const TokenId> tokens) {
   if (scored_hidden_ == nullptr || row >= scored_rows_) throw Error("Session::rescore: no such scored row");
   const auto& head = engine_.model().output_head();
@@ -99,6 +94,12 @@ TokenScores Session::rescore(size_t row, std::span<const TokenId> tokens) {
   rescore_logits_.resize(tokens.size());
   head::token_logits(head, h, rescore_ids_, rescore_logits_.data(), engine_.pool());
   return {rescore_logits_, rescore_ids_};
+}
+
+std::span<const float> Session::scored_hidden(size_t row) const {
+  if (scored_hidden_ == nullptr || row >= scored_rows_) return {};
+  const size_t d = engine_.model().info().d_model;
+  return {scored_hidden_ + row * d, d};
 }
 
 size_t Session::reusable_prefix(std::span<const TokenId> prompt) const {
