@@ -26,6 +26,7 @@ namespace {
 
 struct BuildCommandOptions {
   std::string source;
+  std::string assistant;  // --assistant: a Gemma 4 MTP assistant checkpoint directory
   std::string out;
   std::string precision = "w4a16";
   size_t group_size = 32;
@@ -134,6 +135,7 @@ int build(const BuildCommandOptions& o) {
   options.flashhead_clustering.progress = clustering_progress;
   options.flashhead_probes = o.probes;
   options.flashhead_radius_weight = o.radius_weight;
+  if (!o.assistant.empty()) options.assistant = o.assistant;
   const std::filesystem::path source = runtime::model_path_argument(o.source);
   // A directory with config.json: a Hugging Face checkpoint (image/hf_gemma3.h).
   const bool hf = image::is_hf_checkpoint(source);
@@ -262,6 +264,9 @@ Command add_build_command(CLI::App& app) {
   cmd->add_option("--license", o->licenses,
                   "Licence/NOTICE file to carry (repeatable; LICENSE*, NOTICE*, *TERMS* files "
                   "next to the source are added automatically)");
+  cmd->add_option("--assistant", o->assistant,
+                  "Gemma 4 target from a Hugging Face directory: also store this Gemma 4 MTP assistant checkpoint "
+                  "(model_type gemma4_assistant) in the image, for speculative decoding (docs/speculative.md)");
   cmd->add_flag("--flashhead", o->flashhead,
                 "Add FlashHead, the two-stage retrieval LM head (docs/flashhead.md)");
   cmd->add_option("--cluster-size", o->cluster_size, "FlashHead: tokens per cluster (must divide the vocabulary)")

@@ -292,6 +292,10 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
     throw Error("kestrel build: choose a precision (w4a16, bf16 or fp16)");
   }
   check_output_path(out);
+  if (!options.assistant.empty()) {
+    throw Error("kestrel build: --assistant needs the target as a Gemma 4 Hugging Face checkpoint directory (" +
+                source.string() + " is not one)");
+  }
   const gguf::File src = gguf::File::open(source);
   check_not_an_image(src, source);
   const bool w4 = options.precision == quant::Precision::kW4A16;

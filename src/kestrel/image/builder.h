@@ -74,6 +74,10 @@ struct BuildOptions {
   head::ClusteringOptions flashhead_clustering;
   float flashhead_radius_weight = 0.1f;  // alpha of the stage-1 score (docs/flashhead.md)
   size_t flashhead_probes = 0;  // default probes recorded in the image; 0: 1/16 of the clusters
+  /// build_image_from_hf of a Gemma 4 checkpoint: a Gemma 4 MTP assistant checkpoint
+  /// (image/hf_gemma4_assistant.h) to store in the image with the target (mtp.* tensors, kept
+  /// as the embedding is kept; gemma4_assistant.* metadata). Empty: none. build_image refuses it.
+  std::filesystem::path assistant;
   /// Called after each tensor: (tensors done, tensors in all, the tensor's name).
   std::function<void(size_t, size_t, const std::string&)> progress;
 };

@@ -512,9 +512,14 @@ BuildReport build_image_from_hf(const std::filesystem::path& dir, const std::fil
       opts.license_files.push_back(entry.path());
     }
   }
+  if (!opts.assistant.empty() && !is_hf_gemma4(dir)) {
+    std::filesystem::remove_all(tmp_dir, ec);
+    throw Error("kestrel build: --assistant is for Gemma 4 targets; " + dir.string() + " is not a Gemma 4 checkpoint");
+  }
   try {
     if (is_hf_gemma4(dir)) {
-      write_hf_gemma4_gguf(dir, gguf_path, log);  // image/hf_gemma4.h
+      write_hf_gemma4_gguf(dir, gguf_path, log, opts.assistant);  // image/hf_gemma4.h
+      opts.assistant.clear();
     } else {
       write_hf_gemma3_gguf(dir, gguf_path, log);
     }

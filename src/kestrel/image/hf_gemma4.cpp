@@ -16,6 +16,7 @@
 #include "kestrel/formats/safetensors.h"
 #include "kestrel/image/hf_common.h"
 #include "kestrel/image/hf_compressed_tensors.h"
+#include "kestrel/image/hf_gemma4_assistant.h"
 
 namespace kestrel::image {
 namespace {
@@ -273,7 +274,8 @@ bool is_hf_gemma4(const std::filesystem::path& dir) {
 }
 
 void write_hf_gemma4_gguf(const std::filesystem::path& dir, const std::filesystem::path& out,
-                          const std::function<void(const std::string&)>& log) {
+                          const std::function<void(const std::string&)>& log,
+                          const std::filesystem::path& assistant) {
   const Context ctx{dir};
   const st::Checkpoint ckpt = st::Checkpoint::open(dir);
   const json& c = text_config(ckpt.config(), ctx);
@@ -397,6 +399,14 @@ void write_hf_gemma4_gguf(const std::filesystem::path& dir, const std::filesyste
     }
   }
 
+  std::optional<HfGemma4Assistant> mtp;
+  if (!assistant.empty()) {
+    if (!is_hf_gemma4_assistant(assistant)) {
+      throw Error(assistant.string() + " is not a Gemma 4 assistant checkpoint (config.json model_type gemma4_assistant)");
+    }
+    mtp.emplace(assistant, AssistantTarget{h.d_model, n_vocab, h.n_kv, h.head_dim, h.global_head_dim}, log);
+  }
+
   gguf::Writer w(out, 32);
   w.add("general.architecture", str("gemma4"));
   w.add("general.type", str("model"));
@@ -475,6 +485,7 @@ void write_hf_gemma4_gguf(const std::filesystem::path& dir, const std::filesyste
     }
     w.add_tensor(p.name, p.type, p.shape);
   }
+  if (mtp) mtp->add_header(w);
   w.begin_data();
   w.write({reinterpret_cast<const std::byte*>(rope_freqs.data()), rope_freqs.size() * sizeof(float)});
   for (const auto& p : plan) {
@@ -487,6 +498,7 @@ void write_hf_gemma4_gguf(const std::filesystem::path& dir, const std::filesyste
                      !p.one_d && info.dtype != st::Dtype::kF64);
     ckpt.release(p.hf);
   }
+  if (mtp) mtp->write_data(w);
   w.finish();
 }
 

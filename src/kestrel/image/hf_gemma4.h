@@ -28,7 +28,11 @@ bool is_hf_gemma4(const std::filesystem::path& dir);
 /// dtype, F32 for F32/F64 sources; 1-D tensors F32), one tensor at a time. `log` receives notes
 /// (skipped tensors). Throws kestrel::Error for a missing or inconsistent config, tensor or
 /// tokenizer, and for Gemma 4 variants Kestrel does not run (MoE blocks, K = V attention).
+/// `assistant`, when not empty, is a Gemma 4 MTP assistant checkpoint (model_type
+/// gemma4_assistant, image/hf_gemma4_assistant.h) whose tensors and configuration are added
+/// under mtp.* / gemma4_assistant.*, checked against this target first.
 void write_hf_gemma4_gguf(const std::filesystem::path& dir, const std::filesystem::path& out,
-                          const std::function<void(const std::string&)>& log = {});
+                          const std::function<void(const std::string&)>& log = {},
+                          const std::filesystem::path& assistant = {});
 
 }  // namespace kestrel::image

@@ -239,6 +239,15 @@ void GemmaDecoder::forward_batch(std::span<const BatchSequence> seqs, ThreadPool
   forward_chunk(tokens, segs, Logits::kLast, pool, nullptr);
 }
 
+void GemmaDecoder::token_embedding(TokenId token, float* out) const {
+  if (token < 0 || static_cast<size_t>(token) >= config_.n_vocab) {
+    throw Error("token id " + std::to_string(token) + " is outside the vocabulary (" + std::to_string(config_.n_vocab) + ")");
+  }
+  const size_t row = tied_ ? head_.row_of(token) : static_cast<size_t>(token);
+  kernels::matrix_row(embedding_, row, out);
+  kernels::scale_inplace(out, config_.embed_scale, config_.d_model);
+}
+
 void GemmaDecoder::forward_chunk(std::span<const TokenId> tokens, std::span<const Segment> segs,
                                  Logits which, ThreadPool& pool, ActivationObserver* observer) const {
   const GemmaConfig& c = config_;

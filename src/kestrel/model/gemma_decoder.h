@@ -46,6 +46,11 @@ class GemmaDecoder final : public Model {
   size_t max_batch_tokens() const override { return kMaxUbatch; }
   const head::OutputHead& output_head() const override { return head_; }
   const GemmaConfig& config() const { return config_; }
+  /// out = E[token] * sqrt(d_model), float32 [d_model]: the input row of `token` (through the
+  /// head's token -> row map when the embedding is the tied head), as HF's
+  /// Gemma4TextScaledWordEmbedding gives it; Gemma 4's MTP assistant reads it. Throws
+  /// kestrel::Error for an id outside the vocabulary.
+  void token_embedding(TokenId token, float* out) const;
 
   /// Tokens per forward chunk; sliding-layer caches hold window + kMaxUbatch - 1 slots.
   static constexpr size_t kMaxUbatch = 256;

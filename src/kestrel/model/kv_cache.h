@@ -68,6 +68,10 @@ struct KvCache {
   size_t truncate(size_t n);
   /// Forgets the sequence (keeps the memory).
   void clear();
+  /// The oldest position that every sliding-window ring still holds (0 until a ring wraps):
+  /// readers that look further back than a query's own window (Gemma 4's MTP assistant reads
+  /// one position more) check it.
+  size_t ring_floor() const { return ring_floor_; }
 
  private:
   std::vector<TokenId> tokens_;

@@ -48,6 +48,11 @@ Engine::Engine(const std::filesystem::path& model_path, const EngineOptions& opt
     throw Error(options.head == HeadMode::kDense ? "--probes applies to FlashHead, not to --head dense"
                                                  : "--probes applies to images built with --flashhead only");
   }
+  if (model::MtpAssistant::in_file(file_)) {
+    if (const auto* gemma = dynamic_cast<const model::GemmaDecoder*>(model_.get())) {
+      mtp_ = std::make_unique<model::MtpAssistant>(file_, *gemma, options.load, pool_);
+    }
+  }
   stop_tokens_ = tokenizer_.stop_tokens();
   session_ = std::make_unique<Session>(*this);  // its KV cache: a memory error surfaces here
 }

@@ -16,6 +16,7 @@
 #include "kestrel/formats/gguf.h"
 #include "kestrel/head/flashhead.h"
 #include "kestrel/model/model.h"
+#include "kestrel/model/mtp_assistant.h"
 #include "kestrel/runtime/generate_options.h"
 #include "kestrel/runtime/grammar.h"
 #include "kestrel/runtime/sampler.h"
@@ -65,6 +66,9 @@ class Engine {
   /// Text to tokens (BOS added when the model wants it; control tokens parsed when `special`).
   std::vector<TokenId> encode(std::string_view text, bool special) const;
 
+  /// The image's Gemma 4 MTP assistant (docs/speculative.md), which `--draft auto` drafts
+  /// with, or null when the image has none.
+  const model::MtpAssistant* mtp_assistant() const { return mtp_.get(); }
   /// The FlashHead in use, or null when the dense head scores tokens.
   const head::FlashHead* flashhead() const { return flash_.get(); }
   size_t probes() const { return probes_; }
@@ -91,6 +95,7 @@ class Engine {
   size_t n_ctx_ = 0;
   std::unique_ptr<head::FlashHead> flash_;
   size_t probes_ = 0;
+  std::unique_ptr<model::MtpAssistant> mtp_;
   std::vector<TokenId> stop_tokens_;
   std::unique_ptr<Session> session_;
   std::once_flag grammars_once_;

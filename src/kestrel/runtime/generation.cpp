@@ -56,21 +56,24 @@ Generation::Generation(Session& session, std::span<const TokenId> prompt, const 
   }
   next_prompt_ = result_.cached_tokens;
   if (options.grammar) constraint_.emplace(options.grammar);
-  if (options.draft != DraftMode::kNone && options.draft_max > 0) {
+  if (options.draft == DraftMode::kAuto && options.draft_max > 0 && session.engine().mtp_assistant() != nullptr) {
+    mtp_.emplace(*session.engine().mtp_assistant(), session, std::min(options.draft_max, kMaxDraft));
+  } else if (options.draft != DraftMode::kNone && options.draft_max > 0) {
     drafter_.emplace(std::min(options.draft_max, kMaxDraft));
   }
 }
 
-void Generation::prepare_draft() {
+void Generation::prepare_draft(size_t row) {
   decode_input_.assign(1, last_);
-  if (!drafter_ || done_) return;
+  if ((!drafter_ && !mtp_) || done_) return;
   // Room for the draft: the tokens still allowed, and the context (the cache holds n_past
   // positions; the draft and last_ must fit, with one position to spare).
   const size_t generated = result_.tokens.size();
   const size_t n_past = session_.cache().n_past, n_ctx = session_.engine().n_ctx();
   size_t room = options_.max_tokens > generated + 1 ? options_.max_tokens - generated - 1 : 0;
   room = std::min(room, n_ctx > n_past + 2 ? n_ctx - n_past - 2 : 0);
-  const auto draft = drafter_->draft(history_, room);
+  // The MTP assistant reads the target's hidden state of the row that sampled last_.
+  const auto draft = mtp_ ? mtp_->draft(last_, session_.scored_hidden(row), room) : drafter_->draft(history_, room);
   decode_input_.insert(decode_input_.end(), draft.begin(), draft.end());
 }
 
@@ -91,7 +94,7 @@ void Generation::advance(size_t n, TokenScores scores) {
     }
   }
   sample(scores, 0);
-  prepare_draft();
+  prepare_draft(0);
 }
 
 void Generation::advance_rows(size_t n, std::span<const TokenScores> rows) {
@@ -111,11 +114,12 @@ void Generation::advance_rows(size_t n, std::span<const TokenScores> rows) {
   result_.drafted_tokens += drafted;
   result_.accepted_tokens += accepted;
   if (drafter_) drafter_->verified(drafted, accepted);
+  if (mtp_) mtp_->verified(drafted, accepted);
   // The cache holds the n fed tokens; keep those whose next token was sampled from their row.
   if (kept < n && cache.truncate(n_past_before + kept) != n_past_before + kept) {
     throw Error("Generation::advance_rows: the KV cache could not roll back the rejected draft");
   }
-  prepare_draft();
+  prepare_draft(kept - 1);
 }
 
 // Serving: stop tokens get -inf so that min_tokens tokens come before the end of the turn.

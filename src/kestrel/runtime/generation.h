@@ -14,6 +14,7 @@
 #include "kestrel/runtime/drafter.h"
 #include "kestrel/runtime/generate_options.h"
 #include "kestrel/runtime/grammar.h"
+#include "kestrel/runtime/mtp_drafter.h"
 #include "kestrel/runtime/sampler.h"
 #include "kestrel/text/tokenizer.h"
 
@@ -68,7 +69,9 @@ class Generation {
   /// `row`: which row of the session's last scoring `scores` came from (for rescoring).
   void sample(TokenScores scores, size_t row);
   TokenScores constrain(TokenScores scores, size_t row);
-  void prepare_draft();
+  /// The next decode input: last_ and a draft. `row`: the row of the last scoring that sampled
+  /// last_ (the MTP assistant reads the target's hidden state there).
+  void prepare_draft(size_t row);
   void emit(size_t end);
   void suppress_stop_tokens(TokenScores scores) const;
 
@@ -86,6 +89,7 @@ class Generation {
   bool done_ = false;
   TokenId last_ = 0;
   std::optional<NgramDrafter> drafter_;
+  std::optional<MtpDrafter> mtp_;  // `--draft auto` on an image with a Gemma 4 MTP assistant
   std::optional<TokenConstraint> constraint_;
   std::vector<TokenId> allowed_;  // the grammar's allowed tokens, when few
   std::vector<TokenId> decode_input_;  // last_, then the draft

@@ -96,6 +96,12 @@ TokenScores Session::rescore(size_t row, std::span<const TokenId> tokens) {
   return {rescore_logits_, rescore_ids_};
 }
 
+std::span<const float> Session::scored_hidden(size_t row) const {
+  if (scored_hidden_ == nullptr || row >= scored_rows_) return {};
+  const size_t d = engine_.model().info().d_model;
+  return {scored_hidden_ + row * d, d};
+}
+
 size_t Session::reusable_prefix(std::span<const TokenId> prompt) const {
   if (prompt.empty()) return 0;
   return cache_.exact_prefix(std::min(model::common_prefix(cache_.tokens(), prompt), prompt.size() - 1));

@@ -69,6 +69,10 @@ class Session {
   /// until the next call; the earlier scores stay valid. Throws kestrel::Error for a row the
   /// last scoring did not have.
   TokenScores rescore(size_t row, std::span<const TokenId> tokens);
+  /// The hidden state, float32 [d_model], that row `row` of the last scoring was scored from
+  /// (what rescore reads; the drafters' DraftRequest::target_hidden). Valid until the next
+  /// call; empty for a row the last scoring did not have.
+  std::span<const float> scored_hidden(size_t row) const;
 
   /// Runs the prompt (after the cached prefix when options.cache_prompt, else from an empty
   /// cache), then samples up to max_tokens tokens: a Generation (generation.h) stepped alone. GenerateResult::cached_tokens says how many
