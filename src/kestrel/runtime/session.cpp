@@ -96,6 +96,21 @@ TokenScores Session::rescore(size_t row, std::span<const TokenId> tokens) {
   return {rescore_logits_, rescore_ids_};
 }
 
+std::span<const float> Session::scored_hidden(size_t row) const {
+  if (scored_hidden_ == nullptr || row >= scored_rows_) return {};
+  const size_t d = engine_.model().info().d_model;
+  return {scored_hidden_ + row * d, d};
+}
+
+Session& Session::draft_session() {
+  if (!draft_session_) {
+    Engine* draft = engine_.draft_model();
+    if (draft == nullptr) throw Error("speculative decoding with a draft model, but none was loaded (--draft IMAGE)");
+    draft_session_ = std::make_unique<Session>(*draft);
+  }
+  return *draft_session_;
+}
+
 size_t Session::reusable_prefix(std::span<const TokenId> prompt) const {
   if (prompt.empty()) return 0;
   return cache_.exact_prefix(std::min(model::common_prefix(cache_.tokens(), prompt), prompt.size() - 1));
@@ -110,6 +125,7 @@ GenerateResult Session::generate(std::span<const TokenId> prompt, const Generate
                                 const TextCallback& on_text) {
   Generation g(*this, prompt, options, on_text);
   while (!g.done()) {
+    g.draft();
     const auto in = g.input(std::max(prompt.size(), kMaxDraft + 1));
     if (!g.prefilling() && in.size() > 1) {
       g.advance_rows(in.size(), step_rows(in));
