@@ -209,12 +209,12 @@ class DraftModel : public ::testing::Test {
 TEST_F(DraftModel, ItselfAsDraftGivesTheSameTokensAndIsAlwaysRight) {
   const auto prompts = parity_prompts();
   size_t drafted = 0, accepted = 0;
-  for (size_t i = 0; i < prompts.size(); i += 3) {  // a third of the prompts (CI time)
-    const auto r = same_tokens(*self_, prompts[i], 32, 0.0f, DraftMode::kModel);
+  for (size_t i = 0; i < prompts.size(); i += 4) {  // a quarter of the prompts (CI time)
+    const auto r = same_tokens(*self_, prompts[i], 24, 0.0f, DraftMode::kModel);
     drafted += r.drafted_tokens, accepted += r.accepted_tokens;
-    if (i % 6 == 0) same_tokens(*self_, prompts[i], 24, 0.9f, DraftMode::kModel);
+    if (i % 8 == 0) same_tokens(*self_, prompts[i], 16, 0.9f, DraftMode::kModel);
   }
-  EXPECT_GT(drafted, 100u);
+  EXPECT_GT(drafted, 50u);
   // Greedy drafts of the same model, computed as decode steps are: every one is the model's own.
   EXPECT_EQ(accepted, drafted);
 }
@@ -222,8 +222,8 @@ TEST_F(DraftModel, ItselfAsDraftGivesTheSameTokensAndIsAlwaysRight) {
 TEST_F(DraftModel, ARandomDraftModelGivesTheSameTokensAndBacksOff) {
   const auto prompts = parity_prompts();
   size_t drafted = 0, accepted = 0, generated = 0;
-  for (size_t i = 1; i < prompts.size(); i += 3) {
-    const auto r = same_tokens(*random_, prompts[i], 48, 0.0f, DraftMode::kModel);
+  for (size_t i = 2; i < prompts.size(); i += 4) {
+    const auto r = same_tokens(*random_, prompts[i], 40, 0.0f, DraftMode::kModel);
     drafted += r.drafted_tokens, accepted += r.accepted_tokens, generated += r.tokens.size();
   }
   EXPECT_GT(drafted, 0u);
