@@ -94,3 +94,20 @@ def test_serve_with_a_draft_model_reports_its_drafts():
         assert props == {"draft": str(model_path()), "draft_max": 6, "draft_accept": "exact"}
     finally:
         assert server.stop() == 0
+
+
+OASST = ROOT.parent / "shared" / "data" / "oasst" / "en-validation.jsonl"
+
+
+@needs_model
+@pytest.mark.skipif(not OASST.exists(), reason="OpenAssistant text not found")
+def test_bench_counts_a_draft_models_drafts(tmp_path):
+    out = tmp_path / "bench.json"
+    r = subprocess.run([str(KESTREL), "bench", "-m", f"q4km={model_path()}", "--suite", "decode", "--warmup", "0",
+                        "--requests", "1", "--prompt-tokens", "40", "--output-tokens", "12", "-t", "2",
+                        "--idle-seconds", "0", "--no-progress", "--text", str(OASST), "--draft", str(model_path()),
+                        "--json", str(out)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    suite = json.loads(out.read_text())["variants"][0]["suites"]["decode"]
+    request = [q for q in suite["requests"] if not q["warmup"]][0]
+    assert request["drafted_tokens"] > 0 and request["accepted_tokens"] == request["drafted_tokens"]
