@@ -92,7 +92,35 @@ TEST(NgramDrafter, ModeNames) {
   EXPECT_EQ(parse_draft_mode("none"), DraftMode::kNone);
   EXPECT_EQ(parse_draft_mode("ngram"), DraftMode::kNgram);
   EXPECT_EQ(parse_draft_mode("auto"), DraftMode::kAuto);
-  EXPECT_THROW(parse_draft_mode("mtp"), Error);
+  // Anything else names a draft model image (the caller loads it and reports a missing file).
+  EXPECT_EQ(parse_draft_mode("small.kimg"), DraftMode::kModel);
+  EXPECT_THROW(parse_draft_mode(""), Error);
+  EXPECT_EQ(parse_draft_accept("exact"), DraftAccept::kExact);
+  EXPECT_EQ(parse_draft_accept("distribution"), DraftAccept::kDistribution);
+  EXPECT_THROW(parse_draft_accept("sample"), Error);
+  EXPECT_STREQ(draft_accept_name(DraftAccept::kDistribution), "distribution");
+}
+
+// The drafters' shared length policy, through the Drafter interface.
+TEST(NgramDrafter, DraftsThroughTheDrafterInterface) {
+  NgramDrafter ngram(6);
+  Drafter& d = ngram;
+  const Ids history = {1, 2, 3, 4, 1, 2};
+  DraftRequest r;
+  r.history = history;
+  r.limit = 6;
+  r.sample = true;  // deterministic drafts all the same: no q
+  const Draft draft = d.draft(r);
+  EXPECT_EQ(draft.tokens, (Ids{3, 4}));
+  EXPECT_TRUE(draft.q.empty());
+  DraftLength length(6);
+  EXPECT_EQ(length.next(6), 2u);
+  length.verified(2, 2);
+  EXPECT_EQ(length.next(6), 4u);
+  EXPECT_EQ(length.next(3), 3u);
+  length.verified(4, 0);  // a miss: paused one step, then half the length
+  EXPECT_EQ(length.next(6), 0u);
+  EXPECT_EQ(length.next(6), 2u);
 }
 
 }  // namespace

@@ -184,6 +184,7 @@ bench::VariantResult run_model(const ModelArg& m, const BenchCliOptions& o, cons
   eo.n_threads = o.threads;
   eo.n_ctx = o.ctx;
   runtime::Engine engine(m.path, eo);
+  if (runtime::parse_draft_mode(o.draft) == runtime::DraftMode::kModel) engine.load_draft_model(o.draft, eo);
   if (v.threads == 0) v.threads = static_cast<int>(engine.pool().size());
   v.n_ctx = engine.n_ctx();
   v.kv_cache_bytes = engine.cache().bytes();
@@ -454,9 +455,10 @@ Command add_bench_command(CLI::App& app) {
       ->delimiter(',')
       ->check(integer_range(size_t{1}, size_t{64}));
   cmd->add_option("--draft", o->draft,
-                  "Speculative decoding in the suites: none (default, the model card's plain decode), ngram or "
-                  "auto; the tokens are the same, the JSON counts drafted and accepted tokens")
-      ->check(CLI::IsMember({"none", "ngram", "auto"}))
+                  "Speculative decoding in the suites: none (default, the model card's plain decode), ngram, "
+                  "auto or IMAGE (a draft model with the same vocabulary); the tokens are the same (greedy), the "
+                  "JSON counts drafted and accepted tokens")
+      ->check(draft_check())
       ->capture_default_str();
   cmd->add_option("--draft-max", o->draft_max, "Tokens drafted per verification at most")
       ->check(integer_range(size_t{0}, runtime::kMaxDraft))

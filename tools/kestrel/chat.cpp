@@ -29,6 +29,7 @@ bool drop_oldest_exchange(std::vector<text::ChatMessage>& messages) {
 
 int chat(const ChatOptions& o) {
   runtime::Engine engine = o.model.load();
+  o.sampling.load_draft(engine, o.model);
   std::vector<text::ChatMessage> messages;
   if (!o.system.empty()) messages.push_back({"system", o.system});
   std::fprintf(stderr, "kestrel chat: %s. Type a message; /reset starts over, /exit or Ctrl-D ends.\n",

@@ -148,13 +148,35 @@ void SamplingOptions::add_to(CLI::App& cmd) {
   cmd.add_option("--stop", stop, "Stop string (repeatable)");
   cmd.add_option("--draft", draft,
                  "Speculative decoding: none, ngram (prompt lookup: drafts what followed the last few "
-                 "tokens earlier in the text) or auto (the image's drafter when it has one, else ngram, "
-                 "which pauses itself when its drafts miss). The tokens are the same either way")
-      ->check(CLI::IsMember({"none", "ngram", "auto"}))
+                 "tokens earlier in the text), auto (the image's drafter when it has one, else ngram, "
+                 "which pauses itself when its drafts miss) or IMAGE (a smaller model image or GGUF with the "
+                 "same vocabulary drafts). With --draft-accept exact the tokens are the same either way")
+      ->check(draft_check())
       ->capture_default_str();
   cmd.add_option("--draft-max", draft_max, "Tokens drafted per verification at most")
       ->check(integer_range(size_t{0}, runtime::kMaxDraft))
       ->capture_default_str();
+  cmd.add_option("--draft-accept", draft_accept, kDraftAcceptHelp)
+      ->check(CLI::IsMember({"exact", "distribution"}))
+      ->capture_default_str();
+}
+
+const char* const kDraftAcceptHelp =
+    "How drafted tokens are kept: exact (each iff it is the token sampled at its row: the same tokens as "
+    "without drafting, for a seed) or distribution (speculative sampling, Leviathan et al. 2023: a draft "
+    "model at --temp > 0 samples its drafts and they are kept with probability min(1, p/q): the same "
+    "distribution, more drafts kept, other samples for a seed). Greedy decoding is the same either way";
+
+void load_draft_model(runtime::Engine& engine, const std::string& draft, const ModelOptions& model) {
+  if (runtime::parse_draft_mode(draft) != runtime::DraftMode::kModel) return;
+  runtime::EngineOptions o = model.engine_options();
+  o.head = runtime::HeadMode::kAuto;
+  o.probes = 0;
+  engine.load_draft_model(draft, o);
+}
+
+void SamplingOptions::load_draft(runtime::Engine& engine, const ModelOptions& model) const {
+  load_draft_model(engine, draft, model);
 }
 
 runtime::GenerateOptions SamplingOptions::generate_options() const {
@@ -166,6 +188,7 @@ runtime::GenerateOptions SamplingOptions::generate_options() const {
   o.stop = stop;
   o.draft = runtime::parse_draft_mode(draft);
   o.draft_max = draft_max;
+  o.draft_accept = runtime::parse_draft_accept(draft_accept);
   return o;
 }
 

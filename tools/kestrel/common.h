@@ -38,6 +38,14 @@ struct ModelOptions {
   std::unique_ptr<runtime::Engine> load_unique() const;
 };
 
+/// With `draft` naming a model file (--draft IMAGE): loads it as `engine`'s draft model with the
+/// target's load precision (the draft's own head and probes). Throws runtime::VocabularyMismatch
+/// (the CLI exits with status 2) or kestrel::Error.
+void load_draft_model(runtime::Engine& engine, const std::string& draft, const ModelOptions& model);
+
+/// The help text of --draft-accept.
+extern const char* const kDraftAcceptHelp;
+
 struct SamplingOptions {
   runtime::SamplerConfig sampler;
   int64_t seed = -1;  // -1: random
@@ -46,9 +54,12 @@ struct SamplingOptions {
   std::vector<std::string> stop;
   std::string draft = "auto";
   size_t draft_max = runtime::kMaxDraft;
+  std::string draft_accept = "exact";
 
   void add_to(CLI::App& cmd);
   runtime::GenerateOptions generate_options() const;
+  /// With --draft IMAGE: loads it as `engine`'s draft model (load_draft_model).
+  void load_draft(runtime::Engine& engine, const ModelOptions& model) const;
 };
 
 }  // namespace kestrel::tools

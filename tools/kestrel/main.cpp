@@ -8,6 +8,7 @@
 
 #include "commands.h"
 #include "kestrel/base/error.h"
+#include "kestrel/runtime/engine.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"Kestrel: fast small language models on edge hardware"};
@@ -42,6 +43,10 @@ int main(int argc, char** argv) {
     for (const auto& [name, command] : commands) {
       if (app.got_subcommand(name)) return command();
     }
+  } catch (const kestrel::runtime::VocabularyMismatch& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "kestrel: error: %s\n", e.what());
+    return 2;  // a usage error: the --draft model does not fit the model
   } catch (const std::bad_alloc&) {
     // (what() would only say "std::bad_alloc")
     std::fflush(stdout);

@@ -5,7 +5,9 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
+#include <system_error>
 #include <type_traits>
 
 #include <CLI/CLI.hpp>
@@ -46,6 +48,18 @@ inline CLI::Validator number_range(double lo, double hi) {
         return range(text);
       },
       range.get_description());
+}
+
+/// The check of --draft: none, ngram, auto, or a model file (a draft model image or GGUF).
+inline CLI::Validator draft_check() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        if (text == "none" || text == "ngram" || text == "auto") return "";
+        std::error_code ec;
+        if (!text.empty() && std::filesystem::is_regular_file(text, ec)) return "";
+        return "'" + text + "' is neither none, ngram, auto nor a model file (a draft model image or GGUF)";
+      },
+      "none|ngram|auto|IMAGE");
 }
 
 }  // namespace kestrel::tools

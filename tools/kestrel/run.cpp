@@ -84,6 +84,7 @@ std::optional<runtime::GrammarSpec> grammar_spec(const RunOptions& o) {
 
 int run(const RunOptions& o) {
   runtime::Engine engine = o.model.load();
+  o.sampling.load_draft(engine, o.model);
   std::vector<runtime::TokenId> prompt;
   if (!o.token_ids_file.empty()) {
     prompt = read_token_ids(o.token_ids_file);

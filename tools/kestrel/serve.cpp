@@ -27,7 +27,12 @@ int serve(ServeOptions& o) {
   }
   o.server.max_body_bytes = o.max_body_mib << 20;
   const ModelOptions model = o.model;
-  return server::serve(o.server, [model] { return model.load_unique(); });
+  const std::string draft = o.server.draft;
+  return server::serve(o.server, [model, draft] {
+    auto engine = model.load_unique();
+    load_draft_model(*engine, draft, model);  // a vocabulary mismatch fails the startup
+    return engine;
+  });
 }
 
 }  // namespace
@@ -59,9 +64,14 @@ Command add_serve_command(CLI::App& app) {
       ->check(integer_range(size_t{1}, size_t{256}))
       ->capture_default_str();
   cmd->add_option("--draft", s.draft,
-                  "Speculative decoding while a single request is running: none, ngram (prompt lookup) or "
-                  "auto (the image's drafter when it has one, else ngram). The tokens are the same either way")
-      ->check(CLI::IsMember({"none", "ngram", "auto"}))
+                  "Speculative decoding while a single request is running: none, ngram (prompt lookup), "
+                  "auto (the image's drafter when it has one, else ngram) or IMAGE (a smaller model image or "
+                  "GGUF with the same vocabulary drafts). With --draft-accept exact the tokens are the same "
+                  "either way")
+      ->check(draft_check())
+      ->capture_default_str();
+  cmd->add_option("--draft-accept", s.draft_accept, kDraftAcceptHelp)
+      ->check(CLI::IsMember({"exact", "distribution"}))
       ->capture_default_str();
   cmd->add_option("--draft-max", s.draft_max, "Tokens drafted per verification at most")
       ->check(integer_range(size_t{0}, runtime::kMaxDraft))

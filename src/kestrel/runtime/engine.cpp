@@ -1,6 +1,7 @@
 #include "kestrel/runtime/engine.h"
 
 #include <algorithm>
+#include <system_error>
 
 #include "kestrel/base/error.h"
 #include "kestrel/image/image.h"
@@ -19,10 +20,38 @@ gguf::File open_model_file(const std::filesystem::path& path) {
 
 }  // namespace
 
+void check_same_vocabulary(const text::Tokenizer& target, size_t target_n_vocab, const text::Tokenizer& draft,
+                           size_t draft_n_vocab, const std::string& draft_name) {
+  const auto mismatch = [&](const std::string& what) {
+    throw VocabularyMismatch("the draft model " + draft_name + " has another vocabulary than the model (" + what +
+                             "): a draft model must use the same tokenizer, as a smaller model of the same family");
+  };
+  if (draft.n_vocab() != target.n_vocab()) {
+    mismatch(std::to_string(draft.n_vocab()) + " tokens, not " + std::to_string(target.n_vocab()));
+  }
+  if (draft_n_vocab != target_n_vocab) {
+    mismatch("its output head scores " + std::to_string(draft_n_vocab) + " tokens, not " +
+             std::to_string(target_n_vocab));
+  }
+  for (size_t i = 0; i < target.n_vocab(); ++i) {
+    const auto id = static_cast<TokenId>(i);
+    if (draft.piece(id) != target.piece(id)) {
+      mismatch("token " + std::to_string(i) + " is '" + draft.piece(id) + "' there, '" + target.piece(id) + "' here");
+    }
+  }
+}
+
 Engine::Engine(const std::filesystem::path& model_path, const EngineOptions& options)
+    : Engine(model_path, options, nullptr) {}
+
+Engine::Engine(const std::filesystem::path& model_path, const EngineOptions& options, ThreadPool& shared_pool)
+    : Engine(model_path, options, &shared_pool) {}
+
+Engine::Engine(const std::filesystem::path& model_path, const EngineOptions& options, ThreadPool* shared_pool)
     : file_(open_model_file(model_path)),
-      pool_(options.n_threads),
-      model_(model::load_model(file_, options.load, pool_)),
+      own_pool_(shared_pool ? nullptr : std::make_unique<ThreadPool>(options.n_threads)),
+      pool_(shared_pool ? shared_pool : own_pool_.get()),
+      model_(model::load_model(file_, options.load, *pool_)),
       tokenizer_(text::Tokenizer::from_gguf(file_)) {
   const size_t max_ctx = model_->info().context_length;
   const size_t n_ctx = !options.n_ctx ? std::min<size_t>(kDefaultContext, max_ctx)
@@ -50,7 +79,7 @@ Engine::Engine(const std::filesystem::path& model_path, const EngineOptions& opt
   }
   if (model::MtpAssistant::in_file(file_)) {
     if (const auto* gemma = dynamic_cast<const model::GemmaDecoder*>(model_.get())) {
-      mtp_ = std::make_unique<model::MtpAssistant>(file_, *gemma, options.load, pool_);
+      mtp_ = std::make_unique<model::MtpAssistant>(file_, *gemma, options.load, *pool_);
     }
   }
   stop_tokens_ = tokenizer_.stop_tokens();
@@ -63,11 +92,35 @@ std::vector<TokenId> Engine::encode(std::string_view text, bool special) const {
 
 Engine::~Engine() = default;
 
+void Engine::load_draft_model(const std::filesystem::path& path, const EngineOptions& options) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) {
+    throw Error("--draft " + path.string() + ": no such model file (expected none, ngram, auto or a draft model image)");
+  }
+  EngineOptions o = options;
+  // The draft model's cache holds the target's sequence (plus a draft): this context, or the
+  // draft model's maximum when smaller (it then drafts while the sequence fits).
+  size_t n_ctx = n_ctx_;
+  {
+    const gguf::File probe = gguf::File::open(path);
+    if (const auto arch = probe.find_string("general.architecture")) {
+      if (const auto max = probe.find_uint(*arch + ".context_length"); max && *max > 0) {
+        n_ctx = std::min<size_t>(n_ctx, *max);
+      }
+    }
+  }
+  o.n_ctx = n_ctx;
+  auto draft = std::make_unique<Engine>(path, o, *pool_);
+  check_same_vocabulary(tokenizer_, model_->info().n_vocab, draft->tokenizer(), draft->model().info().n_vocab,
+                        path.string());
+  draft_ = std::move(draft);
+}
+
 Session& Engine::session() { return *session_; }
 
 GrammarCompiler& Engine::grammars() {
   std::call_once(grammars_once_, [&] {
-    grammars_ = std::make_unique<GrammarCompiler>(tokenizer_, stop_tokens_, static_cast<int>(pool_.size()));
+    grammars_ = std::make_unique<GrammarCompiler>(tokenizer_, stop_tokens_, static_cast<int>(pool_->size()));
   });
   return *grammars_;
 }

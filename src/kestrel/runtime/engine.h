@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kestrel/base/error.h"
 #include "kestrel/base/thread_pool.h"
 #include "kestrel/formats/gguf.h"
 #include "kestrel/head/flashhead.h"
@@ -32,6 +33,19 @@ enum class HeadMode {
   kFlash,  // FlashHead (kestrel::Error if the image has none)
 };
 
+/// A draft model whose vocabulary is not the target's (Engine::load_draft_model): a usage
+/// error (the CLI exits with status 2).
+class VocabularyMismatch : public Error {
+ public:
+  using Error::Error;
+};
+
+/// Throws VocabularyMismatch unless `draft` has `target`'s vocabulary: the same number of
+/// tokens (tokenizer and output head) and the same piece at every id. `draft_name` names the
+/// draft model in the message.
+void check_same_vocabulary(const text::Tokenizer& target, size_t target_n_vocab, const text::Tokenizer& draft,
+                           size_t draft_n_vocab, const std::string& draft_name);
+
 struct EngineOptions {
   int n_threads = 0;     // 0: every hardware thread
   /// Context positions. Unset: 4096, or the model's maximum when that is smaller;
@@ -49,13 +63,17 @@ class Engine {
  public:
   /// Maps and loads the model. Throws kestrel::Error (gguf::GgufError for a bad file).
   Engine(const std::filesystem::path& model_path, const EngineOptions& options);
+  /// As above, computing on `shared_pool` (options.n_threads is ignored) instead of a pool of
+  /// its own: a draft model and its target take turns on one set of threads, so that neither's
+  /// idle workers spin while the other computes. `shared_pool` must outlive the Engine.
+  Engine(const std::filesystem::path& model_path, const EngineOptions& options, ThreadPool& shared_pool);
   ~Engine();
   Engine(const Engine&) = delete;  // Sessions refer to it: it stays where it was made
   Engine& operator=(const Engine&) = delete;
 
   const text::Tokenizer& tokenizer() const { return tokenizer_; }
   const model::Model& model() const { return *model_; }
-  ThreadPool& pool() { return pool_; }
+  ThreadPool& pool() { return *pool_; }
   /// Context positions of every Session's KV cache.
   size_t n_ctx() const { return n_ctx_; }
   /// True when the file carries tokenizer.chat_template (an instruction-tuned model).
@@ -76,6 +94,17 @@ class Engine {
   /// shared by every Session). Thread-safe.
   GrammarCompiler& grammars();
 
+  /// Speculative decoding with a draft model (`--draft IMAGE`, DraftMode::kModel): loads the
+  /// image or GGUF at `path` on this engine's thread pool, with this engine's context size
+  /// (capped at the draft model's maximum), the head `options.head` asks for (FlashHead when the
+  /// draft image has it, by default) and `options.load`'s precision. Each Session then drafts
+  /// with a Session of its own on it (Session::draft_session). Throws VocabularyMismatch when
+  /// its vocabulary is not this model's (ids must mean the same tokens), kestrel::Error when it
+  /// does not load.
+  void load_draft_model(const std::filesystem::path& path, const EngineOptions& options);
+  /// The draft model, or null.
+  Engine* draft_model() const { return draft_.get(); }
+
   /// The default Session and its operations; see Session.
   Session& session();
   const model::KvCache& cache() { return session().cache(); }
@@ -88,8 +117,11 @@ class Engine {
   }
 
  private:
+  Engine(const std::filesystem::path& model_path, const EngineOptions& options, ThreadPool* shared_pool);
+
   gguf::File file_;
-  ThreadPool pool_;
+  std::unique_ptr<ThreadPool> own_pool_;  // null when computing on a shared pool
+  ThreadPool* pool_;
   std::unique_ptr<model::Model> model_;
   text::Tokenizer tokenizer_;
   size_t n_ctx_ = 0;
@@ -97,6 +129,7 @@ class Engine {
   size_t probes_ = 0;
   std::unique_ptr<model::MtpAssistant> mtp_;
   std::vector<TokenId> stop_tokens_;
+  std::unique_ptr<Engine> draft_;
   std::unique_ptr<Session> session_;
   std::once_flag grammars_once_;
   std::unique_ptr<GrammarCompiler> grammars_;

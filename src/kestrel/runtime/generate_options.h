@@ -40,11 +40,14 @@ struct GenerateOptions {
   /// default: a fresh sequence, as the benchmark methodology wants.
   bool cache_prompt = false;
   /// Speculative decoding (drafter.h): drafts of up to draft_max tokens, verified in one forward
-  /// pass each. The tokens are exactly those without drafting (the verification rows are
-  /// computed as decode steps are, bit for bit); only the speed changes. draft_max is capped at
-  /// kMaxDraft so that a verification stays below the kernels' tile size.
+  /// pass each. With draft_accept kExact the tokens are exactly those without drafting (the
+  /// verification rows are computed as decode steps are, bit for bit); only the speed changes.
+  /// kDistribution (speculative sampling) keeps the distribution, not the samples. draft_max is
+  /// capped at kMaxDraft so that a verification stays below the kernels' tile size. kModel needs
+  /// the engine's draft model (Engine::load_draft_model).
   DraftMode draft = DraftMode::kNone;
   size_t draft_max = kMaxDraft;
+  DraftAccept draft_accept = DraftAccept::kExact;
   /// Structured output (grammar.h): only tokens the grammar allows are sampled, and a stop
   /// token only where the grammar may end. With FlashHead, the mask applies to the candidates;
   /// when the grammar allows at most kGrammarExactLimit tokens exactly those are scored, and
@@ -67,7 +70,7 @@ struct GenerateResult {
   std::vector<StepLogprobs> logprobs;  // one per token when top_logprobs >= 0
   bool cancelled = false;          // on_token or on_text returned false
   size_t drafted_tokens = 0;       // tokens proposed by the drafter and verified
-  size_t accepted_tokens = 0;      // drafted tokens that were the model's own (kept)
+  size_t accepted_tokens = 0;      // drafted tokens kept (DraftAccept's rule)
   size_t grammar_exact_steps = 0;  // FlashHead + grammar: steps that scored exactly the allowed tokens
   size_t grammar_dense_steps = 0;  // FlashHead + grammar: steps where no candidate was allowed (dense head)
 };

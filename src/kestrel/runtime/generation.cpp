@@ -4,8 +4,11 @@
 #include <cmath>
 
 #include "kestrel/base/error.h"
+#include "kestrel/runtime/draft_model.h"
 #include "kestrel/runtime/engine.h"
+#include "kestrel/runtime/mtp_drafter.h"
 #include "kestrel/runtime/session.h"
+#include "kestrel/runtime/speculative_sampling.h"
 
 namespace kestrel::runtime {
 namespace {
@@ -56,25 +59,55 @@ Generation::Generation(Session& session, std::span<const TokenId> prompt, const 
   }
   next_prompt_ = result_.cached_tokens;
   if (options.grammar) constraint_.emplace(options.grammar);
-  if (options.draft == DraftMode::kAuto && options.draft_max > 0 && session.engine().mtp_assistant() != nullptr) {
-    mtp_.emplace(*session.engine().mtp_assistant(), session, std::min(options.draft_max, kMaxDraft));
-  } else if (options.draft != DraftMode::kNone && options.draft_max > 0) {
-    drafter_.emplace(std::min(options.draft_max, kMaxDraft));
+  const size_t draft_max = std::min(options.draft_max, kMaxDraft);
+  if (draft_max > 0) {
+    switch (options.draft) {
+      case DraftMode::kNone:
+        break;
+      case DraftMode::kAuto:  // the image's own drafter (Gemma 4's MTP assistant), else n-gram
+        if (const model::MtpAssistant* mtp = session.engine().mtp_assistant()) {
+          drafter_ = std::make_unique<MtpDrafter>(*mtp, session, draft_max);
+        } else {
+          drafter_ = std::make_unique<NgramDrafter>(draft_max);
+        }
+        break;
+      case DraftMode::kNgram:
+        drafter_ = std::make_unique<NgramDrafter>(draft_max);
+        break;
+      case DraftMode::kModel:
+        drafter_ = std::make_unique<ModelDrafter>(session.draft_session(), draft_max, options.sampler);
+        break;
+    }
   }
 }
 
-void Generation::prepare_draft(size_t row) {
+void Generation::reset_draft() {
   decode_input_.assign(1, last_);
-  if ((!drafter_ && !mtp_) || done_) return;
+  draft_q_.clear();
+  drafted_ = false;
+}
+
+void Generation::draft() {
+  if (!drafter_ || done_ || prefilling() || drafted_) return;
+  drafted_ = true;
   // Room for the draft: the tokens still allowed, and the context (the cache holds n_past
   // positions; the draft and last_ must fit, with one position to spare).
   const size_t generated = result_.tokens.size();
   const size_t n_past = session_.cache().n_past, n_ctx = session_.engine().n_ctx();
   size_t room = options_.max_tokens > generated + 1 ? options_.max_tokens - generated - 1 : 0;
   room = std::min(room, n_ctx > n_past + 2 ? n_ctx - n_past - 2 : 0);
-  // The MTP assistant reads the target's hidden state of the row that sampled last_.
-  const auto draft = mtp_ ? mtp_->draft(last_, session_.scored_hidden(row), room) : drafter_->draft(history_, room);
-  decode_input_.insert(decode_input_.end(), draft.begin(), draft.end());
+  DraftRequest request;
+  request.history = history_;
+  request.limit = std::min(room, kMaxDraft);
+  request.sample = options_.draft_accept == DraftAccept::kDistribution && options_.sampler.temperature > 0.0f;
+  request.target_hidden = session_.scored_hidden(last_row_);
+  Draft d = drafter_->draft(request);
+  if (d.tokens.size() > request.limit || (!d.q.empty() && d.q.size() != d.tokens.size())) {
+    throw Error("the drafter returned a draft longer than asked, or without a distribution per token");
+  }
+  decode_input_.assign(1, last_);
+  decode_input_.insert(decode_input_.end(), d.tokens.begin(), d.tokens.end());
+  draft_q_ = std::move(d.q);
 }
 
 std::span<const TokenId> Generation::input(size_t max_tokens) const {
@@ -94,7 +127,7 @@ void Generation::advance(size_t n, TokenScores scores) {
     }
   }
   sample(scores, 0);
-  prepare_draft(0);
+  reset_draft();
 }
 
 void Generation::advance_rows(size_t n, std::span<const TokenScores> rows) {
@@ -104,22 +137,36 @@ void Generation::advance_rows(size_t n, std::span<const TokenScores> rows) {
   const std::vector<TokenId> fed(decode_input_.begin(), decode_input_.begin() + static_cast<std::ptrdiff_t>(n));
   model::KvCache& cache = session_.cache();
   const size_t n_past_before = cache.n_past - n;
-  size_t kept = 0;  // rows whose sampled token was kept: the first, then each that matched
+  const bool distribution =
+      options_.draft_accept == DraftAccept::kDistribution && options_.sampler.temperature > 0.0f;
+  size_t kept = 0;  // rows whose sampled token was kept: the first, then each after a kept draft
   for (size_t j = 0; j < n; ++j) {
-    sample(rows[j], j);
     kept = j + 1;
-    if (done_ || j + 1 == n || last_ != fed[j + 1]) break;
+    if (!distribution || j + 1 == n) {
+      // kExact, or the row after the whole draft: the token the sampler draws here.
+      sample(rows[j], j);
+      if (done_ || j + 1 == n || last_ != fed[j + 1]) break;
+      continue;
+    }
+    // Speculative sampling: p is this row's distribution after the whole sampling chain (the
+    // sampler's, over the same candidates), q the drafter's (a point mass when it gave none).
+    const TokenScores scores = prepare(rows[j], j);
+    const TokenDistribution p = sampler_.distribution(scores, history_);
+    const TokenDistribution point{{fed[j + 1], 1.0}};
+    const TokenDistribution& q = draft_q_.empty() ? point : draft_q_[j];
+    const SpeculativeOutcome outcome = speculative_accept(p, q, fed[j + 1], sampler_.rng());
+    commit(outcome.token, j);
+    if (done_ || !outcome.accepted) break;
   }
   const size_t drafted = n - 1, accepted = kept - 1;
   result_.drafted_tokens += drafted;
   result_.accepted_tokens += accepted;
   if (drafter_) drafter_->verified(drafted, accepted);
-  if (mtp_) mtp_->verified(drafted, accepted);
   // The cache holds the n fed tokens; keep those whose next token was sampled from their row.
   if (kept < n && cache.truncate(n_past_before + kept) != n_past_before + kept) {
     throw Error("Generation::advance_rows: the KV cache could not roll back the rejected draft");
   }
-  prepare_draft(kept - 1);
+  reset_draft();
 }
 
 // Serving: stop tokens get -inf so that min_tokens tokens come before the end of the turn.
@@ -167,7 +214,7 @@ TokenScores Generation::constrain(TokenScores scores, size_t row) {
   return dense;
 }
 
-void Generation::sample(TokenScores scores, size_t row) {
+TokenScores Generation::prepare(TokenScores scores, size_t row) {
   const size_t i = result_.tokens.size();
   if (constraint_) scores = constrain(scores, row);
   if (options_.top_logprobs >= 0) {
@@ -176,7 +223,16 @@ void Generation::sample(TokenScores scores, size_t row) {
   }
   // (A grammar already decides where the answer may end.)
   if (i < options_.min_tokens && !options_.ignore_eos && !constraint_) suppress_stop_tokens(scores);
-  const TokenId token = sampler_.sample(scores, history_);
+  return scores;
+}
+
+void Generation::sample(TokenScores scores, size_t row) {
+  scores = prepare(scores, row);
+  commit(sampler_.sample(scores, history_), row);
+}
+
+void Generation::commit(TokenId token, size_t row) {
+  const size_t i = result_.tokens.size();
   if (constraint_ && !constraint_->accept(token)) {
     throw Error("the grammar refused token " + std::to_string(token) + ", which its own mask allowed");
   }
@@ -187,6 +243,7 @@ void Generation::sample(TokenScores scores, size_t row) {
   result_.tokens.push_back(token);
   history_.push_back(token);
   last_ = token;
+  last_row_ = row;
   done_ = true;  // unless it goes on below
   if (options_.top_logprobs >= 0) {
     result_.logprobs.push_back(compute_logprobs(raw_logits_, raw_ids_, token, static_cast<size_t>(options_.top_logprobs)));

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -14,7 +15,6 @@
 #include "kestrel/runtime/drafter.h"
 #include "kestrel/runtime/generate_options.h"
 #include "kestrel/runtime/grammar.h"
-#include "kestrel/runtime/mtp_drafter.h"
 #include "kestrel/runtime/sampler.h"
 #include "kestrel/text/tokenizer.h"
 
@@ -36,9 +36,16 @@ class Generation {
   /// True while prompt tokens remain to be prefilled.
   bool prefilling() const { return next_prompt_ < prompt_.size(); }
 
+  /// Speculative decoding: while decoding, asks the drafter (GenerateOptions::draft) for a
+  /// draft to verify in the next step, which input() then returns after the last sampled token.
+  /// Call it only for a step that will feed the draft (advance_rows): a request that runs in a
+  /// batch with others feeds one token per step and does not draft (a draft model would run for
+  /// nothing). Does nothing while prefilling, when done, without a drafter, or when this step
+  /// already has its draft. Throws what the drafter throws.
+  void draft();
   /// The tokens to feed next: up to `max_tokens` (>= 1) of the prompt still to prefill, else
-  /// the last sampled token followed by the current draft (if any), cut to max_tokens. Empty
-  /// when done().
+  /// the last sampled token followed by the current draft (if draft() made one), cut to
+  /// max_tokens. Empty when done().
   std::span<const TokenId> input(size_t max_tokens) const;
   /// After the caller fed `n` tokens of input() to the session's cache: when they complete the
   /// prompt, or during decode, `scores` are the next token's scores (Session::score) and one
@@ -47,10 +54,14 @@ class Generation {
   /// input()'s length.
   void advance(size_t n, TokenScores scores);
   /// Decode with a draft: the caller fed n >= 1 tokens of input() (the last sampled token and
-  /// n - 1 drafted ones) and `rows` are the scores after each of them (rows.size() == n). Tokens
-  /// are sampled row by row, as advance() would one step at a time, while each equals the draft
-  /// token fed after it; then the session's cache is cut back to the positions whose tokens were
-  /// kept. Throws kestrel::Error if not decoding or the sizes disagree.
+  /// n - 1 drafted ones) and `rows` are the scores after each of them (rows.size() == n). Row j
+  /// decides on the draft token fed after it (GenerateOptions::draft_accept): kExact samples the
+  /// row as advance() would one step at a time and keeps the draft token iff it equals the
+  /// sample; kDistribution (at temperature > 0) applies speculative sampling
+  /// (speculative_accept) to the row's distribution and the draft's q. Rows go on while drafts
+  /// are kept; the row after the last kept draft token samples a token of its own. Then the
+  /// session's cache is cut back to the positions whose tokens were kept. Throws kestrel::Error
+  /// if not decoding or the sizes disagree.
   void advance_rows(size_t n, std::span<const TokenScores> rows);
   /// True when advance(n, ...) will sample, i.e. feeding n tokens of input() needs scores.
   bool needs_scores(size_t n) const { return !prefilling() || next_prompt_ + n >= prompt_.size(); }
@@ -68,10 +79,13 @@ class Generation {
   using Clock = std::chrono::steady_clock;
   /// `row`: which row of the session's last scoring `scores` came from (for rescoring).
   void sample(TokenScores scores, size_t row);
+  /// The scores the sampler draws from at this step: the grammar's mask (with its rescoring),
+  /// the raw logits kept for logprobs, stop tokens suppressed before min_tokens.
+  TokenScores prepare(TokenScores scores, size_t row);
+  /// Appends a chosen token: emits it and checks the stop conditions (sets done_).
+  void commit(TokenId token, size_t row);
   TokenScores constrain(TokenScores scores, size_t row);
-  /// The next decode input: last_ and a draft. `row`: the row of the last scoring that sampled
-  /// last_ (the MTP assistant reads the target's hidden state there).
-  void prepare_draft(size_t row);
+  void reset_draft();
   void emit(size_t end);
   void suppress_stop_tokens(TokenScores scores) const;
 
@@ -88,8 +102,10 @@ class Generation {
   bool stopped_by_client_ = false;
   bool done_ = false;
   TokenId last_ = 0;
-  std::optional<NgramDrafter> drafter_;
-  std::optional<MtpDrafter> mtp_;  // `--draft auto` on an image with a Gemma 4 MTP assistant
+  size_t last_row_ = 0;  // the row of the session's last scoring that last_ was sampled from
+  std::unique_ptr<Drafter> drafter_;
+  bool drafted_ = false;  // draft() ran for the coming step
+  std::vector<TokenDistribution> draft_q_;  // the draft's q (empty: point masses)
   std::optional<TokenConstraint> constraint_;
   std::vector<TokenId> allowed_;  // the grammar's allowed tokens, when few
   std::vector<TokenId> decode_input_;  // last_, then the draft

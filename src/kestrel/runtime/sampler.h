@@ -50,6 +50,9 @@ class Sampler {
   /// to 1, most likely first; one pair with probability 1 when greedy. Same side effects.
   std::vector<std::pair<TokenId, double>> distribution(TokenScores scores, std::span<const TokenId> history);
   const SamplerConfig& config() const { return config_; }
+  /// The generator sample() draws from (speculative sampling draws its acceptance tests and
+  /// resamples from it too, so that one seed gives one sequence).
+  std::mt19937_64& rng() { return rng_; }
 
  private:
   /// Penalty, then the cuts; leaves the kept candidates in candidates_ and their weights.

@@ -180,7 +180,15 @@ void Scheduler::step() {
   if (running_.size() == 1 && !running_[0]->generation->prefilling()) {
     const auto& job = running_[0];
     Generation& g = *job->generation;
-    const auto in = g.input(kMaxDraft + 1);
+    std::span<const TokenId> in;
+    try {
+      g.draft();
+      in = g.input(kMaxDraft + 1);
+    } catch (...) {
+      complete(job, std::current_exception());
+      running_.clear();
+      return;
+    }
     if (in.size() > 1) {
       try {
         g.advance_rows(in.size(), job->session->step_rows(in));

@@ -102,6 +102,15 @@ std::span<const float> Session::scored_hidden(size_t row) const {
   return {scored_hidden_ + row * d, d};
 }
 
+Session& Session::draft_session() {
+  if (!draft_session_) {
+    Engine* draft = engine_.draft_model();
+    if (draft == nullptr) throw Error("speculative decoding with a draft model, but none was loaded (--draft IMAGE)");
+    draft_session_ = std::make_unique<Session>(*draft);
+  }
+  return *draft_session_;
+}
+
 size_t Session::reusable_prefix(std::span<const TokenId> prompt) const {
   if (prompt.empty()) return 0;
   return cache_.exact_prefix(std::min(model::common_prefix(cache_.tokens(), prompt), prompt.size() - 1));
@@ -116,6 +125,7 @@ GenerateResult Session::generate(std::span<const TokenId> prompt, const Generate
                                 const TextCallback& on_text) {
   Generation g(*this, prompt, options, on_text);
   while (!g.done()) {
+    g.draft();
     const auto in = g.input(std::max(prompt.size(), kMaxDraft + 1));
     if (!g.prefilling() && in.size() > 1) {
       g.advance_rows(in.size(), step_rows(in));

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -74,6 +75,11 @@ class Session {
   /// call; empty for a row the last scoring did not have.
   std::span<const float> scored_hidden(size_t row) const;
 
+  /// This sequence's Session on the engine's draft model (Engine::load_draft_model), created on
+  /// first use and kept with this Session (its cache then shares the sequence's prefix from one
+  /// request to the next). Throws kestrel::Error when the engine has no draft model.
+  Session& draft_session();
+
   /// Runs the prompt (after the cached prefix when options.cache_prompt, else from an empty
   /// cache), then samples up to max_tokens tokens: a Generation (generation.h) stepped alone. GenerateResult::cached_tokens says how many
   /// prompt tokens the cache supplied. Throws kestrel::Error if the prompt is empty or does not
@@ -96,6 +102,7 @@ class Session {
   size_t scored_rows_ = 0;
   std::vector<float> rescore_logits_;
   std::vector<TokenId> rescore_ids_;
+  std::unique_ptr<Session> draft_session_;
 };
 
 }  // namespace kestrel::runtime

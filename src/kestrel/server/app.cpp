@@ -231,7 +231,9 @@ json App::props() const {
           {"flashhead", flashhead},
           {"speculative", draft_mode_ == runtime::DraftMode::kNone || options_.draft_max == 0
                               ? json(nullptr)
-                              : json{{"draft", options_.draft}, {"draft_max", options_.draft_max}}}};
+                              : json{{"draft", options_.draft},
+                                     {"draft_max", options_.draft_max},
+                                     {"draft_accept", runtime::draft_accept_name(draft_accept_)}}}};
 }
 
 std::shared_ptr<void> App::admit() {
@@ -350,6 +352,7 @@ void App::handle_generate(const httplib::Request& req, httplib::Response& res, c
     o.cache_prompt = r.cache_prompt;
     o.draft = draft_mode_;
     o.draft_max = options_.draft_max;
+    o.draft_accept = draft_accept_;
     o.grammar = std::move(grammar);
     res.status = 200;
     res.set_header("Cache-Control", "no-cache");

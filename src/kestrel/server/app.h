@@ -52,9 +52,11 @@ struct Job {
 
 class App {
  public:
-  /// Throws kestrel::Error for an unknown options.draft.
+  /// Throws kestrel::Error for an empty options.draft or an unknown options.draft_accept.
   explicit App(const ServerOptions& options)
-      : options_(options), draft_mode_(runtime::parse_draft_mode(options.draft)) {}
+      : options_(options),
+        draft_mode_(runtime::parse_draft_mode(options.draft)),
+        draft_accept_(runtime::parse_draft_accept(options.draft_accept)) {}
 
   void install_routes();
   /// GET / (the chat page), /metrics/live (live metrics) and /ui/FILE (their static files).
@@ -116,6 +118,7 @@ class App {
 
   ServerOptions options_;
   runtime::DraftMode draft_mode_;
+  runtime::DraftAccept draft_accept_;
   httplib::Server http_;
   std::unique_ptr<runtime::Engine> engine_;
   std::unique_ptr<runtime::Scheduler> scheduler_;  // after engine_: stopped before it goes
