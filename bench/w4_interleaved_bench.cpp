@@ -11,6 +11,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kestrel/base/thread_pool.h"
@@ -27,20 +28,22 @@ namespace k = kestrel::kernels;
 constexpr size_t kGroup = 32;
 constexpr size_t kMaxTokens = 8;
 
-// rows x cols: state.range(0) x state.range(1).
+// rows x cols: state.range(0) x state.range(1); group parameters of state.range(2) bits (16, or 8
+// as the E4B-shaped images' --scale-bits 8).
 struct Fixture {
   size_t rows, cols;
   kestrel::quant::W4Matrix q4;
   k::W4Interleaved interleaved;
   std::vector<float> x;
   std::vector<k::W4GemvInput> inputs;
-  Fixture(size_t n_rows, size_t n_cols) : rows(n_rows), cols(n_cols) {
+  Fixture(size_t n_rows, size_t n_cols, int bits) : rows(n_rows), cols(n_cols) {
     std::mt19937 rng(1);
     std::normal_distribution<float> normal;
     std::vector<float> w(rows * cols);
     for (auto& v : w) v = normal(rng);
     kestrel::ThreadPool pool(1);
     q4 = kestrel::quant::quantize_w4(w.data(), rows, cols, kGroup, nullptr, true, pool);
+    if (bits == 8) kestrel::quant::compress_group_params(q4, w.data(), nullptr, pool);
     interleaved = k::interleave_w4(q4.view());
     x.resize(kMaxTokens * cols);
     for (auto& v : x) v = normal(rng);
@@ -50,10 +53,11 @@ struct Fixture {
 };
 
 Fixture& fixture(const benchmark::State& state) {
-  static std::map<std::pair<size_t, size_t>, std::unique_ptr<Fixture>> fixtures;
-  const auto shape = std::make_pair(static_cast<size_t>(state.range(0)), static_cast<size_t>(state.range(1)));
-  auto& f = fixtures[shape];
-  if (f == nullptr) f = std::make_unique<Fixture>(shape.first, shape.second);
+  static std::map<std::tuple<size_t, size_t, int>, std::unique_ptr<Fixture>> fixtures;
+  const auto key = std::make_tuple(static_cast<size_t>(state.range(0)), static_cast<size_t>(state.range(1)),
+                                   static_cast<int>(state.range(2)));
+  auto& f = fixtures[key];
+  if (f == nullptr) f = std::make_unique<Fixture>(std::get<0>(key), std::get<1>(key), std::get<2>(key));
   return *f;
 }
 
@@ -100,8 +104,9 @@ void RowMajor(benchmark::State& state) {
 }
 
 // Gemma 3 270M's ffn_gate (2048 x 640), and Gemma 4 E4B's ffn_gate (10240 x 2560) and ffn_down
-// (2560 x 10240).
-#define KESTREL_SHAPES ->Args({2048, 640})->Args({10240, 2560})->Args({2560, 10240})
+// (2560 x 10240), the E4B shapes also with 8-bit group parameters.
+#define KESTREL_SHAPES \
+  ->Args({2048, 640, 16})->Args({10240, 2560, 16})->Args({2560, 10240, 16})->Args({10240, 2560, 8})->Args({2560, 10240, 8})
 BENCHMARK(RowMajor<1>)->Name("W4/RowMajor/1") KESTREL_SHAPES;
 BENCHMARK(Interleaved16<1>)->Name("W4/Interleaved16/1") KESTREL_SHAPES;
 BENCHMARK(RowMajor<2>)->Name("W4/RowMajor/2") KESTREL_SHAPES;
