@@ -265,6 +265,8 @@ def test_packed_checkpoint_imports_exactly(dense, tmp_path, kind, sym):
     assert keys["kestrel.quant.method"] == ("awq-gemm" if kind == "awq" else kind)
     assert keys["kestrel.quant.group_size"] == GROUP
     assert keys["kestrel.quant.zero_points"] == (0 if sym else 1)
+    info = run("inspect", img)
+    assert info.returncode == 0 and f" {kind}/ (sha256" in info.stdout, info.stdout  # the directory, not the GGUF made from it
 
 
 def test_autogptq_quantize_config_json_is_read(dense, tmp_path):

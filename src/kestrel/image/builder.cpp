@@ -387,7 +387,7 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
   }
   w.add_string(keys::kKestrelVersion, KESTREL_VERSION);
   w.add_string(keys::kBuildDate, utc_now());
-  w.add_string(keys::kSourceFile, source.filename().string());
+  w.add_string(keys::kSourceFile, options.source_name.empty() ? source.filename().string() : options.source_name);
   w.add_string(keys::kSourceSha256, report.source_sha256);
   w.add_string(keys::kCalibrationSha256, options.calibration_sha256);
   w.add(keys::kSeed, gguf::Value{gguf::ValueType::kUint64, options.seed});

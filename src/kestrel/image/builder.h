@@ -65,6 +65,9 @@ struct BuildOptions {
   /// The format of a source whose INT4 matrices are copied (kestrel.quant.method): set by
   /// build_image_from_hf for AWQ / GPTQ checkpoints; empty: "compressed-tensors".
   std::string source_quant_method;
+  /// The source's name as the image records it (kestrel.source.file); empty: the source file's
+  /// name. A Hugging Face directory built through an intermediate GGUF names the directory.
+  std::string source_name;
   /// Licence / NOTICE files to carry. Files named LICENSE*, NOTICE*, COPYING* or *TERMS* next to
   /// the source are added as well.
   std::vector<std::filesystem::path> license_files;

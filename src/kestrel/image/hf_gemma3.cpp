@@ -471,6 +471,7 @@ BuildReport build_image_from_hf(const std::filesystem::path& dir, const std::fil
   const std::string base = std::filesystem::absolute(dir).lexically_normal().filename().string();
   const auto gguf_path = tmp_dir / ((base.empty() ? std::string("checkpoint") : base) + ".gguf");
   BuildOptions opts = options;
+  opts.source_name = (base.empty() ? std::string("checkpoint") : base) + "/";  // a directory, not the GGUF made from it
   {
     const st::Checkpoint ckpt = st::Checkpoint::open(dir);
     if (const auto ag = awq_gptq_scheme(ckpt.config(), dir)) {
