@@ -52,6 +52,17 @@ std::string shape_str(const std::vector<uint64_t>& s) {
   return r + "]";
 }
 
+gguf::TensorType stored_type(const std::filesystem::path& dir, const std::string& name, st::Dtype dtype, bool one_d) {
+  switch (dtype) {
+    case st::Dtype::kF32: case st::Dtype::kF64: return gguf::TensorType::kF32;
+    case st::Dtype::kF16: return one_d ? gguf::TensorType::kF32 : gguf::TensorType::kF16;
+    case st::Dtype::kBF16: return one_d ? gguf::TensorType::kF32 : gguf::TensorType::kBF16;
+    default:
+      throw Error(dir.string() + ": tensor '" + name + "' has dtype " + st::dtype_name(dtype) +
+                  "; kestrel build reads F32, F16, BF16 and F64");
+  }
+}
+
 void write_tensor(gguf::Writer& w, std::span<const std::byte> data, st::Dtype dtype, uint64_t n_elements,
                   bool verbatim, float add) {
   if (verbatim) {

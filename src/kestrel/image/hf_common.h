@@ -54,6 +54,12 @@ float element(const std::byte* data, safetensors::Dtype dtype, size_t i);
 /// "[a, b]" for error messages.
 std::string shape_str(const std::vector<uint64_t>& shape);
 
+/// The GGUF type a checkpoint tensor of `dtype` is written as: F32/F64 as F32, F16 and BF16 as
+/// stored, except that 1-D tensors (norms, scalars) become F32. Throws kestrel::Error naming
+/// `dir` and the tensor `name` for any other dtype.
+gguf::TensorType stored_type(const std::filesystem::path& dir, const std::string& name, safetensors::Dtype dtype,
+                             bool one_d);
+
 /// Writes the first `n_elements` of a tensor: as stored when `verbatim`, else as float32 with
 /// `add` added to each element (Gemma 3's norms store w, llama.cpp's files 1 + w; the sum in
 /// float32 as the converter does it, F64 sources summed in double), in bounded chunks.

@@ -138,4 +138,13 @@ void write_ct_linear(gguf::Writer& w, const st::Checkpoint& ckpt, const std::str
   w.write(bytes_of(mins));
 }
 
+CtRole ct_role(const std::string& name, const std::string& where) {
+  if (name.ends_with(".weight_g_idx")) throw Error(where + ": activation ordering (g_idx) is not supported");
+  if (name.ends_with(".weight_packed")) return CtRole::kPacked;
+  if (name.ends_with(".weight_scale") || name.ends_with(".weight_zero_point") || name.ends_with(".weight_shape")) {
+    return CtRole::kAuxiliary;
+  }
+  return CtRole::kOther;
+}
+
 }  // namespace kestrel::image

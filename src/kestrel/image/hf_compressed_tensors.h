@@ -28,6 +28,13 @@ struct CtScheme {
 /// with different weight schemes.
 std::optional<CtScheme> compressed_tensors_scheme(const nlohmann::json& config, const std::string& where);
 
+/// A checkpoint tensor's part in a compressed-tensors W4A16 checkpoint, by its name: an INT4
+/// matrix's `weight_packed`, one of the tensors read with it (`weight_scale`,
+/// `weight_zero_point`, `weight_shape`), or any other tensor. Throws kestrel::Error (`where`
+/// first) for a `weight_g_idx`: activation ordering is not kept.
+enum class CtRole { kOther, kPacked, kAuxiliary };
+CtRole ct_role(const std::string& name, const std::string& where);
+
 /// Writes the image INT4 tensors of the quantized Linear `hf_base` ("model.layers.0.mlp.up_proj",
 /// [rows, cols]) of `ckpt`, in order: NAME.q4 (rows * cols / 2 bytes), NAME.scales (fp16
 /// [rows, cols / group]), and unless symmetric NAME.mins (fp16: quant::integer_zero_point_min

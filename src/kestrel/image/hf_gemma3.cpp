@@ -263,15 +263,11 @@ void write_hf_gemma3_gguf(const std::filesystem::path& dir, const std::filesyste
     }
     Planned p;
     p.hf = hf;
-    if (ct && (ends_with(bare, ".weight_scale") || ends_with(bare, ".weight_zero_point") || ends_with(bare, ".weight_shape"))) {
-      continue;  // read with their weight_packed
-    }
+    const CtRole role = ct_role(bare, dir.string() + ": tensor '" + hf + "'");
+    if (ct && role == CtRole::kAuxiliary) continue;  // read with their weight_packed
     if (ag && is_awq_gptq_aux(bare)) continue;  // read with their qweight
-    if (ends_with(bare, ".weight_g_idx")) {
-      throw Error(dir.string() + ": tensor '" + hf + "': activation ordering (g_idx) is not supported");
-    }
     std::string bare_weight = bare;
-    if (ct && ends_with(bare, ".weight_packed")) {
+    if (ct && role == CtRole::kPacked) {
       p.int4 = true;
       p.hf = hf.substr(0, hf.size() - std::strlen("_packed"));
       bare_weight = bare.substr(0, bare.size() - std::strlen("_packed"));
@@ -337,13 +333,7 @@ void write_hf_gemma3_gguf(const std::filesystem::path& dir, const std::filesyste
       throw Error(dir.string() + ": tensor '" + hf + "' has shape " + hf::shape_str(info.shape) + ", config.json implies " + hf::shape_str(want) +
                   (g == "token_embd.weight" ? " (at least the tokenizer's " + std::to_string(n_vocab) + " rows)" : ""));
     }
-    switch (info.dtype) {
-      case st::Dtype::kF32: case st::Dtype::kF64: p.type = TensorType::kF32; break;
-      case st::Dtype::kF16: p.type = p.norm ? TensorType::kF32 : TensorType::kF16; break;
-      case st::Dtype::kBF16: p.type = p.norm ? TensorType::kF32 : TensorType::kBF16; break;
-      default:
-        throw Error(dir.string() + ": tensor '" + hf + "' has dtype " + st::dtype_name(info.dtype) + "; kestrel build reads F32, F16, BF16 and F64");
-    }
+    p.type = hf::stored_type(dir, hf, info.dtype, p.norm);  // norms (1-D) as float32
     p.rows_kept = info.shape.size() == 2 ? (g == "token_embd.weight" ? n_vocab : info.shape[0]) : 1;
     p.shape.assign(info.shape.rbegin(), info.shape.rend());
     if (info.shape.size() == 2) p.shape[1] = p.rows_kept;

@@ -254,11 +254,6 @@ struct Planned {
   bool int4 = false;  // a compressed-tensors Linear (hf is its module name + ".weight")
 };
 
-bool ends_with(const std::string& s, const char* suffix) {
-  const size_t k = std::strlen(suffix);
-  return s.size() >= k && s.compare(s.size() - k, k, suffix) == 0;
-}
-
 }  // namespace
 
 bool is_hf_gemma4(const std::filesystem::path& dir) {
@@ -298,14 +293,10 @@ void write_hf_gemma4_gguf(const std::filesystem::path& dir, const std::filesyste
     }
     Planned p;
     p.hf = hf;
-    if (ct && (ends_with(bare, ".weight_scale") || ends_with(bare, ".weight_zero_point") || ends_with(bare, ".weight_shape"))) {
-      continue;  // read with their weight_packed
-    }
-    if (ends_with(bare, ".weight_g_idx")) {
-      throw Error(dir.string() + ": tensor '" + hf + "': activation ordering (g_idx) is not supported");
-    }
+    const CtRole role = ct_role(bare, dir.string() + ": tensor '" + hf + "'");
+    if (ct && role == CtRole::kAuxiliary) continue;  // read with their weight_packed
     std::string bare_weight = bare;
-    if (ct && ends_with(bare, ".weight_packed")) {
+    if (ct && role == CtRole::kPacked) {
       p.int4 = true;
       p.hf = hf.substr(0, hf.size() - std::strlen("_packed"));
       bare_weight = bare.substr(0, bare.size() - std::strlen("_packed"));
@@ -362,13 +353,7 @@ void write_hf_gemma4_gguf(const std::filesystem::path& dir, const std::filesyste
       throw Error(dir.string() + ": tensor '" + hf + "' has shape " + hf::shape_str(info.shape) + ", config.json and tokenizer.json imply " + hf::shape_str(want));
     }
     p.one_d = want.size() == 1;
-    switch (info.dtype) {
-      case st::Dtype::kF32: case st::Dtype::kF64: p.type = TensorType::kF32; break;
-      case st::Dtype::kF16: p.type = p.one_d ? TensorType::kF32 : TensorType::kF16; break;
-      case st::Dtype::kBF16: p.type = p.one_d ? TensorType::kF32 : TensorType::kBF16; break;
-      default:
-        throw Error(dir.string() + ": tensor '" + hf + "' has dtype " + st::dtype_name(info.dtype) + "; kestrel build reads F32, F16, BF16 and F64");
-    }
+    p.type = hf::stored_type(dir, hf, info.dtype, p.one_d);
     p.shape.assign(want.rbegin(), want.rend());
     plan.push_back(std::move(p));
   }

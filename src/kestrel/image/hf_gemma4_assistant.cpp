@@ -249,13 +249,7 @@ HfGemma4Assistant::HfGemma4Assistant(const std::filesystem::path& dir, const Ass
       p.ids = true;
       p.type = TensorType::kF32;  // ids < 2^24 are exact in float32
     } else {
-      switch (info.dtype) {
-        case st::Dtype::kF32: case st::Dtype::kF64: p.type = TensorType::kF32; break;
-        case st::Dtype::kF16: p.type = p.one_d ? TensorType::kF32 : TensorType::kF16; break;
-        case st::Dtype::kBF16: p.type = p.one_d ? TensorType::kF32 : TensorType::kBF16; break;
-        default:
-          throw Error(dir.string() + ": tensor '" + hf + "' has dtype " + st::dtype_name(info.dtype) + "; kestrel build reads F32, F16, BF16 and F64");
-      }
+      p.type = hf::stored_type(dir, hf, info.dtype, p.one_d);
     }
     p.shape.assign(want.rbegin(), want.rend());
     a.plan.push_back(std::move(p));
