@@ -10,6 +10,10 @@
 #                                    tests/python/test_export.py (about 1 min, 5.2 GB: torch's
 #                                    PyPI wheel brings CUDA libraries); without them those tests
 #                                    skip
+#   scripts/install_deps.sh --arm64  also the aarch64 cross compiler, qemu-user and the target's
+#                                    libraries (Debian multiarch: adds the arm64 architecture),
+#                                    for scripts/test-arm64.sh (about 1 min, 0.3 GB); the first
+#                                    scripts/test-arm64.sh then cross-builds xgrammar (3 min)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,6 +29,23 @@ if ((${#missing[@]})); then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# The ARM64 check (scripts/test-arm64.sh, docs/arm64.md), only when asked.
+if [[ " $* " == *" --arm64 "* ]]; then
+  ARM64_PACKAGES=(g++-aarch64-linux-gnu qemu-user libhwy-dev:arm64 libgtest-dev:arm64 libxxhash-dev:arm64
+                  libssl-dev:arm64 libcpp-httplib-dev:arm64)
+  missing=()
+  for p in "${ARM64_PACKAGES[@]}"; do
+    dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+  done
+  if ((${#missing[@]})); then
+    echo "== apt (arm64): installing ${missing[*]}"
+    SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    dpkg --print-foreign-architectures | grep -qx arm64 || $SUDO dpkg --add-architecture arm64
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
 fi
 
 PY=${PYTHON:-python3}
