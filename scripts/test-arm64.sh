@@ -12,11 +12,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 TRIPLE=aarch64-linux-gnu
-QEMU=(qemu-aarch64 -L "/usr/$TRIPLE")
+# No -L: the loader and libc come from multiarch (libc6:arm64), as the other target libraries do;
+# the cross toolchain's own glibc (/usr/aarch64-linux-gnu) mixed with those hangs the first thread.
+QEMU=(qemu-aarch64)
 missing=()
 command -v "$TRIPLE-g++" >/dev/null || missing+=("$TRIPLE-g++ (apt: g++-aarch64-linux-gnu)")
 command -v qemu-aarch64 >/dev/null || missing+=("qemu-aarch64 (apt: qemu-user)")
 [[ -f /usr/lib/$TRIPLE/pkgconfig/libhwy.pc ]] || missing+=("libhwy-dev:arm64")
+[[ -e /lib/ld-linux-aarch64.so.1 ]] || missing+=("libc6:arm64")
 if ((${#missing[@]})); then
   echo "test-arm64: missing ${missing[*]}; run scripts/install_deps.sh --arm64" >&2
   exit 2
