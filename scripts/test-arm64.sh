@@ -3,10 +3,11 @@
 # core library and its unit tests (tests/unit) for aarch64 with Debian's cross compiler and
 # Highway's NEON target, then runs the unit tests under qemu-user on this x86 machine.
 #   scripts/test-arm64.sh
-# Needs the cross tools and the target's libraries: `scripts/install_deps.sh --arm64` installs
-# them (Debian multiarch). Builds into build-arm64/ (ccache makes rebuilds cheap) and xgrammar's C++
-# core for aarch64 into ${KESTREL_DEPS_AARCH64:-~/.cache/kestrel/deps-aarch64} once.
-# scripts/test.sh calls this when KESTREL_ARM64=1 (or CI=true) and the tools are installed.
+# Needs the cross tools and the target's libraries, which scripts/install_deps.sh installs
+# (Debian multiarch) unless KESTREL_ARM64=0. Builds into build-arm64/ (ccache makes rebuilds
+# cheap), and xgrammar's C++ core for aarch64 into ${KESTREL_DEPS_AARCH64:-~/.cache/kestrel/deps-aarch64}
+# once. Arguments go to the test binary (e.g. --gtest_filter=W4.*).
+# scripts/test.sh calls this when the tools are installed (KESTREL_ARM64=0 skips it).
 # docs/arm64.md: what is covered, what is not (SVE), and how long it takes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,7 +22,7 @@ command -v qemu-aarch64 >/dev/null || missing+=("qemu-aarch64 (apt: qemu-user)")
 [[ -f /usr/lib/$TRIPLE/pkgconfig/libhwy.pc ]] || missing+=("libhwy-dev:arm64")
 [[ -e /lib/ld-linux-aarch64.so.1 ]] || missing+=("libc6:arm64")
 if ((${#missing[@]})); then
-  echo "test-arm64: missing ${missing[*]}; run scripts/install_deps.sh --arm64" >&2
+  echo "test-arm64: missing ${missing[*]}; run scripts/install_deps.sh" >&2
   exit 2
 fi
 
