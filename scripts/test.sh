@@ -28,11 +28,12 @@ UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 # 3. The ARM64 check (docs/arm64.md): the unit tests cross-built for aarch64 and run under
 #    qemu-user, when the install step put the cross tools in (KESTREL_ARM64=0 skips it).
 if [[ "${KESTREL_ARM64:-1}" != 0 ]]; then
-  if command -v aarch64-linux-gnu-g++ >/dev/null && command -v qemu-aarch64 >/dev/null; then
+  if command -v aarch64-linux-gnu-g++ >/dev/null && command -v qemu-aarch64 >/dev/null &&
+     [[ -f /usr/lib/aarch64-linux-gnu/pkgconfig/libhwy.pc ]]; then
     echo "== ARM64: unit tests cross-built for aarch64, under qemu-user (scripts/test-arm64.sh)"
     scripts/test-arm64.sh
   else
-    echo "== ARM64: skipped (no aarch64-linux-gnu-g++ or qemu-aarch64; scripts/install_deps.sh installs them)"
+    echo "== ARM64: skipped (no aarch64 cross compiler, qemu-aarch64 or libhwy-dev:arm64; scripts/install_deps.sh installs them)"
   fi
 fi
 
