@@ -14,6 +14,9 @@
 #                                    also torch, GPTQModel, optimum and AutoAWQ, the references of
 #                                    tests/python/test_import_awq_gptq.py (GPTQModel builds from
 #                                    source: a few minutes); without them those tests skip
+# Every form also installs the aarch64 cross compiler, qemu-user and the target's libraries
+# (Debian multiarch: adds the arm64 architecture) for scripts/test-arm64.sh: about 1 min and
+# 0.3 GB once; KESTREL_ARM64=0 leaves them out (and scripts/test.sh then skips that check).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,6 +32,27 @@ if ((${#missing[@]})); then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# The ARM64 check (scripts/test-arm64.sh, docs/arm64.md) unless KESTREL_ARM64=0. A failure here
+# (a mirror without arm64) is a warning: scripts/test.sh skips the check when the tools are absent.
+install_arm64() {
+  local ARM64_PACKAGES=(g++-aarch64-linux-gnu qemu-user libhwy-dev:arm64 libgtest-dev:arm64 libxxhash-dev:arm64
+                        libssl-dev:arm64 libcpp-httplib-dev:arm64)
+  local p missing=()
+  for p in "${ARM64_PACKAGES[@]}"; do
+    dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+  done
+  if ((${#missing[@]})); then
+    echo "== apt (arm64): installing ${missing[*]}"
+    SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    dpkg --print-foreign-architectures | grep -qx arm64 || $SUDO dpkg --add-architecture arm64
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
+}
+if [[ "${KESTREL_ARM64:-1}" != 0 ]]; then
+  install_arm64 || echo "warning: the aarch64 cross tools did not install; scripts/test-arm64.sh will be skipped" >&2
 fi
 
 PY=${PYTHON:-python3}

@@ -5,6 +5,7 @@
 #     Then the CLI end to end (pytest).
 #  2. The unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer (build-asan/);
 #     any report fails the run.
+#  3. The unit tests cross-built for aarch64 and run under qemu-user (scripts/test-arm64.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install_deps.sh
@@ -24,7 +25,19 @@ ASAN_OPTIONS=abort_on_error=0:halt_on_error=1:detect_leaks=1 \
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
   ctest --test-dir build-asan -L unit --output-on-failure -j"$(nproc)"
 
-# 3. libFuzzer targets (fuzz/; clang): in CI, or locally when KESTREL_FUZZ_SECONDS is set
+# 3. The ARM64 check (docs/arm64.md): the unit tests cross-built for aarch64 and run under
+#    qemu-user, when the install step put the cross tools in (KESTREL_ARM64=0 skips it).
+if [[ "${KESTREL_ARM64:-1}" != 0 ]]; then
+  if command -v aarch64-linux-gnu-g++ >/dev/null && command -v qemu-aarch64 >/dev/null &&
+     [[ -f /usr/lib/aarch64-linux-gnu/pkgconfig/libhwy.pc ]]; then
+    echo "== ARM64: unit tests cross-built for aarch64, under qemu-user (scripts/test-arm64.sh)"
+    scripts/test-arm64.sh
+  else
+    echo "== ARM64: skipped (no aarch64 cross compiler, qemu-aarch64 or libhwy-dev:arm64; scripts/install_deps.sh installs them)"
+  fi
+fi
+
+# 4. libFuzzer targets (fuzz/; clang): in CI, or locally when KESTREL_FUZZ_SECONDS is set
 #    (seconds per target; CI runs 60). Any finding fails the run. See docs/fuzzing.md.
 if [[ "${CI:-}" == "true" || -n "${KESTREL_FUZZ_SECONDS:-}" ]]; then
   echo "== fuzzing (scripts/fuzz.sh)"
