@@ -68,3 +68,32 @@ def test_stray_weight_files_are_refused_or_removed_with_force(image, tmp_path):
     # Exporting again over the export's own files needs no --force.
     p = run("export", image, "-o", d, "-t", "2")
     assert p.returncode == 0, p.stderr
+
+
+@pytest.mark.skipif(not Path(os.environ.get("KESTREL_MODEL", "")).exists() and
+                    not (ROOT / "build" / "kestrel").exists(), reason="no default model")
+def test_killed_export_leaves_no_partial_file(tmp_path):
+    """A SIGTERM during the export removes DIR/model.safetensors.partial, as `kestrel build`
+    removes OUT.partial (the default model: float32 tensors make the write last seconds)."""
+    import signal
+    import time
+    img = tmp_path / "sym.kimg"
+    p = run("build", "default", "-o", img, "-t", "2", "--symmetric")
+    if p.returncode != 0 and "default model" in p.stderr:
+        pytest.skip("the default model is not installed")
+    assert p.returncode == 0, p.stderr
+    out = tmp_path / "export"
+    partial = out / "model.safetensors.partial"
+    proc = subprocess.Popen([str(KESTREL), "export", str(img), "-o", str(out), "--dtype", "float32", "-t", "1"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while not partial.exists() and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.01)
+        assert partial.exists(), "the export never started writing"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not partial.exists() and not (out / "model.safetensors").exists()

@@ -40,6 +40,12 @@ def test_build_with_assistant_then_draft_auto_keeps_the_tokens(tmp_path, name, p
     assert runs["ngram"]["tokens"] == runs["none"]["tokens"]
     assert runs["none"]["drafted_tokens"] == 0
     assert runs["auto"]["drafted_tokens"] > 0  # the image's assistant drafted
+    if precision == "bf16":  # the export writes the target's text model and says so of the assistant
+        out = tmp_path / "export"
+        r = kestrel("export", image, "-o", out)
+        assert r.returncode == 0, r.stderr
+        assert "MTP assistant" in r.stderr and "is not exported" in r.stderr, r.stderr
+        assert (out / "model.safetensors").exists() and "mtp." not in (out / "model.safetensors").read_bytes()[:1 << 20].decode("latin-1")
 
 
 def test_assistant_errors(tmp_path):

@@ -20,6 +20,7 @@
 #include "kestrel/runtime/engine.h"
 #include "kestrel/runtime/model_path.h"
 #include "option_checks.h"
+#include "partial_file.h"
 
 namespace kestrel::tools {
 namespace {
@@ -84,26 +85,6 @@ void progress_bar(size_t done, size_t total, const std::string& name) {
                kWidth - filled, "", 100 * done / total, name.c_str());
   if (done == total) std::fprintf(stderr, "\n");
   std::fflush(stderr);
-}
-
-// SIGINT / SIGTERM / SIGHUP / SIGPIPE (stdout or stderr piped into a reader that quit, e.g.
-// `| head -1`) during a build: remove OUT.partial (unlink is async-signal-safe) and exit
-// with 128 + the signal, so a killed build leaves nothing behind either.
-char g_partial_path[4096];
-
-extern "C" void remove_partial_and_exit(int sig) {
-  if (g_partial_path[0] != '\0') ::unlink(g_partial_path);
-  ::_exit(128 + sig);
-}
-
-void remove_partial_on_signal(const std::string& out) {
-  const std::string partial = out + ".partial";
-  if (partial.size() >= sizeof(g_partial_path)) return;
-  std::memcpy(g_partial_path, partial.c_str(), partial.size() + 1);
-  std::signal(SIGINT, remove_partial_and_exit);
-  std::signal(SIGTERM, remove_partial_and_exit);
-  std::signal(SIGHUP, remove_partial_and_exit);
-  std::signal(SIGPIPE, remove_partial_and_exit);
 }
 
 int build(const BuildCommandOptions& o) {

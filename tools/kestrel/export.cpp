@@ -7,6 +7,7 @@
 #include <string>
 
 #include "commands.h"
+#include "partial_file.h"
 #include "kestrel/base/thread_pool.h"
 #include "kestrel/base/error.h"
 #include "kestrel/image/hf_export.h"
@@ -50,6 +51,7 @@ int export_image(const ExportCommandOptions& o) {
   options.log = [](const std::string& m) { std::fprintf(stderr, "kestrel export: %s\n", m.c_str()); };
   ThreadPool pool(o.threads);
   const std::string image = image_argument(o.image).string();
+  remove_partial_on_signal((std::filesystem::path(o.out) / "model.safetensors").string());
   const auto r = image::export_hf(image, o.out, options, pool);
   std::string exactness = ", exact";
   if (r.requantized_groups > 0) {

@@ -21,11 +21,18 @@ std::optional<CtScheme> compressed_tensors_scheme(const json& config, const std:
              config["text_config"].contains("quantization_config") && config["text_config"]["quantization_config"].is_object()) {
     q = &config["text_config"]["quantization_config"];
   }
+  for (const json* c : {&config, config.contains("text_config") ? &config["text_config"] : nullptr}) {
+    if (c != nullptr && c->is_object() && c->contains("quantization_config") && !(*c)["quantization_config"].is_null() &&
+        !(*c)["quantization_config"].is_object()) {
+      throw Error(where + ": quantization_config is not a JSON object");
+    }
+  }
   if (q == nullptr) return std::nullopt;
   const std::string method = q->value("quant_method", "");
   if (method != "compressed-tensors") {
     throw Error(where + ": quantization_config.quant_method '" + method +
-                "': kestrel build imports compressed-tensors checkpoints (pack-quantized W4A16) only");
+                "': kestrel build imports W4A16 checkpoints in the compressed-tensors (pack-quantized) format, and "
+                "for Gemma 3 also AWQ (gemm) and GPTQ ones (docs/export.md)");
   }
   const std::string format = q->value("format", "");
   auto bad = [&](const std::string& what) {

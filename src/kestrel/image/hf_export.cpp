@@ -347,8 +347,13 @@ HfExportReport export_hf(const std::filesystem::path& image_path, const std::fil
   HfExportReport report;
   std::vector<std::string> inexact;
   size_t inexact_groups = 0;
+  size_t assistant_tensors = 0;
   for (const auto& t : f.tensors()) {
     std::string name = t.name;
+    if (name.rfind("mtp.", 0) == 0) {  // a Gemma 4 MTP assistant: a checkpoint of its own in transformers
+      ++assistant_tensors;
+      continue;
+    }
     Item it;
     if (ends_with(name, kQ4Suffix)) {
       name.resize(name.size() - std::strlen(kQ4Suffix));
@@ -388,6 +393,10 @@ HfExportReport export_hf(const std::filesystem::path& image_path, const std::fil
       report.ignored.push_back(it.module);  // kept above 4 bits (--tensor-type)
     }
     items.push_back(std::move(it));
+  }
+  if (assistant_tensors > 0 && options.log) {
+    options.log("the image's MTP assistant (" + std::to_string(assistant_tensors) +
+                " tensors) is not exported: transformers and vLLM read it as a checkpoint of its own");
   }
   if (!inexact.empty() && !options.requantize) {
     throw InexactExportError(

@@ -464,7 +464,12 @@ BuildReport build_image_from_hf(const std::filesystem::path& dir, const std::fil
   opts.source_name = (base.empty() ? std::string("checkpoint") : base) + "/";  // a directory, not the GGUF made from it
   {
     const st::Checkpoint ckpt = st::Checkpoint::open(dir);
-    if (const auto ag = awq_gptq_scheme(ckpt.config(), dir)) {
+    const auto ag = awq_gptq_scheme(ckpt.config(), dir);
+    if (ag && is_hf_gemma4(dir)) {
+      throw Error(dir.string() + " is a " + ag->name + " checkpoint of Gemma 4: kestrel build imports AWQ and GPTQ "
+                  "checkpoints of Gemma 3, and compressed-tensors (pack-quantized W4A16) checkpoints of both");
+    }
+    if (ag) {
       // As for compressed-tensors below: the checkpoint's integers and scales are kept.
       if (opts.precision != quant::Precision::kW4A16 || opts.scale_bits != 16) {
         throw Error(dir.string() + " is a " + ag->name + " W4A16 checkpoint: it builds as --precision w4a16 with "
