@@ -24,6 +24,15 @@ double float_decimal(double v) {
   return std::strtod(buf, nullptr);
 }
 
+// config.json's bos / eos / pad token ids, from the GGUF's tokenizer keys where present.
+void add_special_token_ids(const gguf::File& f, json& c) {
+  for (const auto& [hf, gg] : {std::pair{"bos_token_id", "tokenizer.ggml.bos_token_id"},
+                               std::pair{"eos_token_id", "tokenizer.ggml.eos_token_id"},
+                               std::pair{"pad_token_id", "tokenizer.ggml.padding_token_id"}}) {
+    if (const auto id = f.find_uint(gg)) c[hf] = *id;
+  }
+}
+
 }  // namespace
 
 json compressed_tensors_config(size_t group_size, bool symmetric, const std::vector<std::string>& ignore) {
@@ -87,11 +96,7 @@ json gemma3_hf_config(const gguf::File& f, size_t vocab_size, bool tied, const s
   if (const auto type = f.find_string(key("rope.scaling.type")); type && *type == "linear") {
     c["rope_scaling"] = {{"rope_type", "linear"}, {"factor", float_decimal(f.get_float(key("rope.scaling.factor")))}};
   }
-  for (const auto& [hf, gg] : {std::pair{"bos_token_id", "tokenizer.ggml.bos_token_id"},
-                               std::pair{"eos_token_id", "tokenizer.ggml.eos_token_id"},
-                               std::pair{"pad_token_id", "tokenizer.ggml.padding_token_id"}}) {
-    if (const auto id = f.find_uint(gg)) c[hf] = *id;
-  }
+  add_special_token_ids(f, c);
   if (!quantization.is_null()) c["quantization_config"] = quantization;
   return c;
 }
@@ -185,11 +190,7 @@ json gemma4_hf_config(const gguf::File& f, const std::vector<float>& rope_freqs,
             {"torch_dtype", dtype},
             {"dtype", dtype}};
   if (m.final_softcap > 0.0f) c["final_logit_softcapping"] = float_decimal(m.final_softcap);
-  for (const auto& [hf, gg] : {std::pair{"bos_token_id", "tokenizer.ggml.bos_token_id"},
-                               std::pair{"eos_token_id", "tokenizer.ggml.eos_token_id"},
-                               std::pair{"pad_token_id", "tokenizer.ggml.padding_token_id"}}) {
-    if (const auto id = f.find_uint(gg)) c[hf] = *id;
-  }
+  add_special_token_ids(f, c);
   if (!quantization.is_null()) c["quantization_config"] = quantization;
   return c;
 }
