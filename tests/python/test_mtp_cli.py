@@ -30,6 +30,8 @@ def test_build_with_assistant_then_draft_auto_keeps_the_tokens(tmp_path, name, p
     r = kestrel("build", DATA / name / "hf", "--assistant", DATA / name / "assistant", "-o", image,
                 "--precision", precision, *extra)
     assert r.returncode == 0, r.stderr
+    info = kestrel("inspect", image)
+    assert info.returncode == 0 and "assistant     Gemma 4 MTP assistant, 4 layers" in info.stdout, info.stdout
     runs = {}
     for draft in ("none", "auto", "ngram"):
         r = kestrel("run", "-m", image, "-p", "The quick brown fox", "-n", 24, "--temp", 0,

@@ -8,6 +8,7 @@
 #include "kestrel/formats/dequant.h"
 #include "kestrel/formats/gguf.h"
 #include "kestrel/head/flashhead_format.h"
+#include "kestrel/image/hf_gemma4_assistant.h"
 #include "kestrel/image/image.h"
 
 namespace kestrel::tools {
@@ -101,6 +102,12 @@ int inspect(const std::string& path) {
                   text_or(f, head::keys::kProbes).c_str(), f.find_float(head::keys::kRadiusWeight).value_or(0.0));
     } else {
       std::printf("flashhead     none (dense head only)\n");
+    }
+    if (const auto blocks = f.find_uint(image::mtp_keys::kBlockCount)) {  // what --draft auto drafts with
+      std::printf("assistant     Gemma 4 MTP assistant, %llu layers, width %s (--draft auto drafts with it)\n",
+                  static_cast<unsigned long long>(*blocks), text_or(f, image::mtp_keys::kEmbeddingLength).c_str());
+    } else {
+      std::printf("assistant     none (--draft auto drafts by prompt lookup)\n");
     }
     image::verify_content(f);
     std::printf("checksum      ok (xxh3 %016llx)\n",
