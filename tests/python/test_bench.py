@@ -213,3 +213,15 @@ def test_peers_script_writes_the_same_schema(report, tmp_path, llama_cpp):
 def test_unwritable_output_fails_before_measuring(tmp_path):
     r = kestrel("bench", "--text", OASST, "--json", tmp_path / "no" / "such" / "dir.json", timeout=20)
     assert "cannot write" in error_of(r)
+
+
+def test_a_failed_run_leaves_no_empty_report(tmp_path):
+    # The tiny Gemma 4 model's context (512) is below the suite's: the run fails after the check
+    # that --json is writable, which must not leave the file it created behind.
+    image = tmp_path / "tiny.kimg"
+    r = kestrel("build", ROOT / "tests" / "data" / "gemma4" / "e4b_tiny" / "hf", "-o", image, "--precision", "bf16")
+    assert r.returncode == 0, r.stderr
+    report = tmp_path / "b.json"
+    r = kestrel("bench", "-m", image, "--json", report, "--suite", "decode")
+    assert r.returncode == 1 and "context size" in r.stderr, r.stderr
+    assert not report.exists()

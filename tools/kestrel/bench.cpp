@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iostream>
@@ -368,8 +369,13 @@ int run_bench(const BenchCliOptions& o) {
   }
   if (!o.dump_prompts.empty()) return dump_prompts(o, specs, text);
   // The outputs must be writable before minutes of measuring.
+  // (A file this check creates is removed again: a run that fails leaves no empty report.)
   for (const std::string& out : {o.json_out, o.markdown_out}) {
-    if (!out.empty() && !std::ofstream(out, std::ios::binary | std::ios::app)) throw Error("cannot write " + out);
+    if (out.empty()) continue;
+    std::error_code ec;
+    const bool existed = std::filesystem::exists(out, ec);
+    if (!std::ofstream(out, std::ios::binary | std::ios::app)) throw Error("cannot write " + out);
+    if (!existed) std::filesystem::remove(out, ec);
   }
 
   // Rows from other runs (the llama.cpp peers script), read first so a bad file fails early.
