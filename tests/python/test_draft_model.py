@@ -65,6 +65,15 @@ def test_a_missing_draft_file_is_a_usage_error():
     r = subprocess.run([str(KESTREL), "run", "-m", E4B, "-p", "Hi", "--draft", "/nonexistent/draft.kimg"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--draft" in r.stderr
+
+
+@needs_kestrel
+def test_a_draft_file_that_is_no_model_names_the_option(tmp_path):
+    text = tmp_path / "notes.txt"
+    text.write_text("not a model\n")
+    r = subprocess.run([str(KESTREL), "run", "-m", E4B, "-p", "Hi", "--draft", str(text)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and f"kestrel: error: --draft {text}: GGUF" in r.stderr, r.stderr
     r = subprocess.run([str(KESTREL), "run", "-m", E4B, "-p", "Hi", "--draft-accept", "maybe"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--draft-accept" in r.stderr

@@ -101,16 +101,21 @@ void Engine::load_draft_model(const std::filesystem::path& path, const EngineOpt
   // The draft model's cache holds the target's sequence (plus a draft): this context, or the
   // draft model's maximum when smaller (it then drafts while the sequence fits).
   size_t n_ctx = n_ctx_;
-  {
-    const gguf::File probe = gguf::File::open(path);
-    if (const auto arch = probe.find_string("general.architecture")) {
-      if (const auto max = probe.find_uint(*arch + ".context_length"); max && *max > 0) {
-        n_ctx = std::min<size_t>(n_ctx, *max);
+  std::unique_ptr<Engine> draft;
+  try {
+    {
+      const gguf::File probe = gguf::File::open(path);
+      if (const auto arch = probe.find_string("general.architecture")) {
+        if (const auto max = probe.find_uint(*arch + ".context_length"); max && *max > 0) {
+          n_ctx = std::min<size_t>(n_ctx, *max);
+        }
       }
     }
+    o.n_ctx = n_ctx;
+    draft = std::make_unique<Engine>(path, o, *pool_);
+  } catch (const Error& e) {  // a file that is not a model: say which option named it
+    throw Error("--draft " + path.string() + ": " + e.what());
   }
-  o.n_ctx = n_ctx;
-  auto draft = std::make_unique<Engine>(path, o, *pool_);
   check_same_vocabulary(tokenizer_, model_->info().n_vocab, draft->tokenizer(), draft->model().info().n_vocab,
                         path.string());
   draft_ = std::move(draft);
