@@ -102,12 +102,12 @@ BENCHMARK(F32)->Name("Prefill/F32")->Args({2048, 256})->UseRealTime();
 BENCHMARK(W4)->Name("Prefill/W4")->Args({2048, 256})->UseRealTime();
 BENCHMARK(BF16)->Name("Prefill/BF16")->Args({2048, 256})->UseRealTime();
 
-// Decode attention of one token at position state.range(0) over a global layer of Gemma 4 E4B's
-// shape (8 query heads, 2 KV heads, head_dim 512, fp16 cache), rotating over 8 layers' caches
-// (8 x 12.6 MB at 3,072 positions, more than the L3) as a decode step's layers do.
-void DecodeAttention(benchmark::State& state) {
+// Decode attention of one token at position state.range(0) over a layer of the given shape
+// (E4B's global layers: 8 query heads, 2 KV heads, head_dim 512), fp16 cache, rotating over 8
+// layers' caches (E4B: 8 x 12.6 MB at 3,072 positions, more than the L3) as a decode step's
+// layers do.
+void DecodeAttention(benchmark::State& state, kestrel::model::AttentionShape shape) {
   const size_t pos = static_cast<size_t>(state.range(0));
-  const kestrel::model::AttentionShape shape{8, 2, 512, 0};
   constexpr size_t kLayers = 8;
   std::vector<kestrel::model::LayerCache> caches(kLayers);
   const auto values = gaussian(4096);
@@ -132,7 +132,12 @@ void DecodeAttention(benchmark::State& state) {
   state.counters["KV GB/s"] = benchmark::Counter(
       static_cast<double>(2 * (pos + 1) * caches[0].stride * sizeof(uint16_t)), benchmark::Counter::kIsIterationInvariantRate);
 }
-BENCHMARK(DecodeAttention)->Name("Decode/Attention/E4B-global")->Arg(3072)->UseRealTime();
+BENCHMARK_CAPTURE(DecodeAttention, E4B_global, kestrel::model::AttentionShape{8, 2, 512, 0})
+    ->Name("Decode/Attention/E4B-global")->Arg(3072)->UseRealTime();
+// The default model's layers (Gemma 3 270M: 4 query heads on 1 KV head of 256), at the
+// positions of a short chat and of a long prompt.
+BENCHMARK_CAPTURE(DecodeAttention, Gemma3_270M, kestrel::model::AttentionShape{4, 1, 256, 0})
+    ->Name("Decode/Attention/Gemma3-270M")->Arg(100)->Arg(3072)->UseRealTime();
 
 // Memory bandwidth: all threads summing disjoint parts of a 1 GiB buffer (read-only, like a
 // decode step streaming weights). The ceiling for decode is this over the bytes read per token.

@@ -96,59 +96,6 @@ inline void PrefetchRow(const hwy::float16_t* base, size_t row, size_t capacity,
   for (size_t b = 0; b < head_dim * sizeof(uint16_t); b += 64) __builtin_prefetch(p + b);
 }
 
-// The `group` query heads that share one KV head (GQA): each cached K and V row is loaded and
-// converted from fp16 once for all of them. Writes the unnormalized partial result of the
-// range: out = sum_j exp(s_j - max) v_j, with max and sum = sum_j exp(s_j - max) per head.
-void AttendGroup(const float* q, size_t group, const uint16_t* k, const uint16_t* v, size_t stride,
-                 size_t capacity, size_t head_dim, size_t pos_begin, size_t pos_end,
-                 float* scores, float* out, float* max_out, float* sum_out) {
-  const hn::ScalableTag<float> d;
-  const hn::Rebind<hwy::float16_t, decltype(d)> dh;
-  const size_t N = hn::Lanes(d);
-  const auto* kh = reinterpret_cast<const hwy::float16_t*>(k);
-  const auto* vh = reinterpret_cast<const hwy::float16_t*>(v);
-  const size_t n = pos_end - pos_begin;
-  constexpr size_t kMaxGroup = 8;
-  if (group > kMaxGroup || head_dim % N != 0) {  // general path, one head at a time
-    for (size_t h = 0; h < group; ++h) {
-      float* s = scores + h * n;
-      for (size_t j = 0; j < n; ++j) {
-        s[j] = DotF16(q + h * head_dim, kh + ((pos_begin + j) % capacity) * stride, head_dim);
-      }
-      sum_out[h] = ExpShifted(s, n, &max_out[h]);
-      for (size_t i = 0; i < head_dim; ++i) out[h * head_dim + i] = 0.0f;
-      for (size_t j = 0; j < n; ++j) {
-        AxpyF16(s[j], vh + ((pos_begin + j) % capacity) * stride, out + h * head_dim, head_dim);
-      }
-    }
-    return;
-  }
-  for (size_t j = 0; j < n; ++j) {
-    const hwy::float16_t* krow = kh + ((pos_begin + j) % capacity) * stride;
-    if (j + kPrefetchRows < n) PrefetchRow(kh, pos_begin + j + kPrefetchRows, capacity, stride, head_dim);
-    decltype(hn::Zero(d)) acc[kMaxGroup];
-    for (size_t h = 0; h < group; ++h) acc[h] = hn::Zero(d);
-    for (size_t i = 0; i < head_dim; i += N) {
-      const auto kv = hn::PromoteTo(d, hn::LoadU(dh, krow + i));
-      for (size_t h = 0; h < group; ++h) acc[h] = hn::MulAdd(hn::LoadU(d, q + h * head_dim + i), kv, acc[h]);
-    }
-    for (size_t h = 0; h < group; ++h) scores[h * n + j] = hn::GetLane(hn::SumOfLanes(d, acc[h]));
-  }
-  for (size_t h = 0; h < group; ++h) sum_out[h] = ExpShifted(scores + h * n, n, &max_out[h]);
-  for (size_t i = 0; i < group * head_dim; ++i) out[i] = 0.0f;
-  for (size_t j = 0; j < n; ++j) {
-    const hwy::float16_t* vrow = vh + ((pos_begin + j) % capacity) * stride;
-    if (j + kPrefetchRows < n) PrefetchRow(vh, pos_begin + j + kPrefetchRows, capacity, stride, head_dim);
-    for (size_t i = 0; i < head_dim; i += N) {
-      const auto vv = hn::PromoteTo(d, hn::LoadU(dh, vrow + i));
-      for (size_t h = 0; h < group; ++h) {
-        float* o = out + h * head_dim + i;
-        hn::StoreU(hn::MulAdd(hn::Set(d, scores[h * n + j]), vv, hn::LoadU(d, o)), d, o);
-      }
-    }
-  }
-}
-
 // AttendBlock's two passes, for a number of queries known at compile time where it can be, so
 // that the per-query accumulators stay in registers (with a run-time count the compiler keeps
 // them on the stack: a load and a store per multiply-add). Scores: each K row once for all NQ
@@ -213,6 +160,48 @@ void WithQueryCount(size_t n_q, F&& f) {
     case 16: f(std::integral_constant<size_t, 16>{}); break;
     default: f(std::integral_constant<size_t, 0>{}); break;
   }
+}
+
+// The `group` query heads that share one KV head (GQA): each cached K and V row is loaded and
+// converted from fp16 once for all of them. Writes the unnormalized partial result of the
+// range: out = sum_j exp(s_j - max) v_j, with max and sum = sum_j exp(s_j - max) per head.
+// Group sizes with a kernel of their own (1, 2, 4, 8, 16) keep their accumulators in registers
+// (BlockScores / BlockValues); per output element the multiply-adds run in the same order
+// (positions ascending, from zero) whatever the group size, so a head's result does not depend
+// on the path.
+void AttendGroup(const float* q, size_t group, const uint16_t* k, const uint16_t* v, size_t stride,
+                 size_t capacity, size_t head_dim, size_t pos_begin, size_t pos_end,
+                 float* scores, float* out, float* max_out, float* sum_out) {
+  const hn::ScalableTag<float> d;
+  const size_t N = hn::Lanes(d);
+  const auto* kh = reinterpret_cast<const hwy::float16_t*>(k);
+  const auto* vh = reinterpret_cast<const hwy::float16_t*>(v);
+  const size_t n = pos_end - pos_begin;
+  if (group > kMaxBlockQueries || head_dim % N != 0) {  // general path, one head at a time
+    for (size_t h = 0; h < group; ++h) {
+      float* s = scores + h * n;
+      for (size_t j = 0; j < n; ++j) {
+        s[j] = DotF16(q + h * head_dim, kh + ((pos_begin + j) % capacity) * stride, head_dim);
+      }
+      sum_out[h] = ExpShifted(s, n, &max_out[h]);
+      for (size_t i = 0; i < head_dim; ++i) out[h * head_dim + i] = 0.0f;
+      for (size_t j = 0; j < n; ++j) {
+        AxpyF16(s[j], vh + ((pos_begin + j) % capacity) * stride, out + h * head_dim, head_dim);
+      }
+    }
+    return;
+  }
+  const float* qs[kMaxBlockQueries];
+  float* outs[kMaxBlockQueries];
+  for (size_t h = 0; h < group; ++h) qs[h] = q + h * head_dim, outs[h] = out + h * head_dim;
+  WithQueryCount(group, [&](auto nq) {
+    BlockScores<decltype(nq)::value>(qs, group, kh, pos_begin, n, stride, capacity, head_dim, scores);
+  });
+  for (size_t h = 0; h < group; ++h) sum_out[h] = ExpShifted(scores + h * n, n, &max_out[h]);
+  for (size_t i = 0; i < group * head_dim; ++i) out[i] = 0.0f;
+  WithQueryCount(group, [&](auto nq) {
+    BlockValues<decltype(nq)::value>(scores, group, vh, pos_begin, n, stride, capacity, head_dim, outs);
+  });
 }
 
 // Prefill tile: n_q query vectors (consecutive tokens x the heads of one KV head), query i

@@ -9,25 +9,128 @@
 
 namespace kestrel::model {
 
+namespace {
+
+// The visible positions [begin, end) of a query at `pos`: causal, within the window if any.
+std::pair<size_t, size_t> visible(const AttentionShape& s, size_t pos) {
+  const size_t begin = s.window > 0 && pos + 1 > s.window ? pos + 1 - s.window : 0;
+  return {begin, pos + 1};
+}
+
+// A piece of cached_attention_rows' work: KV head g of row `row`, over positions [s0, s1).
+// part == kWhole: the whole visible range, written normalized to the row's output; else slot
+// `part` of the partial buffers, merged afterwards with the row's other slices.
+struct Unit {
+  size_t row, g, s0, s1, part;
+};
+constexpr size_t kWhole = ~size_t{0};
+
+// A row's merge: slices [first, first + n) of the partial buffers into KV head g of `row`.
+struct Merge {
+  size_t row, g, first, n;
+};
+
+struct RowsScratch {
+  std::vector<Unit> units;
+  std::vector<Merge> merges;
+  std::vector<float> part_out, part_max, part_sum;
+  std::vector<kernels::AttentionPartial> parts;
+};
+
+}  // namespace
+
+void cached_attention_rows(const AttentionShape& s, std::span<const AttentionRow> rows, ThreadPool& pool) {
+  if (rows.empty()) return;
+  const size_t hd = s.head_dim, group = s.n_heads / s.n_kv_heads;
+  const size_t threads = static_cast<size_t>(pool.size());
+  // A row's plan is what a one-row call has always done: with at least as many KV heads as
+  // threads, one item per KV head over the whole range; with fewer (decode of a model with one
+  // KV head), the range cut into one slice per thread and the slices' softmaxes merged.
+  thread_local RowsScratch scratch;
+  auto& units = scratch.units;
+  auto& merges = scratch.merges;
+  units.clear();
+  merges.clear();
+  size_t n_parts_total = 0, longest = 0;
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const auto [begin, end] = visible(s, rows[r].pos);
+    longest = std::max(longest, end - begin);
+    if (s.n_kv_heads >= threads) {
+      for (size_t g = 0; g < s.n_kv_heads; ++g) units.push_back({r, g, begin, end, kWhole});
+      continue;
+    }
+    const size_t slice = (end - begin + threads - 1) / threads;
+    const size_t n_parts = (end - begin + slice - 1) / slice;
+    for (size_t g = 0; g < s.n_kv_heads; ++g) {
+      merges.push_back({r, g, n_parts_total, n_parts});
+      for (size_t p = 0; p < n_parts; ++p) {
+        const size_t s0 = begin + p * slice;
+        units.push_back({r, g, s0, std::min(end, s0 + slice), n_parts_total++});
+      }
+    }
+  }
+  auto& part_out = scratch.part_out;
+  auto& part_max = scratch.part_max;
+  auto& part_sum = scratch.part_sum;
+  auto& parts = scratch.parts;
+  part_out.resize(n_parts_total * group * hd);
+  part_max.resize(n_parts_total * group);
+  part_sum.resize(n_parts_total * group);
+  parts.resize(n_parts_total);
+  for (size_t p = 0; p < n_parts_total; ++p) {
+    parts[p] = {&part_out[p * group * hd], &part_max[p * group], &part_sum[p * group]};
+  }
+  const bool block = group <= kernels::kMaxBlockQueries && hd % 16 == 0;
+  pool.parallel_for(units.size(), 1, [&](size_t b, size_t e) {
+    thread_local std::vector<float> scores;  // this worker's
+    if (scores.size() < group * longest) scores.resize(group * longest);
+    for (size_t i = b; i < e; ++i) {
+      const Unit& u = units[i];
+      const AttentionRow& row = rows[u.row];
+      const LayerCache& lc = *row.cache;
+      const float* q = row.q + u.g * group * hd;
+      const uint16_t* kc = lc.k.data() + u.g * hd;
+      const uint16_t* vc = lc.v.data() + u.g * hd;
+      float* out = row.out + u.g * group * hd;
+      if (u.part != kWhole) {
+        kernels::attend_partial(q, group, kc, vc, lc.stride, lc.capacity, hd, u.s0, u.s1, scores.data(), &parts[u.part]);
+      } else if (block) {
+        const float* queries[kernels::kMaxBlockQueries];
+        float* outs[kernels::kMaxBlockQueries];
+        size_t begins[kernels::kMaxBlockQueries], ends[kernels::kMaxBlockQueries];
+        for (size_t h = 0; h < group; ++h) {
+          queries[h] = q + h * hd;
+          outs[h] = out + h * hd;
+          begins[h] = u.s0;
+          ends[h] = u.s1;
+        }
+        kernels::attend_block(queries, group, begins, ends, kc, vc, lc.stride, lc.capacity, hd, scores.data(), outs);
+      } else {
+        kernels::attend_group(q, group, kc, vc, lc.stride, lc.capacity, hd, u.s0, u.s1, scores.data(), out);
+      }
+    }
+  });
+  for (const Merge& m : merges) {
+    kernels::merge_partials(&parts[m.first], m.n, group, hd, rows[m.row].out + m.g * group * hd);
+  }
+}
+
 void cached_attention(const AttentionShape& s, const float* q, size_t n, size_t pos0,
                       const LayerCache& lc, float* out, ThreadPool& pool) {
   const size_t hd = s.head_dim;
   const size_t q_dim = s.n_heads * hd;
-  if (n > 1 && n < kernels::kTileMinTokens) {
-    for (size_t t = 0; t < n; ++t) cached_attention(s, q + t * q_dim, 1, pos0 + t, lc, out + t * q_dim, pool);
+  if (n < kernels::kTileMinTokens) {  // rows alone: decode, and short chunks (verification)
+    thread_local std::vector<AttentionRow> rows;
+    rows.clear();
+    for (size_t t = 0; t < n; ++t) rows.push_back({q + t * q_dim, pos0 + t, &lc, out + t * q_dim});
+    cached_attention_rows(s, rows, pool);
     return;
   }
   const size_t group = s.n_heads / s.n_kv_heads;
-  const size_t n_items = n * s.n_kv_heads;
   const size_t threads = static_cast<size_t>(pool.size());
   const uint16_t* kc = lc.k.data();
   const uint16_t* vc = lc.v.data();
-  auto visible = [&](size_t t) {
-    const size_t pos = pos0 + t;
-    const size_t begin = s.window > 0 && pos + 1 > s.window ? pos + 1 - s.window : 0;
-    return std::pair<size_t, size_t>{begin, pos + 1};
-  };
-
+  const size_t n_items = n * s.n_kv_heads;
   if (n_items >= threads && group <= kernels::kMaxBlockQueries && hd % 16 == 0) {
     // Prefill: a tile of consecutive tokens times the heads of one KV head reads each K/V row once.
     const size_t tile_tokens = std::max<size_t>(1, kernels::kMaxBlockQueries / group);
@@ -42,7 +145,7 @@ void cached_attention(const AttentionShape& s, const float* q, size_t n, size_t 
         size_t begins[kernels::kMaxBlockQueries], ends[kernels::kMaxBlockQueries];
         size_t n_q = 0;
         for (size_t t = t0; t < t1; ++t) {
-          const auto [begin, end] = visible(t);
+          const auto [begin, end] = visible(s, pos0 + t);
           for (size_t h = 0; h < group; ++h, ++n_q) {
             queries[n_q] = q + t * q_dim + (g * group + h) * hd;
             outs[n_q] = out + t * q_dim + (g * group + h) * hd;
@@ -56,40 +159,18 @@ void cached_attention(const AttentionShape& s, const float* q, size_t n, size_t 
     });
     return;
   }
-  if (n_items >= threads) {
-    pool.parallel_for(n_items, 1, [&](size_t b, size_t e) {
-      std::vector<float> scores(group * (std::min(pos0 + n, lc.capacity) + 1));
-      for (size_t item = b; item < e; ++item) {
-        const size_t t = item / s.n_kv_heads, g = item % s.n_kv_heads;
-        const auto [begin, end] = visible(t);
-        kernels::attend_group(q + t * q_dim + g * group * hd, group, kc + g * hd, vc + g * hd,
-                              lc.stride, lc.capacity, hd, begin, end, scores.data(),
-                              out + t * q_dim + g * group * hd);
-      }
-    });
-    return;
-  }
-  // Decode: each (token, KV head) item's visible range is cut into one slice per thread.
-  std::vector<float> part_out(threads * group * hd), part_max(threads * group), part_sum(threads * group);
-  std::vector<kernels::AttentionPartial> parts(threads);
-  for (size_t p = 0; p < threads; ++p) {
-    parts[p] = {&part_out[p * group * hd], &part_max[p * group], &part_sum[p * group]};
-  }
-  for (size_t item = 0; item < n_items; ++item) {
-    const size_t t = item / s.n_kv_heads, g = item % s.n_kv_heads;
-    const auto [begin, end] = visible(t);
-    const size_t slice = (end - begin + threads - 1) / threads;
-    const size_t n_parts = (end - begin + slice - 1) / slice;
-    pool.parallel_for(n_parts, 1, [&](size_t pb, size_t pe) {
-      std::vector<float> scores(group * slice);
-      for (size_t p = pb; p < pe; ++p) {
-        const size_t s0 = begin + p * slice, s1 = std::min(end, s0 + slice);
-        kernels::attend_partial(q + t * q_dim + g * group * hd, group, kc + g * hd, vc + g * hd,
-                                lc.stride, lc.capacity, hd, s0, s1, scores.data(), &parts[p]);
-      }
-    });
-    kernels::merge_partials(parts.data(), n_parts, group, hd, out + t * q_dim + g * group * hd);
-  }
+  // A chunk of kTileMinTokens or more with fewer KV-head items than threads cannot happen with
+  // fewer than kTileMinTokens threads; with more, each (token, KV head) item whole.
+  pool.parallel_for(n_items, 1, [&](size_t b, size_t e) {
+    std::vector<float> scores(group * (std::min(pos0 + n, lc.capacity) + 1));
+    for (size_t item = b; item < e; ++item) {
+      const size_t t = item / s.n_kv_heads, g = item % s.n_kv_heads;
+      const auto [begin, end] = visible(s, pos0 + t);
+      kernels::attend_group(q + t * q_dim + g * group * hd, group, kc + g * hd, vc + g * hd,
+                            lc.stride, lc.capacity, hd, begin, end, scores.data(),
+                            out + t * q_dim + g * group * hd);
+    }
+  });
 }
 
 }  // namespace kestrel::model

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <span>
 
 #include "kestrel/base/thread_pool.h"
 #include "kestrel/model/model.h"
@@ -31,5 +32,21 @@ struct AttentionShape {
 /// step equal the decode steps they stand for, bit for bit.
 void cached_attention(const AttentionShape& shape, const float* q, size_t n, size_t pos0,
                       const LayerCache& lc, float* out, ThreadPool& pool);
+
+/// One query row that attends on its own: a decode row of a batched step, or a row of a short
+/// chunk (a speculative verification).
+struct AttentionRow {
+  const float* q;          // float32 [n_heads * head_dim], already scaled
+  size_t pos;              // the row's position; the cache holds it and its visible range
+  const LayerCache* cache;
+  float* out;              // float32 [n_heads * head_dim]
+};
+
+/// cached_attention() of rows that each stand alone, over their own caches: each row's output
+/// is bit-identical to cached_attention(shape, row.q, 1, row.pos, *row.cache, row.out, pool)
+/// (which is this with one row), and all rows' work runs in one parallel loop: a batched
+/// decode step or a verification waits for the pool once per layer, not once per row.
+/// Allocates nothing once warm (the buffers are the calling thread's and the workers').
+void cached_attention_rows(const AttentionShape& shape, std::span<const AttentionRow> rows, ThreadPool& pool);
 
 }  // namespace kestrel::model

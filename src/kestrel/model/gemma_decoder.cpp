@@ -75,11 +75,15 @@ GemmaDecoder::Scratch::Scratch(const GemmaConfig& c, size_t n) {
                           n * n_rot, n * d_ff, n * d_ff, n * c.n_layers() * c.ple_dim, n * c.ple_dim};
   size_t total = kAlign;
   for (const size_t floats : sizes) total += padded(floats);
-  arena_.resize(total);
-  const auto base = reinterpret_cast<uintptr_t>(arena_.data());
+  // The calling thread's arena, grown to the largest chunk seen and kept: a decode step
+  // allocates nothing here once warm. Two Scratches of one thread never live at once
+  // (forward_chunk does not nest).
+  thread_local std::vector<float> arena;
+  if (arena.size() < total) arena.resize(total);
+  const auto base = reinterpret_cast<uintptr_t>(arena.data());
   size_t offset = ((base + 63) / 64 * 64 - base) / sizeof(float);  // to the first 64-byte boundary
   for (size_t i = 0; i < std::size(sizes); ++i) {
-    *arrays[i] = arena_.data() + offset;
+    *arrays[i] = arena.data() + offset;
     offset += padded(sizes[i]);
   }
 }
@@ -327,11 +331,22 @@ void GemmaDecoder::attention_block(size_t il, size_t n, std::span<const Segment>
     }
   });
 
+  // Segments of prefill size attend by tiles; the rows of the others (decode rows, short
+  // verification chunks) all in one parallel loop, each as it would alone.
   const AttentionShape shape{c.n_heads, n_kv, hd, lc.window};
+  thread_local std::vector<AttentionRow> rows;
+  rows.clear();
   for (const Segment& seg : segs) {
-    cached_attention(shape, &s.q[seg.first * q_dim], seg.n, seg.pos0, seg.cache->layers[lc.kv_source],
-                     &s.attn[seg.first * q_dim], pool);
+    const LayerCache& cache = seg.cache->layers[lc.kv_source];
+    if (seg.n >= kernels::kTileMinTokens) {
+      cached_attention(shape, &s.q[seg.first * q_dim], seg.n, seg.pos0, cache, &s.attn[seg.first * q_dim], pool);
+      continue;
+    }
+    for (size_t t = 0; t < seg.n; ++t) {
+      rows.push_back({&s.q[(seg.first + t) * q_dim], seg.pos0 + t, &cache, &s.attn[(seg.first + t) * q_dim]});
+    }
   }
+  cached_attention_rows(shape, rows, pool);
   if (observer) observer->observe(blk(il, "attn_output"), s.attn, n, q_dim);
   kernels::matmul(l.wo, s.attn, n, q_dim, s.xn, d, pool);
   add_post_normed(s.x, s.xn, l.post_attn_norm, n, d, c.rms_eps, pool);

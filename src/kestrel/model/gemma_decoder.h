@@ -82,9 +82,9 @@ class GemmaDecoder final : public Model {
     float* hidden = nullptr;  // final hidden states per `which` (kAll: n rows, kLast: the last), or null
   };
 
-  /// Activations of one chunk, float32 row-major with one row per token, in one allocation
-  /// sized for the chunk's rows and the widest layer and reused by every layer. Each array
-  /// starts on a 64-byte boundary.
+  /// Activations of one chunk, float32 row-major with one row per token, in one arena (the
+  /// calling thread's, kept between chunks) sized for the chunk's rows and the widest layer and
+  /// reused by every layer. Each array starts on a 64-byte boundary; contents start undefined.
   class Scratch {
    public:
     Scratch(const GemmaConfig& c, size_t n);
@@ -99,9 +99,6 @@ class GemmaDecoder final : public Model {
     float* up = nullptr;        // [n, d_ff]
     float* pl = nullptr;        // [n, n_layers * ple_dim] per-layer inputs
     float* ple_gate = nullptr;  // [n, ple_dim]
-
-   private:
-    std::vector<float> arena_;
   };
 
   /// Throws kestrel::Error when forward_hidden(tokens, cache) could not run: no tokens, a cache
