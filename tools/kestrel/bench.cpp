@@ -5,6 +5,7 @@
 
 #include <cctype>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -49,7 +50,7 @@ struct BenchCliOptions {
   std::vector<std::string> add_rows;
   std::string text;
   int threads = 0;
-  size_t ctx = 4096;
+  std::optional<size_t> ctx;  // unset: 4096, or the model's maximum when smaller (runtime::EngineOptions)
   std::optional<size_t> warmup, requests, prompt_tokens, output_tokens;
   double idle_seconds = 5;
   bool no_progress = false;
@@ -191,8 +192,11 @@ bench::VariantResult run_model(const ModelArg& m, const BenchCliOptions& o, cons
   v.kv_cache_bytes = engine.cache().bytes();
   for (const auto& s : specs) {
     if (s.prompt_tokens + s.output_tokens > engine.n_ctx()) {
+      const size_t max_ctx = engine.model().info().context_length;
       throw Error("suite " + s.name + " needs " + std::to_string(s.prompt_tokens + s.output_tokens) +
-                  " positions; the context is " + std::to_string(engine.n_ctx()) + " (raise --ctx)");
+                  " positions; the context is " + std::to_string(engine.n_ctx()) +
+                  (engine.n_ctx() < max_ctx ? " (raise --ctx, up to the model's maximum " + std::to_string(max_ctx) + ")"
+                                            : ", the model's maximum (lower --prompt-tokens or --output-tokens)"));
     }
   }
   const std::vector<bench::TokenId> stream = bench::text_token_stream(engine.tokenizer(), text);
@@ -317,7 +321,7 @@ int run_concurrency_bench(const BenchCliOptions& o) {
     const ModelArg m = parse_model_arg(arg);
     runtime::EngineOptions eo;
     eo.n_threads = o.threads;
-    eo.n_ctx = std::min<size_t>(o.ctx, prompt_tokens + output_tokens + 1);
+    eo.n_ctx = std::min<size_t>(o.ctx.value_or(SIZE_MAX), prompt_tokens + output_tokens + 1);
     runtime::Engine engine(m.path, eo);
     const std::vector<bench::TokenId> stream = bench::text_token_stream(engine.tokenizer(), text);
     std::optional<bench::TokenId> bos;
@@ -436,9 +440,10 @@ Command add_bench_command(CLI::App& app) {
                   "../shared/data/oasst/en-validation.jsonl)");
   cmd->add_option("-t,--threads", o->threads, "Threads (default: every core)")
       ->check(integer_range(0, ThreadPool::kMaxThreads));
-  cmd->add_option("-c,--ctx", o->ctx, "Context size in tokens (KV cache)")
-      ->check(integer_range(size_t{2}, size_t{1} << 24))
-      ->capture_default_str();
+  cmd->add_option("-c,--ctx", o->ctx,
+                  "Context size in tokens (KV cache; default 4096, or the model's maximum if smaller; more than "
+                  "the model's maximum is an error)")
+      ->check(integer_range(size_t{2}, size_t{1} << 24));
   cmd->add_option("--add-rows", o->add_rows,
                   "Add the rows of another bench JSON (e.g. scripts/bench/peers_bench.py's) to the table; repeatable");
   cmd->add_option("--idle-seconds", o->idle_seconds, "Seconds of idle power sampling per model (when a sensor is readable)")

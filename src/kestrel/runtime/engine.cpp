@@ -58,6 +58,10 @@ Engine::Engine(const std::filesystem::path& model_path, const EngineOptions& opt
                        : *options.n_ctx == 0 ? max_ctx
                                              : *options.n_ctx;
   n_ctx_ = n_ctx;
+  if (n_ctx_ > max_ctx && max_ctx > 0) {
+    throw Error("context size " + std::to_string(n_ctx_) + " exceeds this model's maximum context of " +
+                std::to_string(max_ctx) + " tokens (lower --ctx, or 0 for the maximum)");
+  }
   if (n_ctx_ == 0 || n_ctx_ > max_ctx) {
     throw Error("context size " + std::to_string(n_ctx_) + " is outside 1.." + std::to_string(max_ctx) +
                 " for this model");
