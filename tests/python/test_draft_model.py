@@ -81,10 +81,14 @@ def test_a_draft_file_that_is_no_model_names_the_option(tmp_path):
 
 @needs_model
 def test_serve_fails_at_startup_with_another_vocabulary():
+    # Before the port is bound: no "listening" line, one error line naming --draft, usage status.
     proc = subprocess.run([str(KESTREL), "serve", "--port", "0", "-t", "2", "-m", model_path(), "--draft", E2B],
                           capture_output=True, text=True, timeout=300)
-    assert proc.returncode != 0
-    assert "vocabulary" in proc.stderr
+    assert proc.returncode == 2, proc.stderr
+    assert "listening" not in proc.stderr
+    assert proc.stderr.splitlines() == [proc.stderr.strip()], proc.stderr
+    assert proc.stderr.startswith(f"kestrel: error: --draft {E2B}: the draft model has another vocabulary"), \
+        proc.stderr
 
 
 @needs_model

@@ -28,9 +28,12 @@ int serve(ServeOptions& o) {
   o.server.max_body_bytes = o.max_body_mib << 20;
   const ModelOptions model = o.model;
   const std::string draft = o.server.draft;
+  // A draft model of another vocabulary fails here, before the port is bound and "listening"
+  // is printed (the full check runs again when the models load).
+  if (runtime::parse_draft_mode(draft) == runtime::DraftMode::kModel) runtime::check_draft_vocabulary(path, draft);
   return server::serve(o.server, [model, draft] {
     auto engine = model.load_unique();
-    load_draft_model(*engine, draft, model);  // a vocabulary mismatch fails the startup
+    load_draft_model(*engine, draft, model);
     return engine;
   });
 }
