@@ -104,7 +104,7 @@ def test_serve_with_a_draft_model_reports_its_drafts():
         assert d["accepted_prediction_tokens"] > 0 and d["rejected_prediction_tokens"] == 0
         assert server.metric("kestrel_draft_tokens_total") == drafted + d["accepted_prediction_tokens"]
         props = server.request("GET", "/props")[1]["speculative"]
-        assert props == {"draft": str(model_path()), "draft_max": 6, "draft_accept": "exact"}
+        assert props == {"draft": str(model_path()), "draft_max": 6, "draft_accept": "exact", "mtp_assistant": None}
     finally:
         assert server.stop() == 0
 
