@@ -5,6 +5,7 @@ vocabulary) drafts with --draft-accept distribution; a draft model with another 
 usage error (exit 2) for `kestrel run` and fails `kestrel serve` at startup; the server reports
 drafted tokens in the usage and /metrics."""
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -58,6 +59,24 @@ def test_another_vocabulary_is_a_usage_error():
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 2, r.stderr
     assert "vocabulary" in r.stderr and "kestrel: error:" in r.stderr
+
+
+@needs_kestrel
+def test_draft_default_is_the_default_model(tmp_path):
+    """--draft default drafts with the default model as -m default finds it ($KESTREL_MODEL here:
+    the tiny E2B-like model drafting for the E4B-like one); naming the default model as the model
+    too is refused by name (drafting for itself is only extra work), with the usage status."""
+    env = dict(os.environ, KESTREL_MODEL=str(E2B), KESTREL_CACHE=str(tmp_path))
+    args = ["run", "-t", "2", "--json", "-p", "the the and of to in", "-n", "16", "--temp", "0", "--ignore-eos",
+            "--raw", "--draft", "default"]
+    r = subprocess.run([str(KESTREL), *args, "-m", str(E4B)], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["drafted_tokens"] > 0
+    for model in ("default", str(E2B)):
+        r = subprocess.run([str(KESTREL), *args, "-m", model], capture_output=True, text=True, timeout=300, env=env)
+        assert r.returncode == 2, r.stderr
+        assert f"kestrel: error: --draft default names the default model ({E2B}), which is the model itself" \
+            in r.stderr, r.stderr
 
 
 @needs_kestrel

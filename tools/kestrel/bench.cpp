@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "common.h"
 #include "kestrel/base/error.h"
 #include "kestrel/image/image.h"
 #include "kestrel/runtime/bench/concurrency.h"
@@ -186,7 +187,9 @@ bench::VariantResult run_model(const ModelArg& m, const BenchCliOptions& o, cons
   eo.n_threads = o.threads;
   eo.n_ctx = o.ctx;
   runtime::Engine engine(m.path, eo);
-  if (runtime::parse_draft_mode(o.draft) == runtime::DraftMode::kModel) engine.load_draft_model(o.draft, eo);
+  if (runtime::parse_draft_mode(o.draft) == runtime::DraftMode::kModel) {
+    engine.load_draft_model(draft_model_argument(o.draft, m.path, true), eo);
+  }
   if (v.threads == 0) v.threads = static_cast<int>(engine.pool().size());
   v.n_ctx = engine.n_ctx();
   v.kv_cache_bytes = engine.cache().bytes();
@@ -467,8 +470,8 @@ Command add_bench_command(CLI::App& app) {
       ->check(integer_range(size_t{1}, size_t{64}));
   cmd->add_option("--draft", o->draft,
                   "Speculative decoding in the suites: none (default, the model card's plain decode), ngram, "
-                  "auto or IMAGE (a draft model with the same vocabulary); the tokens are the same (greedy), the "
-                  "JSON counts drafted and accepted tokens")
+                  "auto, default (the default model) or IMAGE (a draft model with the same vocabulary); the "
+                  "tokens are the same (greedy), the JSON counts drafted and accepted tokens")
       ->check(draft_check())
       ->capture_default_str();
   cmd->add_option("--draft-max", o->draft_max, "Tokens drafted per verification at most")
