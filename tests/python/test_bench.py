@@ -223,5 +223,19 @@ def test_a_failed_run_leaves_no_empty_report(tmp_path):
     assert r.returncode == 0, r.stderr
     report = tmp_path / "b.json"
     r = kestrel("bench", "-m", image, "--json", report, "--suite", "decode")
-    assert r.returncode == 1 and "context size" in r.stderr, r.stderr
+    assert r.returncode == 1 and "the context is 512, the model's maximum (lower --prompt-tokens" in r.stderr, r.stderr
     assert not report.exists()
+
+
+@needs_text
+def test_the_default_context_is_clamped_to_the_models_maximum(tmp_path):
+    """The default context is 4096 or the model's maximum when smaller (the tiny Gemma 4 model's
+    512), as for run and serve; asking for more than the maximum is refused by name."""
+    tiny = ROOT / "tests" / "data" / "gemma4" / "e4b_tiny" / "model.gguf"
+    out = tmp_path / "b.json"
+    r = kestrel("bench", "-m", tiny, *TINY, "--suite", "decode", "--json", out)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(out.read_text())["variants"][0]["n_ctx"] == 512
+    r = kestrel("bench", "-m", tiny, *TINY, "--suite", "decode", "-c", 1024)
+    assert r.returncode == 1, r.stderr
+    assert "context size 1024 exceeds this model's maximum context of 512 tokens" in r.stderr

@@ -5,6 +5,7 @@ vocabulary) drafts with --draft-accept distribution; a draft model with another 
 usage error (exit 2) for `kestrel run` and fails `kestrel serve` at startup; the server reports
 drafted tokens in the usage and /metrics."""
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -61,6 +62,24 @@ def test_another_vocabulary_is_a_usage_error():
 
 
 @needs_kestrel
+def test_draft_default_is_the_default_model(tmp_path):
+    """--draft default drafts with the default model as -m default finds it ($KESTREL_MODEL here:
+    the tiny E2B-like model drafting for the E4B-like one); naming the default model as the model
+    too is refused by name (drafting for itself is only extra work), with the usage status."""
+    env = dict(os.environ, KESTREL_MODEL=str(E2B), KESTREL_CACHE=str(tmp_path))
+    args = ["run", "-t", "2", "--json", "-p", "the the and of to in", "-n", "16", "--temp", "0", "--ignore-eos",
+            "--raw", "--draft", "default"]
+    r = subprocess.run([str(KESTREL), *args, "-m", str(E4B)], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["drafted_tokens"] > 0
+    for model in ("default", str(E2B)):
+        r = subprocess.run([str(KESTREL), *args, "-m", model], capture_output=True, text=True, timeout=300, env=env)
+        assert r.returncode == 2, r.stderr
+        assert f"kestrel: error: --draft default names the default model ({E2B}), which is the model itself" \
+            in r.stderr, r.stderr
+
+
+@needs_kestrel
 def test_a_missing_draft_file_is_a_usage_error():
     r = subprocess.run([str(KESTREL), "run", "-m", E4B, "-p", "Hi", "--draft", "/nonexistent/draft.kimg"],
                        capture_output=True, text=True, timeout=60)
@@ -81,10 +100,14 @@ def test_a_draft_file_that_is_no_model_names_the_option(tmp_path):
 
 @needs_model
 def test_serve_fails_at_startup_with_another_vocabulary():
+    # Before the port is bound: no "listening" line, one error line naming --draft, usage status.
     proc = subprocess.run([str(KESTREL), "serve", "--port", "0", "-t", "2", "-m", model_path(), "--draft", E2B],
                           capture_output=True, text=True, timeout=300)
-    assert proc.returncode != 0
-    assert "vocabulary" in proc.stderr
+    assert proc.returncode == 2, proc.stderr
+    assert "listening" not in proc.stderr
+    assert proc.stderr.splitlines() == [proc.stderr.strip()], proc.stderr
+    assert proc.stderr.startswith(f"kestrel: error: --draft {E2B}: the draft model has another vocabulary"), \
+        proc.stderr
 
 
 @needs_model
@@ -100,7 +123,7 @@ def test_serve_with_a_draft_model_reports_its_drafts():
         assert d["accepted_prediction_tokens"] > 0 and d["rejected_prediction_tokens"] == 0
         assert server.metric("kestrel_draft_tokens_total") == drafted + d["accepted_prediction_tokens"]
         props = server.request("GET", "/props")[1]["speculative"]
-        assert props == {"draft": str(model_path()), "draft_max": 6, "draft_accept": "exact"}
+        assert props == {"draft": str(model_path()), "draft_max": 6, "draft_accept": "exact", "mtp_assistant": None}
     finally:
         assert server.stop() == 0
 

@@ -70,6 +70,21 @@ def test_stray_weight_files_are_refused_or_removed_with_force(image, tmp_path):
     assert p.returncode == 0, p.stderr
 
 
+def test_a_directory_named_like_a_weight_file_is_refused_or_removed_with_force(image, tmp_path):
+    """A loader globbing *.safetensors fails on a directory of that name: it is refused as the
+    stray files are, and --force removes it with what it holds."""
+    d = tmp_path / "out"
+    (d / "x.safetensors").mkdir(parents=True)
+    (d / "x.safetensors" / "inside").write_bytes(b"old")
+    p = run("export", image, "-o", d, "-t", "2")
+    assert p.returncode == 1
+    assert "x.safetensors" in p.stderr and "--force" in p.stderr
+    assert not (d / "model.safetensors").exists()
+    p = run("export", image, "-o", d, "-t", "2", "--force")
+    assert p.returncode == 0, p.stderr
+    assert not (d / "x.safetensors").exists() and "x.safetensors" in p.stderr
+
+
 @pytest.mark.skipif(not Path(os.environ.get("KESTREL_MODEL", "")).exists() and
                     not (ROOT / "build" / "kestrel").exists(), reason="no default model")
 def test_killed_export_leaves_no_partial_file(tmp_path):

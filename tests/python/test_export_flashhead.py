@@ -96,8 +96,14 @@ def test_export_without_flashhead_removes_an_earlier_cache(export, tmp_path):
     assert (out / "flash_head" / "clustering_cache.safetensors").exists()
     p = run("export", img, "-o", out, "-t", "2")
     assert p.returncode == 0, p.stderr
-    assert not (out / "flash_head" / "clustering_cache.safetensors").exists()
+    assert not (out / "flash_head").exists()  # no empty directory left behind
     assert "flash_head_cache_dir" not in json.loads((out / "config.json").read_text())
+    # A flash_head/ holding files of the user's own is kept (only the export's file goes).
+    assert run("export", img, "-o", out, "--flashhead", "-t", "2").returncode == 0
+    (out / "flash_head" / "notes.txt").write_text("mine")
+    assert run("export", img, "-o", out, "-t", "2").returncode == 0
+    assert not (out / "flash_head" / "clustering_cache.safetensors").exists()
+    assert (out / "flash_head" / "notes.txt").read_text() == "mine"
 
 
 def test_flashhead_needs_a_flashhead_image(tmp_path):

@@ -284,6 +284,22 @@ def test_autogptq_quantize_config_json_is_read(dense, tmp_path):
     assert check_image(img, expected, False)["kestrel.quant.method"] == "gptq"
 
 
+def test_tensor_type_on_a_quantized_checkpoint_says_its_layers_are_already_int4(dense, tmp_path):
+    """Every Linear of the checkpoint is INT4 already and is kept as it is: --tensor-type has
+    nothing to change, and the error says so (not that the pattern names no layer matrix)."""
+    d = tmp_path / "gptq"
+    packed_checkpoint(dense, d, "gptq")
+    img = tmp_path / "x.kimg"
+    p = run("build", d, "-o", img, "-t", "2", "--tensor-type", "attn_v=q8_0")
+    assert p.returncode == 1, p.stderr
+    assert "--tensor-type attn_v=q8_0: the layer matrices it names are already INT4 in the source" in p.stderr
+    assert "matches no layer matrix" not in p.stderr
+    assert not img.exists()
+    # A pattern naming nothing at all still says that.
+    p = run("build", d, "-o", img, "-t", "2", "--tensor-type", "ffn_dwn=q8_0")
+    assert p.returncode == 1 and "ffn_dwn=q8_0: the pattern matches no layer matrix" in p.stderr, p.stderr
+
+
 def _refused(d, tmp_path, *words):
     img = tmp_path / "refused.kimg"
     p = run("build", d, "-o", img, "-t", "2")

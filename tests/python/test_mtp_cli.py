@@ -65,3 +65,27 @@ def test_assistant_errors(tmp_path):
         kestrel("build", DATA / "e4b_tiny" / "hf", "--assistant", DATA / "e2b_tiny" / "hf",
                 "-o", out, "--precision", "bf16"))
     assert not out.exists()
+
+
+def test_props_name_the_images_assistant(tmp_path):
+    """/props's speculative settings name the image's MTP assistant and whether it drafts (only
+    --draft auto drafts with it); an image without one says null."""
+    from serve_helpers import Server
+    image = tmp_path / "e4b.kimg"
+    r = kestrel("build", DATA / "e4b_tiny" / "hf", "--assistant", DATA / "e4b_tiny" / "assistant", "-o", image,
+                "--precision", "bf16")
+    assert r.returncode == 0, r.stderr
+    for draft, drafting in (("auto", True), ("ngram", False)):
+        server = Server("-m", image, "--draft", draft)
+        try:
+            spec = server.request("GET", "/props")[1]["speculative"]
+            assert spec["draft"] == draft
+            # the tiny assistant: 4 layers of width 48 (assistant/config.json's text_config.hidden_size)
+            assert spec["mtp_assistant"] == {"kind": "gemma4-mtp", "layers": 4, "width": 48, "drafting": drafting}, spec
+        finally:
+            assert server.stop() == 0
+    server = Server("-m", DATA / "e4b_tiny" / "model.gguf")
+    try:
+        assert server.request("GET", "/props")[1]["speculative"]["mtp_assistant"] is None
+    finally:
+        assert server.stop() == 0

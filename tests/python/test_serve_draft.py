@@ -72,5 +72,5 @@ def test_bad_draft_option_is_a_usage_error():
 def test_props_say_whether_the_server_drafts(servers):
     drafting, plain = servers
     assert drafting.request("GET", "/props")[1]["speculative"] == {"draft": "ngram", "draft_max": 6,
-                                                                  "draft_accept": "exact"}
+                                                                  "draft_accept": "exact", "mtp_assistant": None}
     assert plain.request("GET", "/props")[1]["speculative"] is None

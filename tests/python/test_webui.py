@@ -321,4 +321,4 @@ def test_static_files_are_served_with_their_types(server):
     assert status == 200
     assert props["model"] == "gemma-3-270m-q4_k_m" and props["flashhead"] == {"enabled": False}
     assert props["n_ctx"] == 4096 and props["parallel"] == 4 and props["chat_format"] == "gemma3"
-    assert props["speculative"] == {"draft": "auto", "draft_max": 6, "draft_accept": "exact"}
+    assert props["speculative"] == {"draft": "auto", "draft_max": 6, "draft_accept": "exact", "mtp_assistant": None}

@@ -5,6 +5,7 @@
 
 #include <cctype>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -21,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "common.h"
 #include "kestrel/base/error.h"
 #include "kestrel/image/image.h"
 #include "kestrel/runtime/bench/concurrency.h"
@@ -49,7 +51,7 @@ struct BenchCliOptions {
   std::vector<std::string> add_rows;
   std::string text;
   int threads = 0;
-  size_t ctx = 4096;
+  std::optional<size_t> ctx;  // unset: 4096, or the model's maximum when smaller (runtime::EngineOptions)
   std::optional<size_t> warmup, requests, prompt_tokens, output_tokens;
   double idle_seconds = 5;
   bool no_progress = false;
@@ -185,14 +187,19 @@ bench::VariantResult run_model(const ModelArg& m, const BenchCliOptions& o, cons
   eo.n_threads = o.threads;
   eo.n_ctx = o.ctx;
   runtime::Engine engine(m.path, eo);
-  if (runtime::parse_draft_mode(o.draft) == runtime::DraftMode::kModel) engine.load_draft_model(o.draft, eo);
+  if (runtime::parse_draft_mode(o.draft) == runtime::DraftMode::kModel) {
+    engine.load_draft_model(draft_model_argument(o.draft, m.path, true), eo);
+  }
   if (v.threads == 0) v.threads = static_cast<int>(engine.pool().size());
   v.n_ctx = engine.n_ctx();
   v.kv_cache_bytes = engine.cache().bytes();
   for (const auto& s : specs) {
     if (s.prompt_tokens + s.output_tokens > engine.n_ctx()) {
+      const size_t max_ctx = engine.model().info().context_length;
       throw Error("suite " + s.name + " needs " + std::to_string(s.prompt_tokens + s.output_tokens) +
-                  " positions; the context is " + std::to_string(engine.n_ctx()) + " (raise --ctx)");
+                  " positions; the context is " + std::to_string(engine.n_ctx()) +
+                  (engine.n_ctx() < max_ctx ? " (raise --ctx, up to the model's maximum " + std::to_string(max_ctx) + ")"
+                                            : ", the model's maximum (lower --prompt-tokens or --output-tokens)"));
     }
   }
   const std::vector<bench::TokenId> stream = bench::text_token_stream(engine.tokenizer(), text);
@@ -317,7 +324,7 @@ int run_concurrency_bench(const BenchCliOptions& o) {
     const ModelArg m = parse_model_arg(arg);
     runtime::EngineOptions eo;
     eo.n_threads = o.threads;
-    eo.n_ctx = std::min<size_t>(o.ctx, prompt_tokens + output_tokens + 1);
+    eo.n_ctx = std::min<size_t>(o.ctx.value_or(SIZE_MAX), prompt_tokens + output_tokens + 1);
     runtime::Engine engine(m.path, eo);
     const std::vector<bench::TokenId> stream = bench::text_token_stream(engine.tokenizer(), text);
     std::optional<bench::TokenId> bos;
@@ -436,9 +443,10 @@ Command add_bench_command(CLI::App& app) {
                   "../shared/data/oasst/en-validation.jsonl)");
   cmd->add_option("-t,--threads", o->threads, "Threads (default: every core)")
       ->check(integer_range(0, ThreadPool::kMaxThreads));
-  cmd->add_option("-c,--ctx", o->ctx, "Context size in tokens (KV cache)")
-      ->check(integer_range(size_t{2}, size_t{1} << 24))
-      ->capture_default_str();
+  cmd->add_option("-c,--ctx", o->ctx,
+                  "Context size in tokens (KV cache; default 4096, or the model's maximum if smaller; more than "
+                  "the model's maximum is an error)")
+      ->check(integer_range(size_t{2}, size_t{1} << 24));
   cmd->add_option("--add-rows", o->add_rows,
                   "Add the rows of another bench JSON (e.g. scripts/bench/peers_bench.py's) to the table; repeatable");
   cmd->add_option("--idle-seconds", o->idle_seconds, "Seconds of idle power sampling per model (when a sensor is readable)")
@@ -462,8 +470,8 @@ Command add_bench_command(CLI::App& app) {
       ->check(integer_range(size_t{1}, size_t{64}));
   cmd->add_option("--draft", o->draft,
                   "Speculative decoding in the suites: none (default, the model card's plain decode), ngram, "
-                  "auto or IMAGE (a draft model with the same vocabulary); the tokens are the same (greedy), the "
-                  "JSON counts drafted and accepted tokens")
+                  "auto, default (the default model) or IMAGE (a draft model with the same vocabulary); the "
+                  "tokens are the same (greedy), the JSON counts drafted and accepted tokens")
       ->check(draft_check())
       ->capture_default_str();
   cmd->add_option("--draft-max", o->draft_max, "Tokens drafted per verification at most")

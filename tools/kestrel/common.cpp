@@ -149,8 +149,9 @@ void SamplingOptions::add_to(CLI::App& cmd) {
   cmd.add_option("--draft", draft,
                  "Speculative decoding: none, ngram (prompt lookup: drafts what followed the last few "
                  "tokens earlier in the text), auto (the image's drafter when it has one, else ngram, "
-                 "which pauses itself when its drafts miss) or IMAGE (a smaller model image or GGUF with the "
-                 "same vocabulary drafts). With --draft-accept exact the tokens are the same either way")
+                 "which pauses itself when its drafts miss), default (the default model, as -m default finds "
+                 "it) or IMAGE (a smaller model image or GGUF with the same vocabulary drafts). With "
+                 "--draft-accept exact the tokens are the same either way")
       ->check(draft_check())
       ->capture_default_str();
   cmd.add_option("--draft-max", draft_max, "Tokens drafted per verification at most")
@@ -167,12 +168,38 @@ const char* const kDraftAcceptHelp =
     "model at --temp > 0 samples its drafts and they are kept with probability min(1, p/q): the same "
     "distribution, more drafts kept, other samples for a seed). Greedy decoding is the same either way";
 
+std::string draft_model_argument(const std::string& draft, const std::filesystem::path& target, bool prefer_image) {
+  if (draft != "default") return draft;
+  const std::filesystem::path path = runtime::runnable_model("default", prefer_image).path;
+  const auto same = [&](const std::filesystem::path& p) {
+    std::error_code ec;
+    return std::filesystem::equivalent(target, p, ec) && !ec;
+  };
+  bool itself = same(path);
+  const char* env = std::getenv("KESTREL_MODEL");
+  if (env == nullptr || *env == '\0') {  // the default model in its other form (cached image, GGUF) too
+    itself = itself || same(runtime::default_image_path());
+    try {
+      itself = itself || same(runtime::default_model_path());
+    } catch (const Error&) {
+      // no default GGUF installed
+    }
+  }
+  if (itself) {
+    throw UsageError("--draft default names the default model (" + path.string() +
+                     "), which is the model itself: a draft model must be a smaller model with the same vocabulary "
+                     "(--draft IMAGE); --draft auto or ngram drafts without one");
+  }
+  return path.string();
+}
+
 void load_draft_model(runtime::Engine& engine, const std::string& draft, const ModelOptions& model) {
   if (runtime::parse_draft_mode(draft) != runtime::DraftMode::kModel) return;
+  const std::string path = draft_model_argument(draft, model.resolve().path, model.precision == "source");
   runtime::EngineOptions o = model.engine_options();
   o.head = runtime::HeadMode::kAuto;
   o.probes = 0;
-  engine.load_draft_model(draft, o);
+  engine.load_draft_model(path, o);
 }
 
 void SamplingOptions::load_draft(runtime::Engine& engine, const ModelOptions& model) const {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <random>
@@ -10,6 +11,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "kestrel/base/error.h"
 #include "kestrel/runtime/engine.h"
 #include "kestrel/runtime/model_path.h"
 
@@ -38,9 +40,22 @@ struct ModelOptions {
   std::unique_ptr<runtime::Engine> load_unique() const;
 };
 
-/// With `draft` naming a model file (--draft IMAGE): loads it as `engine`'s draft model with the
-/// target's load precision (the draft's own head and probes). Throws runtime::VocabularyMismatch
-/// (the CLI exits with status 2) or kestrel::Error.
+/// A usage error found after the options parsed (the CLI exits with status 2, as for a bad option).
+class UsageError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// The --draft value with "default" replaced by the default model's file, as -m default finds it
+/// (runtime::runnable_model: the cached default image when it exists and `prefer_image`, else the
+/// default GGUF); other values are returned as they are. Throws UsageError when "default" names
+/// the model `target` itself (the default model in either form: drafting for itself is only extra
+/// work), kestrel::Error as runtime::default_model_path() when the default model is missing.
+std::string draft_model_argument(const std::string& draft, const std::filesystem::path& target, bool prefer_image);
+
+/// With `draft` naming a model file (--draft IMAGE, or default: draft_model_argument): loads it
+/// as `engine`'s draft model with the target's load precision (the draft's own head and probes).
+/// Throws runtime::VocabularyMismatch or UsageError (the CLI exits with status 2), or kestrel::Error.
 void load_draft_model(runtime::Engine& engine, const std::string& draft, const ModelOptions& model);
 
 /// The help text of --draft-accept.

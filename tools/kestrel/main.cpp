@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 
 #include "commands.h"
+#include "common.h"
 #include "kestrel/base/error.h"
 #include "kestrel/runtime/engine.h"
 
@@ -43,6 +44,10 @@ int main(int argc, char** argv) {
     for (const auto& [name, command] : commands) {
       if (app.got_subcommand(name)) return command();
     }
+  } catch (const kestrel::tools::UsageError& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "kestrel: error: %s\n", e.what());
+    return 2;
   } catch (const kestrel::runtime::VocabularyMismatch& e) {
     std::fflush(stdout);
     std::fprintf(stderr, "kestrel: error: %s\n", e.what());

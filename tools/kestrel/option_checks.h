@@ -50,16 +50,18 @@ inline CLI::Validator number_range(double lo, double hi) {
       range.get_description());
 }
 
-/// The check of --draft: none, ngram, auto, or a model file (a draft model image or GGUF).
+/// The check of --draft: none, ngram, auto, default (the default model, resolved by
+/// draft_model_argument), or a model file (a draft model image or GGUF).
 inline CLI::Validator draft_check() {
   return CLI::Validator(
       [](std::string& text) -> std::string {
-        if (text == "none" || text == "ngram" || text == "auto") return "";
+        if (text == "none" || text == "ngram" || text == "auto" || text == "default") return "";
         std::error_code ec;
         if (!text.empty() && std::filesystem::is_regular_file(text, ec)) return "";
-        return "'" + text + "' is neither none, ngram, auto nor a model file (a draft model image or GGUF)";
+        return "'" + text + "' is neither none, ngram, auto, default (the default model) nor a model file (a draft "
+               "model image or GGUF)";
       },
-      "none|ngram|auto|IMAGE");
+      "none|ngram|auto|default|IMAGE");
 }
 
 }  // namespace kestrel::tools

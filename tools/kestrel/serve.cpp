@@ -27,10 +27,14 @@ int serve(ServeOptions& o) {
   }
   o.server.max_body_bytes = o.max_body_mib << 20;
   const ModelOptions model = o.model;
+  o.server.draft = draft_model_argument(o.server.draft, path, o.model.precision == "source");  // /props names the file
   const std::string draft = o.server.draft;
+  // A draft model of another vocabulary fails here, before the port is bound and "listening"
+  // is printed (the full check runs again when the models load).
+  if (runtime::parse_draft_mode(draft) == runtime::DraftMode::kModel) runtime::check_draft_vocabulary(path, draft);
   return server::serve(o.server, [model, draft] {
     auto engine = model.load_unique();
-    load_draft_model(*engine, draft, model);  // a vocabulary mismatch fails the startup
+    load_draft_model(*engine, draft, model);
     return engine;
   });
 }
@@ -65,8 +69,8 @@ Command add_serve_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--draft", s.draft,
                   "Speculative decoding while a single request is running: none, ngram (prompt lookup), "
-                  "auto (the image's drafter when it has one, else ngram) or IMAGE (a smaller model image or "
-                  "GGUF with the same vocabulary drafts). With --draft-accept exact the tokens are the same "
+                  "auto (the image's drafter when it has one, else ngram), default (the default model, as -m "
+                  "default finds it) or IMAGE (a smaller model image or GGUF with the same vocabulary drafts). With --draft-accept exact the tokens are the same "
                   "either way")
       ->check(draft_check())
       ->capture_default_str();

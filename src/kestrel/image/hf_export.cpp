@@ -298,14 +298,16 @@ size_t write_flashhead_cache(const gguf::File& f, const std::filesystem::path& c
 
 // Weight files in DIR that loaders would read with the export's and that the export does not
 // write: *.safetensors other than model.safetensors, *.safetensors.index.json (transformers and
-// vLLM read the index instead of model.safetensors), pytorch_model*.bin (and its index).
+// vLLM read the index instead of model.safetensors), pytorch_model*.bin (and its index). Entries
+// that are not files count too (a directory named x.safetensors: a loader globbing *.safetensors
+// fails on it), model.safetensors among them.
 std::vector<std::filesystem::path> stray_weight_files(const std::filesystem::path& dir) {
   std::vector<std::filesystem::path> stray;
   std::error_code ec;
   if (!std::filesystem::is_directory(dir, ec)) return stray;
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
-    if (!entry.is_regular_file(ec) || name == "model.safetensors") continue;
+    if (name == "model.safetensors" && entry.is_regular_file(ec)) continue;
     if (ends_with(name, ".safetensors") || ends_with(name, ".safetensors.index.json") ||
         (name.rfind("pytorch_model", 0) == 0 && (ends_with(name, ".bin") || ends_with(name, ".bin.index.json")))) {
       stray.push_back(entry.path());
@@ -476,7 +478,8 @@ HfExportReport export_hf(const std::filesystem::path& image_path, const std::fil
 
   for (const auto& p : stray) {
     std::error_code rm;
-    if (!std::filesystem::remove(p, rm) && rm) throw Error("cannot remove " + p.string() + ": " + rm.message());
+    std::filesystem::remove_all(p, rm);  // a file, or a directory named like one
+    if (rm) throw Error("cannot remove " + p.string() + ": " + rm.message());
     if (options.log) options.log("removed " + p.string() + " (--force: a weight file the export does not write)");
   }
 
@@ -542,7 +545,11 @@ HfExportReport export_hf(const std::filesystem::path& image_path, const std::fil
   std::filesystem::rename(partial, dir / "model.safetensors");
   std::error_code stale_fh;
   std::filesystem::remove(dir / kFlashHeadDir / kFlashHeadFile, stale_fh);  // an earlier --flashhead export's
-  if (options.flashhead) report.flashhead_clusters = write_flashhead_cache(f, dir / kFlashHeadDir);
+  if (options.flashhead) {
+    report.flashhead_clusters = write_flashhead_cache(f, dir / kFlashHeadDir);
+  } else if (std::filesystem::is_empty(dir / kFlashHeadDir, stale_fh) && !stale_fh) {
+    std::filesystem::remove(dir / kFlashHeadDir, stale_fh);  // its directory too, unless it holds other files
+  }
 
   write_text(dir / "config.json", config.dump(2) + "\n");
   write_text(dir / "generation_config.json", gemma3_generation_config(f).dump(2) + "\n");

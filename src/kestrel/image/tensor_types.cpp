@@ -1,6 +1,7 @@
 #include "kestrel/image/tensor_types.h"
 
 #include "kestrel/base/error.h"
+#include "kestrel/image/image.h"
 
 namespace kestrel::image {
 
@@ -75,11 +76,25 @@ MatrixStorage storage_of(std::string_view name, std::span<const TensorTypeOverri
 void check_overrides_match(const gguf::File& file, std::span<const TensorTypeOverride> overrides) {
   for (const auto& o : overrides) {
     bool any = false;
+    bool prequantized = false;  // matches an INT4 matrix the source already holds (name.q4)
+    const std::string_view q4 = kQ4Suffix;
     for (const auto& t : file.tensors()) {
       if (is_layer_matrix(t) && pattern_matches(o.pattern, t.name)) {
         any = true;
         break;
       }
+      const std::string_view name = t.name;
+      if (name.size() > q4.size() && name.substr(name.size() - q4.size()) == q4 &&
+          pattern_matches(o.pattern, name.substr(0, name.size() - q4.size()))) {
+        prequantized = true;
+      }
+    }
+    if (!any && prequantized) {
+      throw Error("--tensor-type " + o.pattern + "=" + storage_name(o.storage) +
+                  ": the layer matrices it names are already INT4 in the source (a quantized checkpoint: "
+                  "compressed-tensors, AWQ or GPTQ), and the build keeps them exactly as quantized; "
+                  "--tensor-type can only set the storage of the matrices the build quantizes itself. For "
+                  "another storage, build from the unquantized checkpoint");
     }
     if (!any) {
       throw Error("--tensor-type " + o.pattern + "=" + storage_name(o.storage) +

@@ -1,6 +1,9 @@
 #include "kestrel/runtime/engine.h"
 
 #include <algorithm>
+#include <optional>
+#include <string>
+#include <vector>
 #include <system_error>
 
 #include "kestrel/base/error.h"
@@ -20,12 +23,19 @@ gguf::File open_model_file(const std::filesystem::path& path) {
 
 }  // namespace
 
+namespace {
+
+[[noreturn]] void throw_vocabulary_mismatch(const std::string& draft_name, const std::string& what) {
+  throw VocabularyMismatch("--draft " + draft_name + ": the draft model has another vocabulary than the model (" +
+                           what + "): a draft model must use the same tokenizer, as a smaller model of the same "
+                           "family");
+}
+
+}  // namespace
+
 void check_same_vocabulary(const text::Tokenizer& target, size_t target_n_vocab, const text::Tokenizer& draft,
                            size_t draft_n_vocab, const std::string& draft_name) {
-  const auto mismatch = [&](const std::string& what) {
-    throw VocabularyMismatch("the draft model " + draft_name + " has another vocabulary than the model (" + what +
-                             "): a draft model must use the same tokenizer, as a smaller model of the same family");
-  };
+  const auto mismatch = [&](const std::string& what) { throw_vocabulary_mismatch(draft_name, what); };
   if (draft.n_vocab() != target.n_vocab()) {
     mismatch(std::to_string(draft.n_vocab()) + " tokens, not " + std::to_string(target.n_vocab()));
   }
@@ -37,6 +47,56 @@ void check_same_vocabulary(const text::Tokenizer& target, size_t target_n_vocab,
     const auto id = static_cast<TokenId>(i);
     if (draft.piece(id) != target.piece(id)) {
       mismatch("token " + std::to_string(i) + " is '" + draft.piece(id) + "' there, '" + target.piece(id) + "' here");
+    }
+  }
+}
+
+namespace {
+
+// The vocabulary a model file's metadata names, and its embedding's rows (0 when absent).
+struct FileVocabulary {
+  const std::vector<std::string>* pieces = nullptr;
+  size_t embedding_rows = 0;
+};
+
+FileVocabulary file_vocabulary(const gguf::File& file) {
+  FileVocabulary v;
+  if (file.has("tokenizer.ggml.tokens")) v.pieces = &file.get_string_array("tokenizer.ggml.tokens");
+  const auto* embd = file.find_tensor("token_embd.weight");
+  if (embd == nullptr) embd = file.find_tensor(std::string("token_embd.weight") + image::kQ4Suffix);
+  if (embd != nullptr && embd->shape.size() == 2) v.embedding_rows = static_cast<size_t>(embd->shape[1]);
+  return v;
+}
+
+}  // namespace
+
+void check_draft_vocabulary(const std::filesystem::path& target_path, const std::filesystem::path& draft_path) {
+  std::optional<gguf::File> target;
+  try {
+    target.emplace(gguf::File::open(target_path));
+  } catch (const Error&) {
+    return;  // the target's load says what is wrong with it
+  }
+  std::optional<gguf::File> draft;
+  try {
+    draft.emplace(gguf::File::open(draft_path));
+  } catch (const Error& e) {
+    throw Error("--draft " + draft_path.string() + ": " + e.what());
+  }
+  const FileVocabulary t = file_vocabulary(*target);
+  const FileVocabulary d = file_vocabulary(*draft);
+  if (t.pieces == nullptr || d.pieces == nullptr) return;  // not a model: the load says so
+  const auto mismatch = [&](const std::string& what) { throw_vocabulary_mismatch(draft_path.string(), what); };
+  if (d.pieces->size() != t.pieces->size()) {
+    mismatch(std::to_string(d.pieces->size()) + " tokens, not " + std::to_string(t.pieces->size()));
+  }
+  if (t.embedding_rows != 0 && d.embedding_rows != 0 && d.embedding_rows != t.embedding_rows) {
+    mismatch("its output head scores " + std::to_string(d.embedding_rows) + " tokens, not " +
+             std::to_string(t.embedding_rows));
+  }
+  for (size_t i = 0; i < t.pieces->size(); ++i) {
+    if ((*d.pieces)[i] != (*t.pieces)[i]) {
+      mismatch("token " + std::to_string(i) + " is '" + (*d.pieces)[i] + "' there, '" + (*t.pieces)[i] + "' here");
     }
   }
 }
@@ -58,6 +118,10 @@ Engine::Engine(const std::filesystem::path& model_path, const EngineOptions& opt
                        : *options.n_ctx == 0 ? max_ctx
                                              : *options.n_ctx;
   n_ctx_ = n_ctx;
+  if (n_ctx_ > max_ctx && max_ctx > 0) {
+    throw Error("context size " + std::to_string(n_ctx_) + " exceeds this model's maximum context of " +
+                std::to_string(max_ctx) + " tokens (lower --ctx, or 0 for the maximum)");
+  }
   if (n_ctx_ == 0 || n_ctx_ > max_ctx) {
     throw Error("context size " + std::to_string(n_ctx_) + " is outside 1.." + std::to_string(max_ctx) +
                 " for this model");

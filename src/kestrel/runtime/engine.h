@@ -46,6 +46,14 @@ class VocabularyMismatch : public Error {
 void check_same_vocabulary(const text::Tokenizer& target, size_t target_n_vocab, const text::Tokenizer& draft,
                            size_t draft_n_vocab, const std::string& draft_name);
 
+/// The check `kestrel serve` makes before it binds its port (the models load afterwards):
+/// throws VocabularyMismatch, its message naming --draft, unless the draft model file at
+/// `draft_path` has the tokenizer vocabulary (tokenizer.ggml.tokens) and embedding rows of the
+/// model file at `target_path`. Reads metadata only (no weights load). Throws kestrel::Error,
+/// naming --draft, when the draft file does not open as GGUF; a target file that does not open
+/// passes (its load reports it), and Engine::load_draft_model checks everything again.
+void check_draft_vocabulary(const std::filesystem::path& target_path, const std::filesystem::path& draft_path);
+
 struct EngineOptions {
   int n_threads = 0;     // 0: every hardware thread
   /// Context positions. Unset: 4096, or the model's maximum when that is smaller;

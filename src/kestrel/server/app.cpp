@@ -222,6 +222,14 @@ json App::props() const {
     flashhead["probes"] = engine_->probes();
     flashhead["clusters"] = flash->n_clusters();
   }
+  // The image's Gemma 4 MTP assistant, which --draft auto drafts with (other drafters leave it idle).
+  json assistant = nullptr;
+  if (const model::MtpAssistant* mtp = engine_->mtp_assistant()) {
+    assistant = {{"kind", "gemma4-mtp"},
+                 {"layers", mtp->config().n_layers},
+                 {"width", mtp->config().d_model},
+                 {"drafting", draft_mode_ == runtime::DraftMode::kAuto}};
+  }
   return {{"model", options_.model_id},
           {"version", KESTREL_VERSION},
           {"n_ctx", engine_->n_ctx()},
@@ -233,7 +241,8 @@ json App::props() const {
                               ? json(nullptr)
                               : json{{"draft", options_.draft},
                                      {"draft_max", options_.draft_max},
-                                     {"draft_accept", runtime::draft_accept_name(draft_accept_)}}}};
+                                     {"draft_accept", runtime::draft_accept_name(draft_accept_)},
+                                     {"mtp_assistant", assistant}}}};
 }
 
 std::shared_ptr<void> App::admit() {
