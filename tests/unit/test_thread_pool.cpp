@@ -1,6 +1,9 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <thread>
 #include <vector>
 
 #include "kestrel/base/thread_pool.h"
@@ -26,4 +29,32 @@ TEST(ThreadPool, ManyBackToBackLoops) {
     pool.parallel_for(10, 1, [&](size_t b, size_t e) { sum += static_cast<long>(e - b); });
   }
   EXPECT_EQ(sum.load(), 20000);
+}
+
+TEST(ThreadPool, DynamicCoversEveryIndexOnceInChunksOfTheGrain) {
+  // Every index once, each call a whole chunk [k * grain, min(n, (k + 1) * grain)), and a slow
+  // chunk on one thread does not hold the others' work back to a fixed share: they take it.
+  for (int threads : {1, 2, 3, 5}) {
+    kestrel::ThreadPool pool(threads);
+    for (size_t n : {1u, 7u, 16u, 1000u, 1001u}) {
+      for (size_t grain : {1u, 16u, 5000u}) {
+        std::vector<std::atomic<int>> hits(n);
+        pool.parallel_for_dynamic(n, grain, [&](size_t b, size_t e) {
+          EXPECT_EQ(b % grain, 0u);
+          EXPECT_EQ(e, std::min(n, b + grain));
+          for (size_t i = b; i < e; ++i) hits[i]++;
+        });
+        for (size_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << "n=" << n << " grain=" << grain << " i=" << i;
+      }
+    }
+  }
+  kestrel::ThreadPool pool(2);
+  std::vector<std::thread::id> ran_on(64);
+  pool.parallel_for_dynamic(64, 1, [&](size_t b, size_t) {
+    ran_on[b] = std::this_thread::get_id();
+    if (b == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the first claim is slow
+  });
+  // Static halves would leave 32 chunks to the thread without chunk 0; the free one takes nearly all.
+  const auto others = std::count_if(ran_on.begin(), ran_on.end(), [&](std::thread::id t) { return t != ran_on[0]; });
+  EXPECT_GT(others, 32);
 }

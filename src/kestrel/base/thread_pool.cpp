@@ -58,6 +58,13 @@ ThreadPool::~ThreadPool() {
 }
 
 void ThreadPool::run_chunk(int index) {
+  if (job_dynamic_) {
+    for (;;) {
+      const size_t begin = job_next_.fetch_add(job_chunk_, std::memory_order_relaxed);
+      if (begin >= job_n_) return;
+      (*job_)(begin, std::min(job_n_, begin + job_chunk_));
+    }
+  }
   const size_t begin = static_cast<size_t>(index) * job_chunk_;
   const size_t end = std::min(job_n_, begin + job_chunk_);
   if (begin < end) (*job_)(begin, end);
@@ -76,6 +83,26 @@ void ThreadPool::parallel_for(size_t n, size_t grain,
   job_ = &fn;
   job_n_ = n;
   job_chunk_ = per_thread * grain;
+  job_dynamic_ = false;
+  start_and_join();
+}
+
+void ThreadPool::parallel_for_dynamic(size_t n, size_t grain, const std::function<void(size_t, size_t)>& fn) {
+  if (n == 0) return;
+  grain = std::max<size_t>(grain, 1);
+  if (n_threads_ == 1 || n <= grain) {
+    for (size_t b = 0; b < n; b += grain) fn(b, std::min(n, b + grain));
+    return;
+  }
+  job_ = &fn;
+  job_n_ = n;
+  job_chunk_ = grain;
+  job_dynamic_ = true;
+  job_next_.store(0, std::memory_order_relaxed);
+  start_and_join();
+}
+
+void ThreadPool::start_and_join() {
   pending_.store(n_threads_ - 1, std::memory_order_relaxed);
   {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -30,9 +30,18 @@ class ThreadPool {
   /// (except the last) and runs them in parallel; returns when all are done.
   void parallel_for(size_t n, size_t grain, const std::function<void(size_t, size_t)>& fn);
 
+  /// parallel_for with the chunks handed out as threads become free: each thread takes the next
+  /// `grain` items until none are left. For loops whose items cost unequal time (memory-bound
+  /// reads of scattered rows), where static halves leave one thread waiting for the other.
+  /// fn(begin, end) sees chunks of `grain` items (the last may be shorter), in no fixed order
+  /// and on any thread.
+  void parallel_for_dynamic(size_t n, size_t grain, const std::function<void(size_t, size_t)>& fn);
+
  private:
   void worker_loop(int index);
   void run_chunk(int index);
+  /// Wakes the workers on the job set in job_*, runs the caller's share, waits for the rest.
+  void start_and_join();
 
   int n_threads_;
   std::vector<std::thread> workers_;
@@ -45,6 +54,8 @@ class ThreadPool {
   const std::function<void(size_t, size_t)>* job_ = nullptr;
   size_t job_n_ = 0;
   size_t job_chunk_ = 0;
+  bool job_dynamic_ = false;            // chunks of job_chunk_ items claimed from job_next_
+  std::atomic<size_t> job_next_{0};
 };
 
 }  // namespace kestrel

@@ -210,8 +210,11 @@ void FlashHead::search_batch(std::span<const float* const> hidden, size_t probes
   // them one after another leaves the core waiting on DRAM at every new cluster, so the rows of
   // the group kPrefetchGroups ahead are requested while this one is scored.
   constexpr size_t kPrefetchGroups = 2;
+  // Clusters cost unequal time (DRAM latency varies), so the threads claim runs of groups as
+  // they become free rather than taking fixed halves.
+  constexpr size_t kGroupsPerClaim = 32;
   const size_t row_bytes = head_->weight.row_bytes();
-  pool.parallel_for(groups.size(), 8, [&](size_t b, size_t e) {
+  pool.parallel_for_dynamic(groups.size(), kGroupsPerClaim, [&](size_t b, size_t e) {
     thread_local std::vector<float> xs, ys;
     for (size_t g = b; g < e; ++g) {
       if (g + kPrefetchGroups < e) {
