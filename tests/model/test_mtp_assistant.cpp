@@ -9,7 +9,10 @@
 //   3. from a bf16 image built with `--assistant`.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -110,8 +113,14 @@ Goldens read_goldens(const std::string& name) {
 }
 
 /// The target GGUF with the assistant, written from the two HF directories.
+// A file of its own per test and process: ctest runs this suite's tests in parallel processes,
+// and one test's remove() must not pull the file from under another's load.
 fs::path converted(const std::string& name) {
-  const fs::path out = fs::temp_directory_path() / ("kestrel_test_mtp_" + name + ".gguf");
+  const auto* test = ::testing::UnitTest::GetInstance()->current_test_info();
+  std::string tag = test != nullptr ? std::string(test->name()) : "none";
+  std::replace_if(tag.begin(), tag.end(), [](char c) { return !std::isalnum(static_cast<unsigned char>(c)); }, '_');
+  const fs::path out = fs::temp_directory_path() /
+                       ("kestrel_test_mtp_" + name + "_" + tag + "_" + std::to_string(::getpid()) + ".gguf");
   image::write_hf_gemma4_gguf(data_dir(name) / "hf", out, {}, data_dir(name) / "assistant");
   return out;
 }

@@ -40,10 +40,16 @@ void rope_cos_sin(const std::vector<float>& inv_freq, double position, float* ou
   }
 }
 
+/// Rows per task of an element-wise loop over rows of `width` floats: a task of at least
+/// ~32k floats (tens of microseconds), so that the few rows of a decode step run on the calling
+/// thread (a parallel loop's wake-up and wait cost more than a norm of 4 rows) while prefill
+/// chunks still split over the threads.
+size_t rows_grain(size_t width) { return std::max<size_t>(1, (size_t{1} << 15) / std::max<size_t>(width, 1)); }
+
 /// x[t] += rms_norm(y[t]) · w for t < n (Gemma's post-norm before the residual add); y is
 /// normalized in place. x, y: [n, d].
 void add_post_normed(float* x, float* y, const float* w, size_t n, size_t d, float eps, ThreadPool& pool) {
-  pool.parallel_for(n, 1, [&](size_t b, size_t e) {
+  pool.parallel_for(n, rows_grain(d), [&](size_t b, size_t e) {
     for (size_t t = b; t < e; ++t) {
       kernels::rms_norm(&y[t * d], w, &y[t * d], d, eps);
       kernels::add_inplace(&x[t * d], &y[t * d], d);
@@ -53,7 +59,7 @@ void add_post_normed(float* x, float* y, const float* w, size_t n, size_t d, flo
 
 /// y[t] = rms_norm(x[t]) · w for t < n. x, y: [n, d].
 void rms_norm_rows(const float* x, const float* w, float* y, size_t n, size_t d, float eps, ThreadPool& pool) {
-  pool.parallel_for(n, 1, [&](size_t b, size_t e) {
+  pool.parallel_for(n, rows_grain(d), [&](size_t b, size_t e) {
     for (size_t t = b; t < e; ++t) kernels::rms_norm(&x[t * d], w, &y[t * d], d, eps);
   });
 }
@@ -259,7 +265,7 @@ void GemmaDecoder::forward_chunk(std::span<const TokenId> tokens, std::span<cons
   Scratch s(c, n);
   // x[t] = E[token_t] · sqrt(d_model); rows through the head's token -> row map when the
   // embedding is the tied head (FlashHead images store it in cluster order).
-  pool.parallel_for(n, 1, [&](size_t b, size_t e) {
+  pool.parallel_for(n, rows_grain(d), [&](size_t b, size_t e) {
     for (size_t t = b; t < e; ++t) {
       const size_t row = tied_ ? head_.row_of(tokens[t]) : static_cast<size_t>(tokens[t]);
       kernels::matrix_row(embedding_, row, &s.x[t * d]);
@@ -305,7 +311,7 @@ void GemmaDecoder::attention_block(size_t il, size_t n, std::span<const Segment>
   kernels::matmul_same_input({qkv, n_out}, s.xn, n, d, pool);
   if (owns_kv && l.wv.data == nullptr) std::copy_n(s.k, n * kv_dim, s.v);
 
-  pool.parallel_for(n, 1, [&](size_t b, size_t e) {
+  pool.parallel_for(n, rows_grain(q_dim + 2 * kv_dim), [&](size_t b, size_t e) {
     for (size_t t = b; t < e; ++t) {
       const Segment& seg = *(std::upper_bound(segs.begin(), segs.end(), t,
                                               [](size_t row, const Segment& sg) { return row < sg.first; }) - 1);
@@ -363,7 +369,7 @@ void GemmaDecoder::mlp_block(size_t il, size_t n, Scratch& s, ThreadPool& pool,
   }
   const kernels::MatmulOutput gate_up[] = {{&l.gate, s.gate, f}, {&l.up, s.up, f}};
   kernels::matmul_same_input(gate_up, s.xn, n, d, pool);
-  pool.parallel_for(n, 1, [&](size_t b, size_t e) {
+  pool.parallel_for(n, rows_grain(f), [&](size_t b, size_t e) {
     kernels::gelu_tanh_mul(&s.gate[b * f], &s.up[b * f], &s.gate[b * f], (e - b) * f);
   });
   if (observer) observer->observe(blk(il, "ffn_down"), s.gate, n, f);
