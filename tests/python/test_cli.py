@@ -41,6 +41,7 @@ def error_of(result, code=1):
     (("run", "-p", "x", "-n", "-1"), "--n-predict: Value -1 not in range"),
     (("run", "-p", "x", "-c", "-1"), "--ctx: Value -1 not in range"),
     (("perplexity", "-f", "README.md", "--chunks", "-1"), "--chunks: Value -1 not in range"),
+    (("perplexity", "-f", "README.md", "--ubatch", "0"), "--ubatch: Value 0 not in range"),
     (("run", "-p", "x", "--temp", "nan"), "must be a finite number"),
     (("run", "-p", "x", "-t", "100000"), "--threads: Value 100000 not in range 0 to 256"),
     # text that is no number says so, not "not in range" (the fresh-user trial's --parallel abc)
@@ -340,6 +341,20 @@ def test_perplexity_kl_base_takes_default():
     assert r.returncode == 0, r.stderr
     j = json.loads(r.stdout)
     assert j["kl_mean"] == 0.0 and j["same_top1_pct"] == 100.0 and j["base_ppl"] == j["ppl"]
+
+
+@needs_model
+def test_perplexity_ubatch_scores_through_the_decode_rows():
+    # --ubatch 4: the scored half goes through the model 4 tokens at a time (the decode kernels);
+    # the same positions are scored and the result agrees with whole passes to rounding.
+    runs = {}
+    for ubatch in (64, 4):
+        r = kestrel("perplexity", "-m", "default", "-f", ROOT / "README.md", "-c", 128, "--chunks", 2,
+                    "--ubatch", ubatch, "--json", "-t", 2)
+        assert r.returncode == 0, r.stderr
+        runs[ubatch] = json.loads(r.stdout)
+    assert runs[4]["n_scored"] == runs[64]["n_scored"] > 0
+    assert runs[4]["ppl"] == pytest.approx(runs[64]["ppl"], rel=0.01)
 
 
 # --- the README against the binary -----------------------------------------------------------

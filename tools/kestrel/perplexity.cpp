@@ -25,6 +25,7 @@ struct PerplexityCliOptions {
   int threads = 0;
   size_t ctx = 512;
   size_t chunks = 0;
+  size_t ubatch = 64;
   bool json = false;
 };
 
@@ -63,6 +64,7 @@ int run_perplexity(const PerplexityCliOptions& o) {
   runtime::PerplexityOptions options;
   options.n_ctx = o.ctx;
   options.max_chunks = o.chunks;
+  options.rows_per_pass = o.ubatch;
   runtime::PerplexityProgress progress;
   if (!o.json) {
     progress = [&](size_t chunk, size_t n_chunks, const runtime::PerplexityResult& r) {
@@ -123,6 +125,11 @@ Command add_perplexity_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--chunks", opts->chunks, "Chunks to evaluate at most (0: all)")
       ->check(integer_range(size_t{0}, size_t{1} << 24))
+      ->capture_default_str();
+  cmd->add_option("--ubatch", opts->ubatch,
+                  "Scored tokens per forward pass; below 8 they take the decode kernels, as generation's "
+                  "rows do (prefill's tiles round differently): the accuracy of decoding")
+      ->check(integer_range(size_t{1}, size_t{4096}))
       ->capture_default_str();
   cmd->add_option("-t,--threads", opts->threads, "Threads (default: every core)")
       ->check(integer_range(0, ThreadPool::kMaxThreads));
