@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (fuzz/) with clang into build-fuzz/, writes the seed corpora and
-# runs each target for SECONDS (default 60), one after the other. Any finding (crash, sanitizer
+# runs each target for SECONDS (default 60), two at a time (one per core on CI's two). Any finding (crash, sanitizer
 # report, exception other than kestrel::Error, leak, timeout, out-of-memory) fails the script;
 # its reproducer lands in build-fuzz/artifacts/ (replay: build-fuzz/fuzz/TARGET FILE).
 #   scripts/fuzz.sh [SECONDS]
@@ -52,7 +52,19 @@ run() {  # target, seed subfolder, max_len
     tail -n 40 "$log"
   fi
 }
-run fuzz_gguf gguf 1048576
-run fuzz_tokenizer tokenizer 4096
-run fuzz_safetensors safetensors 65536
+# Targets two at a time, each printing into a summary file shown when it ends (a finding's
+# status reaches this shell through wait).
+start() {  # target, seed subfolder, max_len: runs in the background, PID in $!
+  ( status=0; run "$@"; exit $status ) >"$BUILD/logs/$1.summary" 2>&1 &
+}
+finish() {  # pid, target
+  wait "$1" || status=1
+  cat "$BUILD/logs/$2.summary"
+}
+start fuzz_gguf gguf 1048576; gguf=$!
+start fuzz_tokenizer tokenizer 4096; tokenizer=$!
+finish $gguf fuzz_gguf
+start fuzz_safetensors safetensors 65536; safetensors=$!
+finish $tokenizer fuzz_tokenizer
+finish $safetensors fuzz_safetensors
 exit $status
