@@ -8,6 +8,9 @@
 #  3. The unit tests cross-built for aarch64 and run under qemu-user (scripts/test-arm64.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Paths under the checkout hash as relative ones, so that a second clone (CI's, in a folder of
+# its own) reuses the compiler cache of the first.
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$(pwd)}"
 scripts/install_deps.sh
 
 echo "== Release build (-Werror)"
