@@ -66,7 +66,7 @@ void rms_norm_rows(const float* x, const float* w, float* y, size_t n, size_t d,
 
 }  // namespace
 
-GemmaDecoder::Scratch::Scratch(const GemmaConfig& c, size_t n) {
+GemmaDecoder::Scratch::Scratch(const GemmaConfig& c, size_t n, size_t n_rope_tables) {
   size_t q_dim = 0, kv_dim = 0, n_rot = 0, d_ff = 0;
   for (const GemmaLayerConfig& l : c.layers) {
     q_dim = std::max(q_dim, c.n_heads * l.head_dim);
@@ -78,7 +78,7 @@ GemmaDecoder::Scratch::Scratch(const GemmaConfig& c, size_t n) {
   const auto padded = [](size_t floats) { return (floats + kAlign - 1) / kAlign * kAlign; };
   float** const arrays[] = {&x, &xn, &q, &attn, &k, &v, &cos_sin, &gate, &up, &pl, &ple_gate};
   const size_t sizes[] = {n * c.d_model, n * c.d_model, n * q_dim, n * q_dim, n * kv_dim, n * kv_dim,
-                          n * n_rot, n * d_ff, n * d_ff, n * c.n_layers() * c.ple_dim, n * c.ple_dim};
+                          n_rope_tables * n * n_rot, n * d_ff, n * d_ff, n * c.n_layers() * c.ple_dim, n * c.ple_dim};
   size_t total = kAlign;
   for (const size_t floats : sizes) total += padded(floats);
   // The calling thread's arena, grown to the largest chunk seen and kept: a decode step
@@ -159,6 +159,12 @@ GemmaDecoder::GemmaDecoder(const gguf::File& file, const LoadOptions& options, T
       rope_factors = store_.vector("rope_freqs.weight", lc.rope.n_rot / 2);
     }
     l.inv_freq = rope_inverse_frequencies(lc.rope.base, lc.rope.n_rot, lc.rope.freq_factors ? rope_factors : nullptr);
+    const double position_scale = static_cast<double>(lc.rope.position_scale);
+    const auto same = std::find_if(rope_tables_.begin(), rope_tables_.end(), [&](const RopeTable& t) {
+      return t.inv_freq == l.inv_freq && t.position_scale == position_scale;
+    });
+    l.rope_table = static_cast<size_t>(same - rope_tables_.begin());
+    if (same == rope_tables_.end()) rope_tables_.push_back({l.inv_freq, position_scale});
     layers_.push_back(std::move(l));
   }
   info_.architecture = c.architecture;
@@ -262,7 +268,7 @@ void GemmaDecoder::forward_chunk(std::span<const TokenId> tokens, std::span<cons
                                  Logits which, ThreadPool& pool, ActivationObserver* observer) const {
   const GemmaConfig& c = config_;
   const size_t n = tokens.size(), d = c.d_model;
-  Scratch s(c, n);
+  Scratch s(c, n, rope_tables_.size());
   // x[t] = E[token_t] · sqrt(d_model); rows through the head's token -> row map when the
   // embedding is the tied head (FlashHead images store it in cluster order).
   pool.parallel_for(n, rows_grain(d), [&](size_t b, size_t e) {
@@ -272,6 +278,19 @@ void GemmaDecoder::forward_chunk(std::span<const TokenId> tokens, std::span<cons
       kernels::scale_inplace(&s.x[t * d], c.embed_scale, d);
     }
   });
+  // Each row's (cos, sin) per RoPE table, once for all the layers that share it.
+  const size_t max_rot = rope_stride();
+  for (size_t k = 0; k < rope_tables_.size(); ++k) {
+    const RopeTable& table = rope_tables_[k];
+    pool.parallel_for(n, rows_grain(64 * table.inv_freq.size()), [&](size_t b, size_t e) {
+      for (size_t t = b; t < e; ++t) {
+        const Segment& seg = *(std::upper_bound(segs.begin(), segs.end(), t,
+                                                [](size_t row, const Segment& sg) { return row < sg.first; }) - 1);
+        const double pos = static_cast<double>(seg.pos0 + (t - seg.first));
+        rope_cos_sin(table.inv_freq, pos * table.position_scale, &s.cos_sin[(k * n + t) * max_rot]);
+      }
+    });
+  }
   if (c.ple_dim > 0) ple_.compute(tokens, s.x, s.pl, pool, observer);
   for (size_t il = 0; il < c.n_layers(); ++il) {
     attention_block(il, n, segs, s, pool, observer);
@@ -311,13 +330,13 @@ void GemmaDecoder::attention_block(size_t il, size_t n, std::span<const Segment>
   kernels::matmul_same_input({qkv, n_out}, s.xn, n, d, pool);
   if (owns_kv && l.wv.data == nullptr) std::copy_n(s.k, n * kv_dim, s.v);
 
+  const size_t rope_row = rope_stride();
   pool.parallel_for(n, rows_grain(q_dim + 2 * kv_dim), [&](size_t b, size_t e) {
     for (size_t t = b; t < e; ++t) {
       const Segment& seg = *(std::upper_bound(segs.begin(), segs.end(), t,
                                               [](size_t row, const Segment& sg) { return row < sg.first; }) - 1);
       const size_t pos = seg.pos0 + (t - seg.first);
-      float* cos_sin = &s.cos_sin[t * n_rot];
-      rope_cos_sin(l.inv_freq, static_cast<double>(pos) * static_cast<double>(lc.rope.position_scale), cos_sin);
+      const float* cos_sin = &s.cos_sin[(l.rope_table * n + t) * rope_row];
       float* qt = &s.q[t * q_dim];
       for (size_t h = 0; h < c.n_heads; ++h) kernels::rms_norm(qt + h * hd, l.q_norm, qt + h * hd, hd, c.rms_eps);
       kernels::rope_neox(qt, c.n_heads, hd, n_rot, cos_sin);

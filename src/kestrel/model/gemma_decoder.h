@@ -15,6 +15,7 @@
 // queries read the source layer's cache.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <span>
 #include <vector>
@@ -70,6 +71,14 @@ class GemmaDecoder final : public Model {
     const float* ple_post_norm = nullptr;   // [d_model]
     float out_scale = 1.0f;                 // layer_output_scale
     std::vector<float> inv_freq;            // RoPE inverse frequencies [rope.n_rot / 2]
+    size_t rope_table = 0;                  // its (inv_freq, position scale) among rope_tables_
+  };
+
+  /// A distinct RoPE setting (layers of one kind share one: Gemma 3's local and global layers):
+  /// the rows' (cos, sin) are computed once per chunk for each, not once per layer.
+  struct RopeTable {
+    std::vector<float> inv_freq;  // [n_rot / 2]
+    double position_scale = 1.0;
   };
 
   /// One segment of a chunk: rows [first, first + n) are one sequence's tokens at positions
@@ -87,14 +96,14 @@ class GemmaDecoder final : public Model {
   /// reused by every layer. Each array starts on a 64-byte boundary; contents start undefined.
   class Scratch {
    public:
-    Scratch(const GemmaConfig& c, size_t n);
+    Scratch(const GemmaConfig& c, size_t n, size_t n_rope_tables);
     float* x = nullptr;         // [n, d_model] the residual stream
     float* xn = nullptr;        // [n, d_model] normed input of a block, then its output
     float* q = nullptr;         // [n, n_heads * head_dim]
     float* attn = nullptr;      // [n, n_heads * head_dim]
     float* k = nullptr;         // [n, n_kv_heads * head_dim]
     float* v = nullptr;         // [n, n_kv_heads * head_dim]
-    float* cos_sin = nullptr;   // [n, n_rot]
+    float* cos_sin = nullptr;   // [n_rope_tables, n, n_rot] each row's (cos, sin) per RoPE table
     float* gate = nullptr;      // [n, d_ff]
     float* up = nullptr;        // [n, d_ff]
     float* pl = nullptr;        // [n, n_layers * ple_dim] per-layer inputs
@@ -126,6 +135,13 @@ class GemmaDecoder final : public Model {
   const float* output_norm_ = nullptr;
   PerLayerInputs ple_;
   std::vector<Layer> layers_;
+  std::vector<RopeTable> rope_tables_;
+  /// Floats per row of a Scratch's cos_sin table: the widest layer's n_rot (as Scratch sizes it).
+  size_t rope_stride() const {
+    size_t n_rot = 0;
+    for (const GemmaLayerConfig& l : config_.layers) n_rot = std::max(n_rot, l.rope.n_rot);
+    return n_rot;
+  }
 };
 
 }  // namespace kestrel::model
