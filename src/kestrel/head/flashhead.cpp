@@ -233,13 +233,18 @@ void FlashHead::search_batch(std::span<const float* const> hidden, size_t probes
         for (size_t j = 0; j < group.n; ++j) std::copy_n(&x[pieces[group.first + j].row * d], d, &xs[j * d]);
         in = xs.data();
       }
-      ys.resize(group.n * count);
-      kernels::matmul_rows(slice, in, group.n, d, ys.data(), count, 0, count);
-      apply_softcap(ys.data(), ys.size(), head_->final_softcap);
+      // One row writes its logits in place; several go through ys, then to their outputs.
+      float* y = &out[first.row]->logits[first.at];
+      if (group.n > 1) {
+        ys.resize(group.n * count);
+        y = ys.data();
+      }
+      kernels::matmul_rows(slice, in, group.n, d, y, count, 0, count);
+      apply_softcap(y, group.n * count, head_->final_softcap);
       for (size_t j = 0; j < group.n; ++j) {
         const Piece& piece = pieces[group.first + j];
         Candidates& c = *out[piece.row];
-        std::copy_n(&ys[j * count], count, &c.logits[piece.at]);
+        if (group.n > 1) std::copy_n(&ys[j * count], count, &c.logits[piece.at]);
         std::copy_n(&head_->row_tokens[piece.head_row], count, &c.ids[piece.at]);
       }
     }
