@@ -1,6 +1,9 @@
 #include "kestrel/base/thread_pool.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -35,9 +38,19 @@ inline void wait_step(int spin) {
   }
 }
 
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+bool stats_requested() {
+  const char* v = std::getenv("KESTREL_POOL_STATS");
+  return v != nullptr && *v != '\0' && *v != '0';
+}
+
 }  // namespace
 
 ThreadPool::ThreadPool(int n_threads) {
+  stats_.on = stats_requested();
   if (n_threads <= 0) n_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   if (n_threads > kMaxThreads) {
     throw Error("thread count " + std::to_string(n_threads) + " is over the maximum of " +
@@ -48,6 +61,15 @@ ThreadPool::ThreadPool(int n_threads) {
 }
 
 ThreadPool::~ThreadPool() {
+  if (stats_.on && stats_.loops > 0) {
+    const auto ms = [](uint64_t ns) { return static_cast<double>(ns) / 1e6; };
+    std::fprintf(stderr,
+                 "thread pool (%d threads): %llu parallel loops, %.1f ms in them (%.2f us each), the caller "
+                 "waiting %.1f ms of it for the others; %.1f ms serial between loops (gaps under 1 ms)\n",
+                 n_threads_, static_cast<unsigned long long>(stats_.loops), ms(stats_.in_loops_ns),
+                 ms(stats_.in_loops_ns) * 1e3 / static_cast<double>(stats_.loops), ms(stats_.waited_ns),
+                 ms(stats_.serial_ns));
+  }
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stop_ = true;
@@ -103,6 +125,7 @@ void ThreadPool::parallel_for_dynamic(size_t n, size_t grain, const std::functio
 }
 
 void ThreadPool::start_and_join() {
+  const int64_t start = stats_.on ? now_ns() : 0;
   pending_.store(n_threads_ - 1, std::memory_order_relaxed);
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -110,7 +133,18 @@ void ThreadPool::start_and_join() {
   }
   wake_.notify_all();
   run_chunk(0);
+  const int64_t own_done = stats_.on ? now_ns() : 0;
   for (int spin = 0; pending_.load(std::memory_order_acquire) != 0; ++spin) wait_step(spin);
+  if (stats_.on) {
+    const int64_t end = now_ns();
+    ++stats_.loops;
+    stats_.in_loops_ns += static_cast<uint64_t>(end - start);
+    stats_.waited_ns += static_cast<uint64_t>(end - own_done);
+    if (stats_.last_end_ns >= 0 && start - stats_.last_end_ns < 1'000'000) {
+      stats_.serial_ns += static_cast<uint64_t>(start - stats_.last_end_ns);
+    }
+    stats_.last_end_ns = end;
+  }
 }
 
 void ThreadPool::worker_loop(int index) {

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -15,6 +16,10 @@ namespace kestrel {
 /// is one of them). Workers stay alive between calls and spin briefly before sleeping, so the
 /// ~150 parallel loops of a decode step cost microseconds, not thread creations.
 /// Not re-entrant: one parallel_for at a time per pool.
+///
+/// KESTREL_POOL_STATS=1 prints, when the pool is destroyed, where the calling thread's time went:
+/// the loops, its wait for the other threads after its own share (imbalance and wake-up), and
+/// the serial time between loops (gaps under 1 ms: the single-threaded work inside a step).
 class ThreadPool {
  public:
   static constexpr int kMaxThreads = 256;
@@ -42,6 +47,14 @@ class ThreadPool {
   void run_chunk(int index);
   /// Wakes the workers on the job set in job_*, runs the caller's share, waits for the rest.
   void start_and_join();
+
+  // KESTREL_POOL_STATS: the caller's time, in nanoseconds.
+  struct Stats {
+    bool on = false;
+    uint64_t loops = 0, in_loops_ns = 0, waited_ns = 0, serial_ns = 0;
+    int64_t last_end_ns = -1;
+  };
+  Stats stats_;
 
   int n_threads_;
   std::vector<std::thread> workers_;

@@ -120,6 +120,17 @@ struct Piece {
 struct Group {
   size_t first, n;
 };
+// n elements from src to dst; a cluster of 16 (the images' size) as one fixed-size copy the
+// compiler inlines (a library memmove call per 64 bytes showed in the profile of a batched step).
+template <class T>
+inline void copy_small(const T* src, size_t n, T* dst) {
+  if (n == 16) {
+    std::memcpy(dst, src, 16 * sizeof(T));
+  } else {
+    std::copy_n(src, n, dst);
+  }
+}
+
 struct Scratch {
   std::vector<float> x, scores;
   std::vector<std::vector<uint32_t>> probed;
@@ -244,8 +255,8 @@ void FlashHead::search_batch(std::span<const float* const> hidden, size_t probes
       for (size_t j = 0; j < group.n; ++j) {
         const Piece& piece = pieces[group.first + j];
         Candidates& c = *out[piece.row];
-        if (group.n > 1) std::copy_n(&ys[j * count], count, &c.logits[piece.at]);
-        std::copy_n(&head_->row_tokens[piece.head_row], count, &c.ids[piece.at]);
+        if (group.n > 1) copy_small(&ys[j * count], count, &c.logits[piece.at]);
+        copy_small(&head_->row_tokens[piece.head_row], count, &c.ids[piece.at]);
       }
     }
   });

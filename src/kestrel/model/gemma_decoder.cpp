@@ -331,7 +331,8 @@ void GemmaDecoder::attention_block(size_t il, size_t n, std::span<const Segment>
   if (owns_kv && l.wv.data == nullptr) std::copy_n(s.k, n * kv_dim, s.v);
 
   const size_t rope_row = rope_stride();
-  pool.parallel_for(n, rows_grain(q_dim + 2 * kv_dim), [&](size_t b, size_t e) {
+  // Per row: q/k norms per head, RoPE, the fp16 stores: ~8 operations per float.
+  pool.parallel_for(n, rows_grain(8 * (q_dim + 2 * kv_dim)), [&](size_t b, size_t e) {
     for (size_t t = b; t < e; ++t) {
       const Segment& seg = *(std::upper_bound(segs.begin(), segs.end(), t,
                                               [](size_t row, const Segment& sg) { return row < sg.first; }) - 1);
