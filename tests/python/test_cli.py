@@ -357,6 +357,19 @@ def test_perplexity_ubatch_scores_through_the_decode_rows():
     assert runs[4]["ppl"] == pytest.approx(runs[64]["ppl"], rel=0.01)
 
 
+@needs_model
+def test_pool_stats_say_where_the_callers_time_went():
+    # KESTREL_POOL_STATS=1: one line at exit with the loops and the serial gaps (docs/benchmarks.md).
+    r = kestrel("run", "-p", "Hi", "-n", 4, "--temp", 0, "-t", 2, env={**os.environ, "KESTREL_POOL_STATS": "1"})
+    assert r.returncode == 0, r.stderr
+    m = re.search(r"thread pool \(2 threads\): (\d+) parallel loops, ([\d.]+) ms in them .* "
+                  r"waiting ([\d.]+) ms .*; ([\d.]+) ms serial between loops", r.stderr)
+    assert m, r.stderr
+    assert int(m.group(1)) > 0 and float(m.group(3)) <= float(m.group(2))
+    plain = kestrel("run", "-p", "Hi", "-n", 4, "--temp", 0, "-t", 2)
+    assert "thread pool" not in plain.stderr
+
+
 # --- the README against the binary -----------------------------------------------------------
 
 README = (ROOT / "README.md").read_text(encoding="utf-8")
