@@ -134,7 +134,7 @@ inline void copy_small(const T* src, size_t n, T* dst) {
 struct Scratch {
   std::vector<float> x, scores;
   std::vector<std::vector<uint32_t>> probed;
-  std::vector<Piece> pieces;
+  std::vector<Piece> pieces, run, merged;
   std::vector<Group> groups;
 };
 
@@ -178,30 +178,37 @@ void FlashHead::search_batch(std::span<const float* const> hidden, size_t probes
   const auto before = [](const Piece& a, const Piece& b) {
     return a.head_row < b.head_row || (a.head_row == b.head_row && a.row < b.row);
   };
+  // Each row's pieces form a run in head-row order (its clusters are sorted; the few special
+  // tokens are sorted in); the runs merge into `pieces` through `merged` (std::merge into kept
+  // buffers: no allocation once warm, unlike std::inplace_merge's temporary buffer).
+  auto& run = scratch.run;
+  auto& merged = scratch.merged;
   pieces.clear();
   for (size_t i = 0; i < n_rows; ++i) {
-    // Each row's pieces are appended in head-row order (its clusters are sorted; the few
-    // special tokens are sorted in), so the rows' runs merge in linear time.
-    const size_t first = pieces.size();
+    run.clear();
     size_t n = 0;
     for (uint32_t k : probed[i]) {
-      pieces.push_back({k * cap, cap, i, n});
+      run.push_back({k * cap, cap, i, n});
       n += cap;
     }
-    const size_t specials = pieces.size();
+    const size_t specials = run.size();
     for (TokenId t : special_) {
       const size_t row = head_->row_of(t);
       if (!std::binary_search(probed[i].begin(), probed[i].end(), static_cast<uint32_t>(row / cap))) {
-        pieces.push_back({row, 1, i, n});
+        run.push_back({row, 1, i, n});
         n += 1;
       }
     }
-    std::sort(pieces.begin() + static_cast<std::ptrdiff_t>(specials), pieces.end(), before);
-    std::inplace_merge(pieces.begin() + static_cast<std::ptrdiff_t>(first), pieces.begin() + static_cast<std::ptrdiff_t>(specials),
-                       pieces.end(), before);
-    if (first > 0) {
-      std::inplace_merge(pieces.begin(), pieces.begin() + static_cast<std::ptrdiff_t>(first), pieces.end(), before);
+    if (run.size() > specials) {
+      const auto mid = run.begin() + static_cast<std::ptrdiff_t>(specials);
+      std::sort(mid, run.end(), before);
+      merged.resize(run.size());
+      std::merge(run.begin(), mid, mid, run.end(), merged.begin(), before);
+      run.swap(merged);
     }
+    merged.resize(pieces.size() + run.size());
+    std::merge(pieces.begin(), pieces.end(), run.begin(), run.end(), merged.begin(), before);
+    pieces.swap(merged);
     out[i]->ids.resize(n);
     out[i]->logits.resize(n);
   }
