@@ -25,6 +25,7 @@ struct PerplexityCliOptions {
   int threads = 0;
   size_t ctx = 512;
   size_t chunks = 0;
+  size_t pass_rows = 64;
   bool json = false;
 };
 
@@ -63,6 +64,7 @@ int run_perplexity(const PerplexityCliOptions& o) {
   runtime::PerplexityOptions options;
   options.n_ctx = o.ctx;
   options.max_chunks = o.chunks;
+  options.rows_per_pass = o.pass_rows;
   runtime::PerplexityProgress progress;
   if (!o.json) {
     progress = [&](size_t chunk, size_t n_chunks, const runtime::PerplexityResult& r) {
@@ -123,6 +125,11 @@ Command add_perplexity_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--chunks", opts->chunks, "Chunks to evaluate at most (0: all)")
       ->check(integer_range(size_t{0}, size_t{1} << 24))
+      ->capture_default_str();
+  cmd->add_option("--pass-rows", opts->pass_rows,
+                  "Scored positions per forward pass; below 8 they run through the decode kernels, as "
+                  "decode steps and speculative verifications do (e.g. 4 or 7), not the prefill GEMM")
+      ->check(integer_range(size_t{1}, size_t{1} << 16))
       ->capture_default_str();
   cmd->add_option("-t,--threads", opts->threads, "Threads (default: every core)")
       ->check(integer_range(0, ThreadPool::kMaxThreads));
