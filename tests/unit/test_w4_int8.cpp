@@ -90,7 +90,8 @@ struct RandomW4 {
   }
 };
 
-// Activations with a block of zeros, a block with one large outlier, and a tiny block.
+// Activations with a block of zeros, a block with one large outlier, a tiny block and a block of
+// ties.
 std::vector<float> activations(size_t n_tokens, size_t cols, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> g;
@@ -101,6 +102,10 @@ std::vector<float> activations(size_t n_tokens, size_t cols, uint64_t seed) {
     if (cols >= 64) x[t * cols + 40] = 300.0f;
     if (cols >= 96) {
       for (size_t i = 64; i < 96; ++i) x[t * cols + i] *= 1e-6f;
+    }
+    if (cols >= 128) {  // d_x = 1 exactly, and ties: x / d_x = k + 1/2 rounds to the even k
+      x[t * cols + 96] = 127.0f;
+      for (size_t i = 97; i < 128; ++i) x[t * cols + i] = static_cast<float>(static_cast<int>(i % 13) - 6) + 0.5f;
     }
   }
   return x;

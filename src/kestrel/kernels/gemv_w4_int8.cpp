@@ -36,10 +36,16 @@ struct Activations {
   std::vector<float> sx;  // [n_tokens][cols / 32]
 };
 
-void quantize(const float* x, size_t n_tokens, size_t x_stride, size_t cols, Activations& a) {
-  quantize_q8_activations(x, n_tokens, x_stride, cols, a.q);
+// The sums' float32 products float(S_b) * d_xb.
+void finish(Activations& a) {
   a.sx.resize(a.q.sum128.size());
   for (size_t j = 0; j < a.sx.size(); ++j) a.sx[j] = static_cast<float>(a.q.sum128[j] / 128) * a.q.scale[j];
+}
+
+// The portable quantization (quantize_q8_activations).
+void quantize(const float* x, size_t n_tokens, size_t x_stride, size_t cols, Activations& a) {
+  quantize_q8_activations(x, n_tokens, x_stride, cols, a.q);
+  finish(a);
 }
 
 void check(const W4Int8Interleaved& il, size_t n_tokens, size_t row_begin, size_t row_end) {
@@ -124,6 +130,45 @@ KESTREL_VNNI_TARGET void block16(const W4Int8Interleaved& il, size_t block, cons
     }
   }
   for (size_t t = 0; t < NT; ++t) _mm512_storeu_ps(out[t], _mm512_add_ps(acc[t], macc[t]));
+}
+
+// quantize() with AVX-512, the same numbers: max|x| is exact in any order, x / d an IEEE
+// division, and the rounding to nearest even that nearbyint does in the default rounding mode.
+KESTREL_VNNI_TARGET void quantize_avx512(const float* x, size_t n_tokens, size_t x_stride, size_t cols,
+                                         Activations& a) {
+  const size_t nb = cols / kXBlock;
+  Q8Activations& q = a.q;
+  q.n_tokens = n_tokens;
+  q.cols = cols;
+  q.q.resize(n_tokens * cols);
+  q.scale.resize(n_tokens * nb);
+  q.sum128.resize(n_tokens * nb);
+  const __m512 limit = _mm512_set1_ps(127.0f), neg_limit = _mm512_set1_ps(-127.0f);
+  for (size_t t = 0; t < n_tokens; ++t) {
+    for (size_t b = 0; b < nb; ++b) {
+      const float* v = x + t * x_stride + b * kXBlock;
+      const __m512 v0 = _mm512_loadu_ps(v), v1 = _mm512_loadu_ps(v + 16);
+      const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+      const float d = amax / 127.0f;
+      int8_t* out = &q.q[t * cols + b * kXBlock];
+      int32_t sum = 0;
+      if (d > 0.0f) {
+        const __m512 dv = _mm512_set1_ps(d);
+        constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+        const __m512 r0 = _mm512_min_ps(_mm512_max_ps(_mm512_roundscale_ps(_mm512_div_ps(v0, dv), kNearest), neg_limit), limit);
+        const __m512 r1 = _mm512_min_ps(_mm512_max_ps(_mm512_roundscale_ps(_mm512_div_ps(v1, dv), kNearest), neg_limit), limit);
+        const __m512i i0 = _mm512_cvtps_epi32(r0), i1 = _mm512_cvtps_epi32(r1);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtepi32_epi8(i0));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 16), _mm512_cvtepi32_epi8(i1));
+        sum = _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
+      } else {
+        std::memset(out, 0, kXBlock);
+      }
+      q.scale[t * nb + b] = d;
+      q.sum128[t * nb + b] = 128 * sum;
+    }
+  }
+  finish(a);
 }
 
 void block_tokens(const W4Int8Interleaved& il, size_t block, const Activations& a, size_t t0, size_t n,
@@ -260,9 +305,9 @@ void gemv_w4_int8(const W4Int8Interleaved& il, const float* x, size_t n_tokens, 
                   size_t y_stride, size_t row_begin, size_t row_end) {
   check(il, n_tokens, row_begin, row_end);
   thread_local Activations a;
-  quantize(x, n_tokens, x_stride, il.cols, a);
 #ifdef KESTREL_HAVE_VNNI
   if (vnni_available()) {
+    quantize_avx512(x, n_tokens, x_stride, il.cols, a);
     float out[kMaxTileTokens][kBlock];
     for (size_t blk = row_begin / kBlock; blk * kBlock < row_end; ++blk) {
       const size_t lo = std::max(row_begin, blk * kBlock), hi = std::min(row_end, (blk + 1) * kBlock);
@@ -277,6 +322,7 @@ void gemv_w4_int8(const W4Int8Interleaved& il, const float* x, size_t n_tokens, 
     return;
   }
 #endif
+  quantize(x, n_tokens, x_stride, il.cols, a);
   scalar(il, a, n_tokens, y, y_stride, row_begin, row_end);
 }
 
