@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kestrel/base/error.h"
+#include "kestrel/base/thread_pool.h"
 #include "kestrel/formats/dequant.h"
 #include "kestrel/kernels/gemv_q8_interleaved.h"
 #include "kestrel/kernels/gemv_w4_int8.h"
@@ -237,6 +238,30 @@ TEST(W4Int8, EachTokenIsTheSameWhateverTheTokenCountAndRowRange) {
           }
         }
       }
+    }
+  }
+}
+
+// matmul runs a matrix carrying the int8 copy (as KESTREL_W4_INT8=1 loads it) through
+// gemv_w4_int8 for 1-7 tokens, split over threads, and through the prefill kernels from 8.
+TEST(W4Int8, MatmulUsesTheInt8CopyForDecodeRowsOnly) {
+  const size_t rows = 64, cols = 640;
+  const RandomW4 w(rows, cols, 32, Params::kAffine16, 21);
+  const k::W4Int8Interleaved il = k::interleave_w4_int8(w.view());
+  k::Matrix m = w.view();
+  m.interleaved_int8 = &il;
+  const auto x = activations(k::kTileMinTokens, cols, 8);
+  kestrel::ThreadPool pool(3);
+  for (size_t n = 1; n <= k::kTileMinTokens; ++n) {
+    std::vector<float> via_matmul(n * rows), plain(n * rows), row_major(n * rows);
+    k::matmul(m, x.data(), n, cols, via_matmul.data(), rows, pool);
+    k::matmul(w.view(), x.data(), n, cols, row_major.data(), rows, pool);
+    if (n < k::kTileMinTokens) {
+      k::gemv_w4_int8(il, x.data(), n, cols, plain.data(), rows, 0, rows);
+      EXPECT_EQ(std::memcmp(via_matmul.data(), plain.data(), plain.size() * sizeof(float)), 0) << n << " tokens";
+    } else {
+      EXPECT_EQ(std::memcmp(via_matmul.data(), row_major.data(), row_major.size() * sizeof(float)), 0)
+          << "prefill must not use the int8 copy";
     }
   }
 }
