@@ -41,6 +41,7 @@ def error_of(result, code=1):
     (("run", "-p", "x", "-n", "-1"), "--n-predict: Value -1 not in range"),
     (("run", "-p", "x", "-c", "-1"), "--ctx: Value -1 not in range"),
     (("perplexity", "-f", "README.md", "--chunks", "-1"), "--chunks: Value -1 not in range"),
+    (("perplexity", "-f", "README.md", "--pass-rows", "0"), "--pass-rows: Value 0 not in range"),
     (("run", "-p", "x", "--temp", "nan"), "must be a finite number"),
     (("run", "-p", "x", "-t", "100000"), "--threads: Value 100000 not in range 0 to 256"),
     # text that is no number says so, not "not in range" (the fresh-user trial's --parallel abc)
@@ -340,6 +341,20 @@ def test_perplexity_kl_base_takes_default():
     assert r.returncode == 0, r.stderr
     j = json.loads(r.stdout)
     assert j["kl_mean"] == 0.0 and j["same_top1_pct"] == 100.0 and j["base_ppl"] == j["ppl"]
+
+
+@needs_model
+def test_perplexity_pass_rows_scores_the_same_positions_through_the_decode_kernels():
+    # --pass-rows 4: the scored positions in forward passes of 4 (the decode kernels), not one
+    # prefill pass: the same positions, and the same perplexity up to the kernels' rounding.
+    runs = []
+    for rows in (64, 4):
+        r = kestrel("perplexity", "-f", ROOT / "README.md", "-c", 64, "--chunks", 2, "--pass-rows", rows,
+                    "--json", "-t", 2)
+        assert r.returncode == 0, r.stderr
+        runs.append(json.loads(r.stdout))
+    assert runs[0]["n_scored"] == runs[1]["n_scored"] == 2 * (64 - 32 - 1)
+    assert abs(runs[0]["ppl"] - runs[1]["ppl"]) <= 0.01 * runs[0]["ppl"]
 
 
 # --- the README against the binary -----------------------------------------------------------
