@@ -129,7 +129,7 @@ Command add_perplexity_command(CLI::App& app) {
   cmd->add_option("--pass-rows", opts->pass_rows,
                   "Scored positions per forward pass; below 8 they run through the decode kernels, as "
                   "decode steps and speculative verifications do (e.g. 4 or 7), not the prefill GEMM")
-      ->check(integer_range(size_t{1}, size_t{1} << 16))
+      ->check(integer_range(size_t{1}, size_t{1024}))
       ->capture_default_str();
   cmd->add_option("-t,--threads", opts->threads, "Threads (default: every core)")
       ->check(integer_range(0, ThreadPool::kMaxThreads));

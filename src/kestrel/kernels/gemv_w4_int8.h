@@ -3,8 +3,9 @@
 // Opt-in (KESTREL_W4_INT8=1): rounding the activations to 8 bits costs accuracy that has not
 // been shown to be no worse than llama.cpp's own 8-bit activation rounding (issue #19 item 1).
 //
-// Activations: each token's float32 vector is quantized per block of 32 columns (as
-// quantize_q8_activations, gemv_q8_interleaved.h): d_xb = max|x| / 127 (float32),
+// Activations: each token's float32 vector is quantized once per call, per block of 32 columns
+// (the numbers of quantize_q8_activations, gemv_q8_interleaved.h; with AVX-512 on the VNNI
+// path): d_xb = max|x| / 127 (float32),
 // xq_i = round-to-nearest-even(x_i / d_xb) in [-127, 127] (0 where d_xb = 0), S_b = sum xq_i.
 // Weights: the 4-bit codes q in 0..15 and per group g (group_size a multiple of 32, so a block
 // lies in one group) the scale d_rg and minimum m_rg, w = d_rg * q + m_rg (symmetric groups:
