@@ -3,9 +3,11 @@
 // and Gemma 4 E4B's shapes, one thread, the matrix in cache; each interleaved result is checked
 // against the row-major one (float32 rounding of sum |w_i x_i|) before timing.
 //   build/bench/kestrel_w4_interleaved_bench
-// Results: docs/benchmarks.md, "Decode kernels for several tokens".
+// Results: docs/benchmarks.md, "Decode kernels for several tokens"; the int8-activation rows
+// (W4/Int8, opt-in KESTREL_W4_INT8=1): docs/quantization.md.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <memory>
@@ -17,7 +19,9 @@
 #include "kestrel/base/thread_pool.h"
 #include "kestrel/formats/dequant.h"
 #include "kestrel/kernels/gemm_bf16.h"
+#include "kestrel/kernels/gemv_q8_interleaved.h"
 #include "kestrel/kernels/gemv_w4_bf16.h"
+#include "kestrel/kernels/gemv_w4_int8.h"
 #include "kestrel/kernels/gemv_w4_interleaved.h"
 #include "kestrel/kernels/matmul.h"
 #include "kestrel/quant/w4.h"
@@ -34,6 +38,7 @@ struct Fixture {
   size_t rows, cols;
   kestrel::quant::W4Matrix q4;
   k::W4Interleaved interleaved;
+  k::W4Int8Interleaved int8;
   std::vector<float> x;
   std::vector<k::W4GemvInput> inputs;
   Fixture(size_t n_rows, size_t n_cols, int bits) : rows(n_rows), cols(n_cols) {
@@ -45,6 +50,7 @@ struct Fixture {
     q4 = kestrel::quant::quantize_w4(w.data(), rows, cols, kGroup, nullptr, true, pool);
     if (bits == 8) kestrel::quant::compress_group_params(q4, w.data(), nullptr, pool);
     interleaved = k::interleave_w4(q4.view());
+    int8 = k::interleave_w4_int8(q4.view());
     x.resize(kMaxTokens * cols);
     for (auto& v : x) v = normal(rng);
     inputs.resize(kMaxTokens);
@@ -91,6 +97,43 @@ void Interleaved16(benchmark::State& state) {
   count(state, f, NT);
 }
 
+// The int8-activation kernel (gemv_w4_int8.h), checked first against float64 W x within the
+// activations' rounding bound sum_b (max|x_b| / 254) sum_{i in b} |w_i| (+ 1e-5 sum |w_i x_i|
+// for float32 rounding).
+template <size_t NT>
+void Int8(benchmark::State& state) {
+  Fixture& f = fixture(state);
+  if (!k::vnni_available()) state.SetLabel("no AVX512-VNNI: the portable path");
+  std::vector<float> y(NT * f.rows);
+  k::gemv_w4_int8(f.int8, f.x.data(), NT, f.cols, y.data(), f.rows, 0, f.rows);
+  std::vector<float> row(f.cols);
+  for (size_t r = 0; r < f.rows; ++r) {
+    k::matrix_row(f.q4.view(), r, row.data());
+    for (size_t t = 0; t < NT; ++t) {
+      const float* x = &f.x[t * f.cols];
+      double bound = 0, magnitude = 0, exact = 0;
+      for (size_t b = 0; b < f.cols / 32; ++b) {
+        double amax = 0, wabs = 0;
+        for (size_t c = 32 * b; c < 32 * b + 32; ++c) {
+          amax = std::max(amax, static_cast<double>(std::fabs(x[c])));
+          wabs += std::fabs(row[c]);
+          magnitude += std::fabs(row[c] * x[c]);
+          exact += static_cast<double>(row[c]) * x[c];
+        }
+        bound += amax / 254 * wabs;
+      }
+      if (std::fabs(y[t * f.rows + r] - exact) > 1.0001 * bound + 1e-5 * magnitude) {
+        return state.SkipWithError(("int8 result out of bounds at row " + std::to_string(r)).c_str());
+      }
+    }
+  }
+  for (auto _ : state) {
+    k::gemv_w4_int8(f.int8, f.x.data(), NT, f.cols, y.data(), f.rows, 0, f.rows);
+    benchmark::DoNotOptimize(y.data());
+  }
+  count(state, f, NT);
+}
+
 template <size_t NT>
 void RowMajor(benchmark::State& state) {
   if (!k::bf16_dot_available()) return state.SkipWithError("this CPU has no AVX512-BF16");
@@ -115,6 +158,15 @@ BENCHMARK(RowMajor<4>)->Name("W4/RowMajor/4") KESTREL_SHAPES;
 BENCHMARK(Interleaved16<4>)->Name("W4/Interleaved16/4") KESTREL_SHAPES;
 BENCHMARK(RowMajor<7>)->Name("W4/RowMajor/7") KESTREL_SHAPES;
 BENCHMARK(Interleaved16<7>)->Name("W4/Interleaved16/7") KESTREL_SHAPES;
+// Gemma 3 270M's ffn_down (640 x 2048) as well, against the int8-activation kernel
+// (KESTREL_W4_INT8=1) on every shape.
+BENCHMARK(Interleaved16<1>)->Name("W4/Interleaved16/1")->Args({640, 2048, 16});
+BENCHMARK(Interleaved16<4>)->Name("W4/Interleaved16/4")->Args({640, 2048, 16});
+BENCHMARK(Interleaved16<7>)->Name("W4/Interleaved16/7")->Args({640, 2048, 16});
+BENCHMARK(Int8<1>)->Name("W4/Int8/1") KESTREL_SHAPES->Args({640, 2048, 16});
+BENCHMARK(Int8<2>)->Name("W4/Int8/2") KESTREL_SHAPES->Args({640, 2048, 16});
+BENCHMARK(Int8<4>)->Name("W4/Int8/4") KESTREL_SHAPES->Args({640, 2048, 16});
+BENCHMARK(Int8<7>)->Name("W4/Int8/7") KESTREL_SHAPES->Args({640, 2048, 16});
 
 }  // namespace
 

@@ -11,6 +11,7 @@
 #include "kestrel/formats/dequant.h"
 #include "kestrel/kernels/gemm_bf16.h"
 #include "kestrel/kernels/gemv_w4_bf16.h"
+#include "kestrel/kernels/gemv_w4_int8.h"
 #include "kestrel/kernels/gemv_w4_interleaved.h"
 
 #undef HWY_TARGET_INCLUDE
@@ -364,6 +365,10 @@ void MatmulW4Rows(const Matrix& w, const float* x, size_t n_tokens, size_t x_str
     }
     return;
   }
+  if (w.interleaved_int8 != nullptr) {  // opt-in: int8 activations (gemv_w4_int8.h)
+    gemv_w4_int8(*w.interleaved_int8, x, n_tokens, x_stride, y, y_stride, row_begin, row_end);
+    return;
+  }
   if (w.interleaved != nullptr) {  // decode over the 16-row interleaved copy (gemv_w4_interleaved.h)
     gemv_w4_interleaved(*w.interleaved, x, n_tokens, x_stride, y, y_stride, row_begin, row_end);
     return;
@@ -588,6 +593,7 @@ Matrix row_slice(const Matrix& w, size_t begin, size_t count) {
   m.rows = count;
   m.data = w.row(begin);
   m.interleaved = nullptr;  // a slice's rows run through the row-major kernel
+  m.interleaved_int8 = nullptr;
   if (w.type == WeightType::kW4) {
     const size_t n_groups = w.cols / w.group_size;
     if (w.scales) m.scales = w.scales + begin * n_groups;

@@ -32,6 +32,7 @@ enum class WeightType {
 /// (u8 s_g), `mins8` (u8 n_g), both [rows, cols / group_size], and `row_scales` ([rows, 2] fp16
 /// d_row, m_row).
 struct W4Interleaved;
+struct W4Int8Interleaved;
 
 struct Matrix {
   WeightType type = WeightType::kF32;
@@ -47,6 +48,10 @@ struct Matrix {
   /// kW4: a copy with the rows interleaved for the decode kernel (gemv_w4_interleaved.h), which
   /// then computes every product of fewer than kTileMinTokens tokens; null: the row-major kernel.
   const W4Interleaved* interleaved = nullptr;
+  /// kW4, opt-in (KESTREL_W4_INT8=1): a copy for the int8-activation decode kernel
+  /// (gemv_w4_int8.h), which then computes every product of fewer than kTileMinTokens tokens in
+  /// place of `interleaved`.
+  const W4Int8Interleaved* interleaved_int8 = nullptr;
   size_t row_bytes() const;
   const uint8_t* row(size_t r) const { return static_cast<const uint8_t*>(data) + r * row_bytes(); }
 };

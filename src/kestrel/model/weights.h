@@ -8,6 +8,7 @@
 #include "kestrel/base/thread_pool.h"
 #include "kestrel/formats/gguf.h"
 #include "kestrel/image/image.h"
+#include "kestrel/kernels/gemv_w4_int8.h"
 #include "kestrel/kernels/gemv_w4_interleaved.h"
 #include "kestrel/kernels/matmul.h"
 #include "kestrel/quant/precision.h"
@@ -47,7 +48,8 @@ class WeightStore {
   const float* dequantized(const gguf::TensorInfo& info);
 
   kernels::Matrix image_matrix(const std::string& name, size_t rows, size_t cols);
-  // m with its interleaved copy for the decode kernel, where that kernel runs it.
+  // m with its interleaved copy for the decode kernel, where that kernel runs it (the
+  // int8-activation copy instead with KESTREL_W4_INT8=1, where gemv_w4_int8 runs it).
   kernels::Matrix with_interleaved(kernels::Matrix m);
   const gguf::TensorInfo& image_tensor(const std::string& name, gguf::TensorType type,
                                        std::vector<uint64_t> shape);
@@ -60,6 +62,7 @@ class WeightStore {
   std::deque<std::vector<uint16_t>> owned_16_;
   std::deque<quant::W4Matrix> owned_w4_;
   std::deque<kernels::W4Interleaved> owned_interleaved_;
+  std::deque<kernels::W4Int8Interleaved> owned_interleaved_int8_;
   size_t n_params_ = 0;
 };
 

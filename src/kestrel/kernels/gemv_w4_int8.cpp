@@ -1,0 +1,329 @@
+#include "kestrel/kernels/gemv_w4_int8.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "kestrel/base/error.h"
+#include "kestrel/formats/dequant.h"
+#include "kestrel/kernels/gemv_q8_interleaved.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#include <immintrin.h>
+#define KESTREL_HAVE_VNNI 1
+#define KESTREL_VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vnni,f16c")))
+#endif
+
+namespace kestrel::kernels {
+namespace {
+
+constexpr size_t kBlock = 16;          // rows per interleaved block
+constexpr size_t kXBlock = 32;         // columns per activation block
+constexpr size_t kMaxTileTokens = 4;   // tokens per pass over a block of rows
+constexpr size_t kPrefetchBytes = 1024;         // codes requested this far ahead
+constexpr size_t kPrefetchParams = 8 * kBlock;  // group parameters requested 8 groups ahead
+
+// Byte of an octet's 64 bytes holding row i's column 8o + e, and whether in the high nibble.
+size_t code_byte(size_t i, size_t e) { return 4 * i + e % 4; }
+
+// The activations of one call: int8 values, and per token and block d_xb and float(S_b) * d_xb.
+struct Activations {
+  Q8Activations q;
+  std::vector<float> sx;  // [n_tokens][cols / 32]
+};
+
+// The sums' float32 products float(S_b) * d_xb.
+void finish(Activations& a) {
+  a.sx.resize(a.q.sum128.size());
+  for (size_t j = 0; j < a.sx.size(); ++j) a.sx[j] = static_cast<float>(a.q.sum128[j] / 128) * a.q.scale[j];
+}
+
+// The portable quantization (quantize_q8_activations).
+void quantize(const float* x, size_t n_tokens, size_t x_stride, size_t cols, Activations& a) {
+  quantize_q8_activations(x, n_tokens, x_stride, cols, a.q);
+  finish(a);
+}
+
+void check(const W4Int8Interleaved& il, size_t n_tokens, size_t row_begin, size_t row_end) {
+  if (n_tokens >= kTileMinTokens) {
+    throw Error("gemv_w4_int8: " + std::to_string(n_tokens) + " tokens (at most " +
+                std::to_string(kTileMinTokens - 1) + ")");
+  }
+  if (row_end > il.rows || row_begin > row_end) throw Error("gemv_w4_int8: rows past the matrix");
+}
+
+#ifdef KESTREL_HAVE_VNNI
+
+KESTREL_VNNI_TARGET inline __m512 u8(const uint8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+
+// Block `block`'s 16 rows for NT tokens (1..4) starting at token t0 into out[t][0..16).
+template <size_t NT, bool kParams8>
+KESTREL_VNNI_TARGET void block16(const W4Int8Interleaved& il, size_t block, const Activations& a, size_t t0,
+                                 float (*out)[kBlock]) {
+  const size_t G = il.group_size, n_groups = il.cols / G, octets = il.cols / 8, nb = il.cols / kXBlock;
+  const size_t blocks_per_group = G / kXBlock;
+  // Independent integer chains per token: 2 (low / high nibbles), 4 with few tokens (also by
+  // octet parity) to hide vpdpbusd's latency. Integer sums are exact in any order.
+  constexpr size_t kChains = NT <= 2 ? 4 : 2;
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  const uint8_t* codes = &il.codes[block * octets * 64];
+  const int8_t* xq[NT];
+  const float* xd[NT];
+  const float* xs[NT];
+  for (size_t t = 0; t < NT; ++t) {
+    xq[t] = &a.q.q[(t0 + t) * il.cols];
+    xd[t] = &a.q.scale[(t0 + t) * nb];
+    xs[t] = &a.sx[(t0 + t) * nb];
+  }
+  __m512 acc[NT], macc[NT];
+  for (size_t t = 0; t < NT; ++t) acc[t] = macc[t] = _mm512_setzero_ps();
+  __m512 row_d = _mm512_setzero_ps(), neg_row_m = _mm512_setzero_ps();
+  if constexpr (kParams8) {
+    row_d = _mm512_loadu_ps(&il.row_d[block * kBlock]);
+    neg_row_m = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(_mm512_loadu_ps(&il.row_m[block * kBlock])),
+                                                     _mm512_set1_epi32(static_cast<int>(0x80000000u))));
+  }
+  for (size_t g = 0; g < n_groups; ++g) {
+    const size_t at = (block * n_groups + g) * kBlock;
+    __m512 d, m;
+    if constexpr (kParams8) {
+      d = _mm512_mul_ps(row_d, u8(&il.scales8[at]));
+      m = il.mins8.empty() ? _mm512_mul_ps(d, _mm512_set1_ps(-8.0f)) : _mm512_mul_ps(neg_row_m, u8(&il.mins8[at]));
+    } else {
+      _mm_prefetch(reinterpret_cast<const char*>(il.scales.data() + at + kPrefetchParams), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(il.mins.data() + at + kPrefetchParams), _MM_HINT_T0);
+      d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(&il.scales[at])));
+      m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(&il.mins[at])));
+    }
+    for (size_t k = 0; k < blocks_per_group; ++k) {
+      const size_t b = g * blocks_per_group + k;
+      __m512i dot[NT][kChains];
+      for (size_t t = 0; t < NT; ++t) {
+        for (size_t c = 0; c < kChains; ++c) dot[t][c] = _mm512_setzero_si512();
+      }
+      for (size_t oi = 0; oi < kXBlock / 8; ++oi) {
+        const size_t o = b * (kXBlock / 8) + oi;
+        // A prefetch past the end does not fault.
+        _mm_prefetch(reinterpret_cast<const char*>(codes + 64 * o + kPrefetchBytes), _MM_HINT_T0);
+        const __m512i bytes = _mm512_loadu_si512(codes + 64 * o);
+        const __m512i lo = _mm512_and_si512(bytes, low), hi = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low);
+        const size_t c0 = kChains == 4 ? 2 * (oi & 1) : 0;
+        for (size_t t = 0; t < NT; ++t) {
+          int32_t x4[2];  // activations 8o .. 8o + 3 and 8o + 4 .. 8o + 7
+          std::memcpy(x4, xq[t] + 8 * o, sizeof(x4));
+          dot[t][c0] = _mm512_dpbusd_epi32(dot[t][c0], lo, _mm512_set1_epi32(x4[0]));
+          dot[t][c0 + 1] = _mm512_dpbusd_epi32(dot[t][c0 + 1], hi, _mm512_set1_epi32(x4[1]));
+        }
+      }
+      for (size_t t = 0; t < NT; ++t) {
+        __m512i sum = _mm512_add_epi32(dot[t][0], dot[t][1]);
+        if constexpr (kChains == 4) sum = _mm512_add_epi32(sum, _mm512_add_epi32(dot[t][2], dot[t][3]));
+        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d, _mm512_set1_ps(xd[t][b])), acc[t]);
+        macc[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(xs[t][b]), macc[t]);
+      }
+    }
+  }
+  for (size_t t = 0; t < NT; ++t) _mm512_storeu_ps(out[t], _mm512_add_ps(acc[t], macc[t]));
+}
+
+// quantize() with AVX-512, the same numbers: max|x| is exact in any order, x / d an IEEE
+// division, and the rounding to nearest even that nearbyint does in the default rounding mode.
+KESTREL_VNNI_TARGET void quantize_avx512(const float* x, size_t n_tokens, size_t x_stride, size_t cols,
+                                         Activations& a) {
+  const size_t nb = cols / kXBlock;
+  Q8Activations& q = a.q;
+  q.n_tokens = n_tokens;
+  q.cols = cols;
+  q.q.resize(n_tokens * cols);
+  q.scale.resize(n_tokens * nb);
+  q.sum128.resize(n_tokens * nb);
+  const __m512 limit = _mm512_set1_ps(127.0f), neg_limit = _mm512_set1_ps(-127.0f);
+  for (size_t t = 0; t < n_tokens; ++t) {
+    for (size_t b = 0; b < nb; ++b) {
+      const float* v = x + t * x_stride + b * kXBlock;
+      const __m512 v0 = _mm512_loadu_ps(v), v1 = _mm512_loadu_ps(v + 16);
+      const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+      const float d = amax / 127.0f;
+      int8_t* out = &q.q[t * cols + b * kXBlock];
+      int32_t sum = 0;
+      if (d > 0.0f) {
+        const __m512 dv = _mm512_set1_ps(d);
+        constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+        const __m512 r0 = _mm512_min_ps(_mm512_max_ps(_mm512_roundscale_ps(_mm512_div_ps(v0, dv), kNearest), neg_limit), limit);
+        const __m512 r1 = _mm512_min_ps(_mm512_max_ps(_mm512_roundscale_ps(_mm512_div_ps(v1, dv), kNearest), neg_limit), limit);
+        const __m512i i0 = _mm512_cvtps_epi32(r0), i1 = _mm512_cvtps_epi32(r1);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtepi32_epi8(i0));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 16), _mm512_cvtepi32_epi8(i1));
+        sum = _mm512_reduce_add_epi32(_mm512_add_epi32(i0, i1));
+      } else {
+        std::memset(out, 0, kXBlock);
+      }
+      q.scale[t * nb + b] = d;
+      q.sum128[t * nb + b] = 128 * sum;
+    }
+  }
+  finish(a);
+}
+
+void block_tokens(const W4Int8Interleaved& il, size_t block, const Activations& a, size_t t0, size_t n,
+                  float (*out)[kBlock]) {
+  if (il.params8()) {
+    switch (n) {
+      case 4: return block16<4, true>(il, block, a, t0, out);
+      case 3: return block16<3, true>(il, block, a, t0, out);
+      case 2: return block16<2, true>(il, block, a, t0, out);
+      default: return block16<1, true>(il, block, a, t0, out);
+    }
+  }
+  switch (n) {
+    case 4: return block16<4, false>(il, block, a, t0, out);
+    case 3: return block16<3, false>(il, block, a, t0, out);
+    case 2: return block16<2, false>(il, block, a, t0, out);
+    default: return block16<1, false>(il, block, a, t0, out);
+  }
+}
+
+#endif  // KESTREL_HAVE_VNNI
+
+void scalar(const W4Int8Interleaved& il, const Activations& a, size_t n_tokens, float* y, size_t y_stride,
+            size_t row_begin, size_t row_end) {
+  const size_t G = il.group_size, n_groups = il.cols / G, octets = il.cols / 8, nb = il.cols / kXBlock;
+  for (size_t r = row_begin; r < row_end; ++r) {
+    const size_t block = r / kBlock, i = r % kBlock;
+    const uint8_t* codes = &il.codes[block * octets * 64];
+    for (size_t t = 0; t < n_tokens; ++t) {
+      const int8_t* xq = &a.q.q[t * il.cols];
+      float acc = 0.0f, macc = 0.0f;
+      for (size_t b = 0; b < nb; ++b) {
+        const size_t g = b * kXBlock / G, at = (block * n_groups + g) * kBlock + i;
+        float d, m;
+        if (il.params8()) {
+          d = il.row_d[r] * static_cast<float>(il.scales8[at]);
+          m = il.mins8.empty() ? d * -8.0f : -il.row_m[r] * static_cast<float>(il.mins8[at]);
+        } else {
+          d = gguf::fp16_to_fp32(il.scales[at]);
+          m = gguf::fp16_to_fp32(il.mins[at]);
+        }
+        int32_t dot = 0;
+        for (size_t c = b * kXBlock; c < (b + 1) * kXBlock; ++c) {
+          const uint8_t byte = codes[(c / 8) * 64 + code_byte(i, c % 8)];
+          const int32_t q = c % 8 < 4 ? byte & 0x0F : byte >> 4;
+          dot += q * xq[c];
+        }
+        const float dx = a.q.scale[t * nb + b];
+        acc = std::fma(static_cast<float>(dot), d * dx, acc);
+        macc = std::fma(m, a.sx[t * nb + b], macc);
+      }
+      y[t * y_stride + r] = acc + macc;
+    }
+  }
+}
+
+}  // namespace
+
+bool w4_int8_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("KESTREL_W4_INT8");
+    return v != nullptr && *v != '\0' && std::strcmp(v, "0") != 0;
+  }();
+  return on;
+}
+
+bool w4_int8_supported(const Matrix& w) {
+  const bool params = w.scales != nullptr || (w.scales8 != nullptr && w.row_scales != nullptr);
+  return w.type == WeightType::kW4 && params && w.rows > 0 && w.rows % kBlock == 0 && w.group_size > 0 &&
+         w.group_size % kXBlock == 0 && w.cols % w.group_size == 0;
+}
+
+W4Int8Interleaved interleave_w4_int8(const Matrix& w) {
+  if (!w4_int8_supported(w)) {
+    throw Error("interleave_w4_int8: not an INT4 matrix with rows a multiple of 16 and groups a multiple of 32");
+  }
+  const size_t G = w.group_size, half = G / 2, n_groups = w.cols / G, octets = w.cols / 8;
+  W4Int8Interleaved il;
+  il.rows = w.rows;
+  il.cols = w.cols;
+  il.group_size = G;
+  il.codes.assign(il.rows / kBlock * octets * 64, 0);
+  const bool params8 = w.scales == nullptr;
+  if (params8) {
+    il.scales8.resize(il.rows * n_groups);
+    if (w.mins8 != nullptr) il.mins8.resize(il.rows * n_groups);
+    il.row_d.resize(il.rows);
+    il.row_m.resize(il.rows);
+  } else {
+    il.scales.resize(il.rows * n_groups);
+    il.mins.resize(il.rows * n_groups);
+  }
+  for (size_t r = 0; r < il.rows; ++r) {
+    const size_t block = r / kBlock, i = r % kBlock;
+    const uint8_t* row = w.row(r);
+    for (size_t c = 0; c < w.cols; ++c) {
+      // Row-major: a group's byte j holds weight j (low nibble) and j + G / 2 (high) (matmul.h).
+      const size_t g = c / G, within = c % G;
+      const uint8_t src = row[g * half + within % half];
+      const uint8_t q = within >= half ? src >> 4 : src & 0x0F;
+      const size_t e = c % 8;
+      il.codes[(block * octets + c / 8) * 64 + code_byte(i, e)] |= e >= 4 ? static_cast<uint8_t>(q << 4) : q;
+    }
+    if (params8) {
+      il.row_d[r] = gguf::fp16_to_fp32(w.row_scales[2 * r]);
+      il.row_m[r] = gguf::fp16_to_fp32(w.row_scales[2 * r + 1]);
+      for (size_t g = 0; g < n_groups; ++g) {
+        const size_t at = (block * n_groups + g) * kBlock + i;
+        il.scales8[at] = w.scales8[r * n_groups + g];
+        if (w.mins8 != nullptr) il.mins8[at] = w.mins8[r * n_groups + g];
+      }
+      continue;
+    }
+    for (size_t g = 0; g < n_groups; ++g) {
+      const size_t at = (block * n_groups + g) * kBlock + i;
+      const uint16_t d = w.scales[r * n_groups + g];
+      il.scales[at] = d;
+      // Symmetric groups: m = -8 d, exact in fp16 (a power-of-two multiple).
+      il.mins[at] = w.mins != nullptr ? w.mins[r * n_groups + g] : gguf::fp32_to_fp16(-8.0f * gguf::fp16_to_fp32(d));
+    }
+  }
+  return il;
+}
+
+void gemv_w4_int8_scalar(const W4Int8Interleaved& il, const float* x, size_t n_tokens, size_t x_stride, float* y,
+                         size_t y_stride, size_t row_begin, size_t row_end) {
+  check(il, n_tokens, row_begin, row_end);
+  thread_local Activations a;
+  quantize(x, n_tokens, x_stride, il.cols, a);
+  scalar(il, a, n_tokens, y, y_stride, row_begin, row_end);
+}
+
+void gemv_w4_int8(const W4Int8Interleaved& il, const float* x, size_t n_tokens, size_t x_stride, float* y,
+                  size_t y_stride, size_t row_begin, size_t row_end) {
+  check(il, n_tokens, row_begin, row_end);
+  thread_local Activations a;
+#ifdef KESTREL_HAVE_VNNI
+  if (vnni_available()) {
+    quantize_avx512(x, n_tokens, x_stride, il.cols, a);
+    float out[kMaxTileTokens][kBlock];
+    for (size_t blk = row_begin / kBlock; blk * kBlock < row_end; ++blk) {
+      const size_t lo = std::max(row_begin, blk * kBlock), hi = std::min(row_end, (blk + 1) * kBlock);
+      for (size_t t0 = 0; t0 < n_tokens; t0 += kMaxTileTokens) {
+        const size_t n = std::min(kMaxTileTokens, n_tokens - t0);
+        block_tokens(il, blk, a, t0, n, out);
+        for (size_t t = 0; t < n; ++t) {
+          std::copy(&out[t][lo - blk * kBlock], &out[t][hi - blk * kBlock], y + (t0 + t) * y_stride + lo);
+        }
+      }
+    }
+    return;
+  }
+#endif
+  quantize(x, n_tokens, x_stride, il.cols, a);
+  scalar(il, a, n_tokens, y, y_stride, row_begin, row_end);
+}
+
+}  // namespace kestrel::kernels

@@ -1,0 +1,81 @@
+// Decode GEMV for INT4 (kW4) matrices with int8-quantized activations (x86 AVX512-VNNI
+// `vpdpbusd`, with a portable path computing the same bits), for 1 to kTileMinTokens - 1 tokens.
+// Opt-in (KESTREL_W4_INT8=1): rounding the activations to 8 bits costs accuracy that has not
+// been shown to be no worse than llama.cpp's own 8-bit activation rounding (issue #19 item 1).
+//
+// Activations: each token's float32 vector is quantized once per call, per block of 32 columns
+// (the numbers of quantize_q8_activations, gemv_q8_interleaved.h; with AVX-512 on the VNNI
+// path): d_xb = max|x| / 127 (float32),
+// xq_i = round-to-nearest-even(x_i / d_xb) in [-127, 127] (0 where d_xb = 0), S_b = sum xq_i.
+// Weights: the 4-bit codes q in 0..15 and per group g (group_size a multiple of 32, so a block
+// lies in one group) the scale d_rg and minimum m_rg, w = d_rg * q + m_rg (symmetric groups:
+// m_rg = -8 d_rg). Then
+//   y_r = sum_b [ d_rg * d_xb * sum_{i in b} q_ri * xq_i  +  m_rg * d_xb * S_b ],   g = group of b,
+// computed per row r and token as, in block order b (float32; fma rounds once):
+//   D    = sum_{i in b} q_ri * xq_i                       (int32, exact: |D| <= 15 * 127 * 32)
+//   acc  = fma(float(D), d_rg * d_xb, acc)                (acc, macc starting at 0)
+//   macc = fma(m_rg, float(S_b) * d_xb, macc)
+//   y    = acc + macc
+// The integers are exact and every float32 operation is the same in both paths, so the VNNI
+// path and gemv_w4_int8_scalar agree bit for bit, and each token's result is the same whatever
+// the number of tokens computed with it and whatever row range the call covers.
+//
+// Layout: rows interleaved in blocks of 16. Per block, per 8 columns (an "octet"), 64 bytes:
+// 32-bit lane i is row i, its byte j holding column 8o + j in the low nibble and column
+// 8o + 4 + j in the high nibble. `& 0x0F` and `>> 4 & 0x0F` of one 64-byte load give the two
+// unsigned operands of vpdpbusd against 4 int8 activations broadcast to every lane: 64
+// multiply-adds per instruction (vdpbf16ps: 32), and no conversion of the codes. Group
+// parameters as gemv_w4_interleaved.h holds them: per block and group the 16 rows' fp16 d and
+// m, or for 8-bit parameters u8 s_g, n_g and per-row float32 d_row, m_row (d = d_row * s_g,
+// m = -m_row * n_g, or m = d * -8 without n_g: float32 products).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "kestrel/kernels/matmul.h"
+
+namespace kestrel::kernels {
+
+/// The int8-activation copy of a kW4 matrix (the header's layout).
+struct W4Int8Interleaved {
+  size_t rows = 0;  // a multiple of 16
+  size_t cols = 0;  // a multiple of group_size
+  size_t group_size = 0;  // a multiple of 32
+  std::vector<uint8_t> codes;     // [rows / 16][cols / 8][64]
+  std::vector<uint16_t> scales;   // fp16 d [rows / 16][cols / group_size][16] (16-bit parameters)
+  std::vector<uint16_t> mins;     // fp16 m, same shape (16-bit parameters; m = -8 d if symmetric)
+  std::vector<uint8_t> scales8;   // u8 s_g, same shape (8-bit parameters)
+  std::vector<uint8_t> mins8;     // u8 n_g, same shape; empty: symmetric groups, m = -8 d
+  std::vector<float> row_d;       // [rows] d_row (8-bit parameters)
+  std::vector<float> row_m;       // [rows] m_row (8-bit parameters)
+  bool params8() const { return !scales8.empty(); }
+};
+
+/// True when KESTREL_W4_INT8 is set to something other than "" or "0" (read once).
+bool w4_int8_enabled();
+
+/// True when `w` has the shape this kernel runs: kW4 with 16- or 8-bit group parameters, rows a
+/// positive multiple of 16, group_size a positive multiple of 32 dividing cols. (Whether the CPU
+/// has VNNI does not matter: gemv_w4_int8 falls back to the portable path.)
+bool w4_int8_supported(const Matrix& w);
+
+/// The int8-activation copy of `w` (throws kestrel::Error unless w4_int8_supported(w)).
+W4Int8Interleaved interleave_w4_int8(const Matrix& w);
+
+/// y[t * y_stride + r] for t < n_tokens (1 to kTileMinTokens - 1), r in [row_begin, row_end)
+/// (at most il.rows): the header's formula with x[t * x_stride + i] (float32) quantized here,
+/// by AVX512-VNNI where the CPU has it (vnni_available(), gemv_q8_interleaved.h), else by
+/// gemv_w4_int8_scalar; the same bits either way. Error against W x: the activations' rounding,
+/// at most d_xb / 2 per element, i.e. |y - W x| <= sum_b (d_xb / 2) sum_{i in b} |w_ri| plus
+/// float32 rounding. Throws kestrel::Error for more than kTileMinTokens - 1 tokens or rows past
+/// the matrix.
+void gemv_w4_int8(const W4Int8Interleaved& il, const float* x, size_t n_tokens, size_t x_stride, float* y,
+                  size_t y_stride, size_t row_begin, size_t row_end);
+
+/// The portable path of gemv_w4_int8 (every CPU; used where VNNI is absent, and by tests).
+void gemv_w4_int8_scalar(const W4Int8Interleaved& il, const float* x, size_t n_tokens, size_t x_stride, float* y,
+                         size_t y_stride, size_t row_begin, size_t row_end);
+
+}  // namespace kestrel::kernels

@@ -1,0 +1,291 @@
+// The int8-activation INT4 decode kernel (kernels/gemv_w4_int8.h): equal to a float64 sum of
+// the formula its header states (activations quantized here independently; the integer dot
+// products are exact, so only float32 rounding separates them); the VNNI path and the portable
+// path agree bit for bit; each token's result is the same whatever the token count (1..7) and
+// row range; and against float64 W x of the dequantized weights the error stays within the
+// activations' rounding bound, sum_b (d_xb / 2) sum_{i in b} |w_i|.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kestrel/base/error.h"
+#include "kestrel/base/thread_pool.h"
+#include "kestrel/formats/dequant.h"
+#include "kestrel/kernels/gemv_q8_interleaved.h"
+#include "kestrel/kernels/gemv_w4_int8.h"
+
+namespace k = kestrel::kernels;
+
+namespace {
+
+enum class Params { kSymmetric16, kAffine16, kAffine8, kSymmetric8 };
+
+// A random kW4 matrix in the row-major layout of matmul.h, with the group parameters `p`.
+struct RandomW4 {
+  size_t rows, cols, group_size;
+  Params p;
+  std::vector<uint8_t> codes;
+  std::vector<uint16_t> scales, mins, row_scales;
+  std::vector<uint8_t> scales8, mins8;
+
+  RandomW4(size_t r, size_t c, size_t g, Params params, uint64_t seed) : rows(r), cols(c), group_size(g), p(params) {
+    std::mt19937_64 rng(seed);
+    std::uniform_int_distribution<int> byte(0, 255), u8(1, 255);
+    std::uniform_real_distribution<float> scale(1e-3f, 2e-2f), row(1e-4f, 1e-3f);
+    codes.resize(rows * cols / 2);
+    for (auto& b : codes) b = static_cast<uint8_t>(byte(rng));
+    const size_t n = rows * cols / group_size;
+    if (p == Params::kSymmetric16 || p == Params::kAffine16) {
+      for (size_t i = 0; i < n; ++i) scales.push_back(kestrel::gguf::fp32_to_fp16(scale(rng)));
+      if (p == Params::kAffine16) {
+        for (size_t i = 0; i < n; ++i) mins.push_back(kestrel::gguf::fp32_to_fp16(-8.0f * scale(rng)));
+      }
+    } else {
+      for (size_t i = 0; i < n; ++i) scales8.push_back(static_cast<uint8_t>(u8(rng)));
+      if (p == Params::kAffine8) {
+        for (size_t i = 0; i < n; ++i) mins8.push_back(static_cast<uint8_t>(u8(rng)));
+      }
+      for (size_t i = 0; i < rows; ++i) {
+        row_scales.push_back(kestrel::gguf::fp32_to_fp16(row(rng)));
+        row_scales.push_back(kestrel::gguf::fp32_to_fp16(8.0f * row(rng)));
+      }
+    }
+  }
+
+  k::Matrix view() const {
+    k::Matrix m;
+    m.type = k::WeightType::kW4;
+    m.data = codes.data();
+    m.rows = rows;
+    m.cols = cols;
+    m.group_size = group_size;
+    m.scales = scales.empty() ? nullptr : scales.data();
+    m.mins = mins.empty() ? nullptr : mins.data();
+    m.scales8 = scales8.empty() ? nullptr : scales8.data();
+    m.mins8 = mins8.empty() ? nullptr : mins8.data();
+    m.row_scales = row_scales.empty() ? nullptr : row_scales.data();
+    return m;
+  }
+
+  int code(size_t r, size_t c) const {
+    const size_t g = c / group_size, within = c % group_size, half = group_size / 2;
+    const uint8_t b = codes[r * cols / 2 + g * half + within % half];
+    return within >= half ? b >> 4 : b & 0x0F;
+  }
+
+  // The group's d and m as float32, formed as matmul.h defines them.
+  void params(size_t r, size_t g, float& d, float& m) const {
+    const size_t at = r * (cols / group_size) + g;
+    if (!scales.empty()) {
+      d = kestrel::gguf::fp16_to_fp32(scales[at]);
+      m = mins.empty() ? -8.0f * d : kestrel::gguf::fp16_to_fp32(mins[at]);
+      return;
+    }
+    d = kestrel::gguf::fp16_to_fp32(row_scales[2 * r]) * static_cast<float>(scales8[at]);
+    m = mins8.empty() ? -8.0f * d : -kestrel::gguf::fp16_to_fp32(row_scales[2 * r + 1]) * static_cast<float>(mins8[at]);
+  }
+};
+
+// Activations with a block of zeros, a block with one large outlier, a tiny block and a block of
+// ties.
+std::vector<float> activations(size_t n_tokens, size_t cols, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> g;
+  std::vector<float> x(n_tokens * cols);
+  for (auto& v : x) v = g(rng);
+  for (size_t t = 0; t < n_tokens; ++t) {
+    for (size_t i = 0; i < 32; ++i) x[t * cols + i] = 0.0f;
+    if (cols >= 64) x[t * cols + 40] = 300.0f;
+    if (cols >= 96) {
+      for (size_t i = 64; i < 96; ++i) x[t * cols + i] *= 1e-6f;
+    }
+    if (cols >= 128) {  // d_x = 1 exactly, and ties: x / d_x = k + 1/2 rounds to the even k
+      x[t * cols + 96] = 127.0f;
+      for (size_t i = 97; i < 128; ++i) x[t * cols + i] = static_cast<float>(static_cast<int>(i % 13) - 6) + 0.5f;
+    }
+  }
+  return x;
+}
+
+// The activation quantization the header states, written here independently.
+struct Quantized {
+  std::vector<int> q;         // [cols]
+  std::vector<double> d, s;   // [cols / 32]: d_xb, S_b
+};
+Quantized quantize(const float* x, size_t cols) {
+  Quantized out;
+  out.q.resize(cols);
+  for (size_t b = 0; b < cols / 32; ++b) {
+    float amax = 0.0f;
+    for (size_t i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[b * 32 + i]));
+    const float d = amax / 127.0f;
+    int sum = 0;
+    for (size_t i = 0; i < 32; ++i) {
+      const int q = d > 0.0f ? static_cast<int>(std::nearbyint(x[b * 32 + i] / d)) : 0;
+      out.q[b * 32 + i] = q;
+      sum += q;
+    }
+    out.d.push_back(d);
+    out.s.push_back(sum);
+  }
+  return out;
+}
+
+const std::vector<std::tuple<size_t, size_t, size_t>> kShapes = {
+    {16, 32, 32}, {32, 640, 32}, {48, 256, 64}, {32, 512, 128}, {64, 2560, 32}};
+const Params kAll[] = {Params::kSymmetric16, Params::kAffine16, Params::kAffine8, Params::kSymmetric8};
+
+TEST(W4Int8, EqualsTheStatedFormulaAndIsWithinTheActivationRoundingOfWx) {
+  for (auto [rows, cols, G] : kShapes) {
+    for (Params p : kAll) {
+      const RandomW4 w(rows, cols, G, p, rows * 7 + cols + static_cast<uint64_t>(p));
+      const k::W4Int8Interleaved il = k::interleave_w4_int8(w.view());
+      const size_t n = 7, nb = cols / 32;
+      const auto x = activations(n, cols, rows + 11 * cols);
+      std::vector<float> y(n * rows);
+      k::gemv_w4_int8(il, x.data(), n, cols, y.data(), rows, 0, rows);
+      for (size_t t = 0; t < n; ++t) {
+        const Quantized xq = quantize(&x[t * cols], cols);
+        for (size_t r = 0; r < rows; ++r) {
+          double formula = 0, magnitude = 0, wx = 0, rounding = 0;
+          for (size_t b = 0; b < nb; ++b) {
+            float d, m;
+            w.params(r, b * 32 / G, d, m);
+            long dot = 0;
+            double wabs = 0;
+            for (size_t c = b * 32; c < (b + 1) * 32; ++c) {
+              dot += static_cast<long>(w.code(r, c)) * xq.q[c];
+              const double wv = static_cast<double>(d) * w.code(r, c) + m;
+              wx += wv * x[t * cols + c];
+              wabs += std::fabs(wv);
+            }
+            const double main = static_cast<double>(d) * xq.d[b] * static_cast<double>(dot);
+            const double offset = static_cast<double>(m) * xq.d[b] * xq.s[b];
+            formula += main + offset;
+            magnitude += std::fabs(main) + std::fabs(offset);
+            rounding += xq.d[b] / 2 * wabs;
+          }
+          // float32: per block two products and two fmas, each rounding once (2^-24 relative),
+          // then the final sum: (2 nb + 4) * 2^-24 * magnitude bounds it, with room to spare.
+          const double f32 = (2.0 * static_cast<double>(nb) + 4) * 0x1p-24 * magnitude + 1e-30;
+          const float got = y[t * rows + r];
+          ASSERT_LE(std::fabs(got - formula), f32)
+              << "formula: rows " << rows << " cols " << cols << " G " << G << " params " << static_cast<int>(p)
+              << " token " << t << " row " << r;
+          ASSERT_LE(std::fabs(got - wx), rounding * (1 + 1e-6) + f32)
+              << "W x: rows " << rows << " cols " << cols << " G " << G << " token " << t << " row " << r;
+        }
+      }
+    }
+  }
+}
+
+TEST(W4Int8, VnniAndPortablePathsAgreeBitForBit) {
+  if (!k::vnni_available()) GTEST_SKIP() << "this CPU has no AVX512-VNNI: gemv_w4_int8 is the portable path";
+  for (auto [rows, cols, G] : kShapes) {
+    for (Params p : kAll) {
+      const RandomW4 w(rows, cols, G, p, rows + cols * 3 + static_cast<uint64_t>(p));
+      const k::W4Int8Interleaved il = k::interleave_w4_int8(w.view());
+      for (size_t n = 1; n < k::kTileMinTokens; ++n) {
+        const auto x = activations(n, cols, n * 5 + rows);
+        std::vector<float> fast(n * rows), portable(n * rows);
+        k::gemv_w4_int8(il, x.data(), n, cols, fast.data(), rows, 0, rows);
+        k::gemv_w4_int8_scalar(il, x.data(), n, cols, portable.data(), rows, 0, rows);
+        ASSERT_EQ(std::memcmp(fast.data(), portable.data(), fast.size() * sizeof(float)), 0)
+            << "rows " << rows << " cols " << cols << " G " << G << " params " << static_cast<int>(p) << " tokens "
+            << n;
+      }
+    }
+  }
+}
+
+TEST(W4Int8, EachTokenIsTheSameWhateverTheTokenCountAndRowRange) {
+  const size_t rows = 64, cols = 640, n_max = 7;
+  for (Params p : kAll) {
+    const RandomW4 w(rows, cols, 32, p, 99 + static_cast<uint64_t>(p));
+    const k::W4Int8Interleaved il = k::interleave_w4_int8(w.view());
+    const auto x = activations(n_max, cols, 5);
+    for (bool portable : {false, true}) {
+      auto run = [&](const float* xs, size_t n, float* y, size_t y_stride, size_t lo, size_t hi) {
+        if (portable) return k::gemv_w4_int8_scalar(il, xs, n, cols, y, y_stride, lo, hi);
+        k::gemv_w4_int8(il, xs, n, cols, y, y_stride, lo, hi);
+      };
+      std::vector<float> all(n_max * rows);
+      run(x.data(), n_max, all.data(), rows, 0, rows);
+      for (size_t n = 1; n <= n_max; ++n) {
+        for (size_t first = 0; first + n <= n_max; first += 2) {
+          for (auto [lo, hi] : std::vector<std::pair<size_t, size_t>>{{0, rows}, {5, 61}, {16, 32}, {17, 18}}) {
+            std::vector<float> y(n * rows, -1.0f);
+            run(&x[first * cols], n, y.data(), rows, lo, hi);
+            for (size_t t = 0; t < n; ++t) {
+              for (size_t r = 0; r < rows; ++r) {
+                if (r < lo || r >= hi) {
+                  ASSERT_EQ(y[t * rows + r], -1.0f) << "wrote outside the row range";
+                  continue;
+                }
+                uint32_t a, b;
+                std::memcpy(&a, &y[t * rows + r], 4);
+                std::memcpy(&b, &all[(first + t) * rows + r], 4);
+                ASSERT_EQ(a, b) << "params " << static_cast<int>(p) << " portable " << portable << " tokens " << n
+                                << " first " << first << " rows [" << lo << ", " << hi << ") row " << r;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// matmul runs a matrix carrying the int8 copy (as KESTREL_W4_INT8=1 loads it) through
+// gemv_w4_int8 for 1-7 tokens, split over threads, and through the prefill kernels from 8.
+TEST(W4Int8, MatmulUsesTheInt8CopyForDecodeRowsOnly) {
+  const size_t rows = 64, cols = 640;
+  const RandomW4 w(rows, cols, 32, Params::kAffine16, 21);
+  const k::W4Int8Interleaved il = k::interleave_w4_int8(w.view());
+  k::Matrix m = w.view();
+  m.interleaved_int8 = &il;
+  const auto x = activations(k::kTileMinTokens, cols, 8);
+  kestrel::ThreadPool pool(3);
+  for (size_t n = 1; n <= k::kTileMinTokens; ++n) {
+    std::vector<float> via_matmul(n * rows), plain(n * rows), row_major(n * rows);
+    k::matmul(m, x.data(), n, cols, via_matmul.data(), rows, pool);
+    k::matmul(w.view(), x.data(), n, cols, row_major.data(), rows, pool);
+    if (n < k::kTileMinTokens) {
+      k::gemv_w4_int8(il, x.data(), n, cols, plain.data(), rows, 0, rows);
+      EXPECT_EQ(std::memcmp(via_matmul.data(), plain.data(), plain.size() * sizeof(float)), 0) << n << " tokens";
+    } else {
+      EXPECT_EQ(std::memcmp(via_matmul.data(), row_major.data(), row_major.size() * sizeof(float)), 0)
+          << "prefill must not use the int8 copy";
+    }
+  }
+}
+
+TEST(W4Int8, RefusesShapesItDoesNotRun) {
+  const RandomW4 odd_rows(24, 64, 32, Params::kAffine16, 1);
+  k::Matrix m = odd_rows.view();
+  m.rows = 24;
+  EXPECT_FALSE(k::w4_int8_supported(m));
+  EXPECT_THROW(k::interleave_w4_int8(m), kestrel::Error);
+  const RandomW4 small_groups(16, 64, 16, Params::kSymmetric16, 2);
+  EXPECT_FALSE(k::w4_int8_supported(small_groups.view()));
+  EXPECT_THROW(k::interleave_w4_int8(small_groups.view()), kestrel::Error);
+  k::Matrix f32;
+  f32.rows = 16;
+  f32.cols = 32;
+  EXPECT_FALSE(k::w4_int8_supported(f32));
+
+  const RandomW4 ok(16, 64, 32, Params::kSymmetric16, 3);
+  ASSERT_TRUE(k::w4_int8_supported(ok.view()));
+  const auto il = k::interleave_w4_int8(ok.view());
+  std::vector<float> x(8 * 64, 1.0f), y(8 * 16);
+  EXPECT_THROW(k::gemv_w4_int8(il, x.data(), 8, 64, y.data(), 16, 0, 16), kestrel::Error);
+  EXPECT_THROW(k::gemv_w4_int8(il, x.data(), 1, 64, y.data(), 16, 0, 17), kestrel::Error);
+}
+
+}  // namespace
