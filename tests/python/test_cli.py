@@ -358,6 +358,14 @@ def test_perplexity_ubatch_scores_through_the_decode_rows():
 
 
 @needs_model
+def test_inspect_takes_default():
+    # `default` names what `kestrel run` loads, as for -m (the fresh-user trial: "cannot open default").
+    r = kestrel("inspect", "default")
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"^file +/\S+\.(kimg|gguf) ", r.stdout, re.M), r.stdout
+
+
+@needs_model
 def test_pool_stats_say_where_the_callers_time_went():
     # KESTREL_POOL_STATS=1: one line at exit with the loops and the serial gaps (docs/benchmarks.md).
     r = kestrel("run", "-p", "Hi", "-n", 4, "--temp", 0, "-t", 2, env={**os.environ, "KESTREL_POOL_STATS": "1"})

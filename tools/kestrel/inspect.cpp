@@ -10,6 +10,7 @@
 #include "kestrel/head/flashhead_format.h"
 #include "kestrel/image/hf_gemma4_assistant.h"
 #include "kestrel/image/image.h"
+#include "kestrel/runtime/model_path.h"
 
 namespace kestrel::tools {
 namespace {
@@ -53,7 +54,9 @@ void print_layer_storage(const gguf::File& f) {
   std::printf("%s%s\n", overrides.empty() ? "" : "; --tensor-type ", overrides.c_str());
 }
 
-int inspect(const std::string& path) {
+int inspect(const std::string& arg) {
+  // "default" (or $KESTREL_MODEL): the file `kestrel run` would load.
+  const std::string path = runtime::runnable_model(arg, /*prefer_image=*/true).path.string();
   const gguf::File f = gguf::File::open(path);
   const auto info = image::read_image_info(f);
   std::printf("file          %s (%.1f MiB, GGUF v%u)\n", path.c_str(),
@@ -123,7 +126,7 @@ int inspect(const std::string& path) {
 Command add_inspect_command(CLI::App& app) {
   auto path = std::make_shared<std::string>();
   auto* cmd = app.add_subcommand("inspect", "Summarize a model file and verify an image's checksum");
-  cmd->add_option("model", *path, "GGUF file or Kestrel image")->required();
+  cmd->add_option("model", *path, "GGUF file or Kestrel image ('default': the model `kestrel run` loads)")->required();
   return [path] { return inspect(*path); };
 }
 

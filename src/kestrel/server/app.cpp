@@ -250,8 +250,8 @@ std::shared_ptr<void> App::admit() {
   // whether it ran, failed, or its client left before it started.
   if (admitted_.fetch_add(1) >= options_.max_queue) {
     admitted_.fetch_sub(1);
-    throw ApiError(429, "the server is busy: " + std::to_string(options_.max_queue) +
-                            " requests are running or waiting (--queue); retry later",
+    throw ApiError(429, "the server is busy: its queue (--queue " + std::to_string(options_.max_queue) +
+                            ", running and waiting requests together) is full; retry later",
                    "", "rate_limit_exceeded", "requests");
   }
   return std::shared_ptr<void>(nullptr, [this](void*) { admitted_.fetch_sub(1); });
