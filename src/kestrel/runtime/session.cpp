@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "kestrel/base/error.h"
+#include "kestrel/kernels/matmul.h"
 #include "kestrel/runtime/engine.h"
 #include "kestrel/runtime/generation.h"
 
@@ -111,14 +112,28 @@ Session& Session::draft_session() {
   return *draft_session_;
 }
 
+namespace {
+
+// The prompt tokens a session may keep: the common prefix, leaving at least the last prompt
+// token to feed and, when the prompt has as many, kTileMinTokens of them: a cold run prefills a
+// prompt's last rows by prefill tiles, and a shorter rest would go through the decode kernels,
+// which round differently (a greedy near-tie could then answer otherwise than the cold run).
+size_t keepable(std::span<const TokenId> cached, std::span<const TokenId> prompt) {
+  const size_t common = model::common_prefix(cached, prompt);
+  const size_t rest = std::min(prompt.size(), kernels::kTileMinTokens);
+  return std::min(common, prompt.size() - std::max<size_t>(rest, 1));
+}
+
+}  // namespace
+
 size_t Session::reusable_prefix(std::span<const TokenId> prompt) const {
   if (prompt.empty()) return 0;
-  return cache_.exact_prefix(std::min(model::common_prefix(cache_.tokens(), prompt), prompt.size() - 1));
+  return cache_.exact_prefix(keepable(cache_.tokens(), prompt));
 }
 
 size_t Session::reuse_prefix(std::span<const TokenId> prompt) {
   if (prompt.empty()) return 0;
-  return cache_.truncate(std::min(model::common_prefix(cache_.tokens(), prompt), prompt.size() - 1));
+  return cache_.truncate(keepable(cache_.tokens(), prompt));
 }
 
 GenerateResult Session::generate(std::span<const TokenId> prompt, const GenerateOptions& options,

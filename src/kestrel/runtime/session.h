@@ -33,9 +33,10 @@ class Session {
 
   /// Starts a new sequence (empties the KV cache, keeps its memory).
   void reset() { cache_.clear(); }
-  /// Keeps the longest prefix of the cache that `prompt` starts with, at most prompt.size() - 1
-  /// tokens (the last prompt token is always fed, to score the next one), and exact under
-  /// KvCache::truncate's rule. Returns the number of positions kept: the tokens of the prompt
+  /// Keeps the longest prefix of the cache that `prompt` starts with, leaving at least the last
+  /// min(prompt.size(), kernels::kTileMinTokens) prompt tokens to feed (the last one scores the
+  /// next token; the last rows of a prompt go through prefill tiles, as in a cold run), and
+  /// exact under KvCache::truncate's rule. Returns the number of positions kept: the tokens of the prompt
   /// that need no prefill.
   size_t reuse_prefix(std::span<const TokenId> prompt);
   /// What reuse_prefix(prompt) would keep, without changing anything.

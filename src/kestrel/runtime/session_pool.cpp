@@ -53,12 +53,15 @@ SessionPool::Pick SessionPool::acquire(std::span<const TokenId> prompt, bool cac
   for (size_t i = 0; i < sessions_.size(); ++i) {
     if (busy_[i]) continue;
     size_t reuse = cache_prompt ? sessions_[i]->reusable_prefix(prompt) : 0;
+    // The test below weighs the whole shared prefix (reuse leaves the prompt's last rows to
+    // prefill, which a short prompt's share must not be judged by).
+    const size_t shared = cache_prompt ? model::common_prefix(sessions_[i]->cached_tokens(), prompt) : 0;
     // A prefix that is neither half of the session's cache nor half of the prompt (the start of
     // a chat template, a shared first word) is not worth another conversation's cache: such a
     // session competes only by age. (llama-server's --slot-prompt-similarity plays this part.)
     // Half of the prompt counts: a regenerated answer or an edited last message shares the
     // conversation's prompt, though the cache also holds the answer being replaced.
-    if (2 * reuse < sessions_[i]->cached_tokens().size() && 2 * reuse < prompt.size()) reuse = 0;
+    if (2 * shared < sessions_[i]->cached_tokens().size() && 2 * shared < prompt.size()) reuse = 0;
     if (best == sessions_.size() || reuse > best_reuse ||
         (reuse == best_reuse && last_used_[i] < last_used_[best])) {
       best = i;
