@@ -4,7 +4,7 @@
 // against the row-major one (float32 rounding of sum |w_i x_i|) before timing.
 //   build/bench/kestrel_w4_interleaved_bench
 // Results: docs/benchmarks.md, "Decode kernels for several tokens"; the int8-activation rows
-// (W4/Int8, opt-in KESTREL_W4_INT8=1): docs/quantization.md.
+// (W4/Int8, the default decode kernel where the CPU has AVX512-VNNI): docs/quantization.md.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -158,8 +158,8 @@ BENCHMARK(RowMajor<4>)->Name("W4/RowMajor/4") KESTREL_SHAPES;
 BENCHMARK(Interleaved16<4>)->Name("W4/Interleaved16/4") KESTREL_SHAPES;
 BENCHMARK(RowMajor<7>)->Name("W4/RowMajor/7") KESTREL_SHAPES;
 BENCHMARK(Interleaved16<7>)->Name("W4/Interleaved16/7") KESTREL_SHAPES;
-// Gemma 3 270M's ffn_down (640 x 2048) as well, against the int8-activation kernel
-// (KESTREL_W4_INT8=1) on every shape.
+// Gemma 3 270M's ffn_down (640 x 2048) as well, against the int8-activation kernel on every
+// shape.
 BENCHMARK(Interleaved16<1>)->Name("W4/Interleaved16/1")->Args({640, 2048, 16});
 BENCHMARK(Interleaved16<4>)->Name("W4/Interleaved16/4")->Args({640, 2048, 16});
 BENCHMARK(Interleaved16<7>)->Name("W4/Interleaved16/7")->Args({640, 2048, 16});

@@ -3,7 +3,8 @@
 // rolling the cache back to any row and going on must equal never having fed the rest. This is
 // what makes greedy speculative decoding return exactly the non-speculative tokens (and sampled
 // decoding the same tokens for the same seed). Gemma 4 tiny models (window 8: the chunk and the
-// rollback cross the ring) and the default Gemma 3 270M, source and W4A16 weights.
+// rollback cross the ring) and the default Gemma 3 270M, source and W4A16 weights (the W4A16
+// decode kernels with bf16 and with int8 activations).
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "kestrel/formats/gguf.h"
+#include "kestrel/kernels/gemv_w4_int8.h"
 #include "kestrel/kernels/matmul.h"
 #include "kestrel/model/model.h"
 #include "kestrel/runtime/model_path.h"
@@ -22,12 +24,14 @@ namespace {
 
 namespace fs = std::filesystem;
 
-void check_rows(const fs::path& path, Precision precision, size_t history_length, const std::string& what) {
+void check_rows(const fs::path& path, Precision precision, size_t history_length, const std::string& what,
+                kernels::DecodeActivations decode = kernels::DecodeActivations::kAuto) {
   SCOPED_TRACE(what);
   const gguf::File file = gguf::File::open(path);
   ThreadPool pool(2);
   LoadOptions options;
   options.precision = precision;
+  options.decode_activations = decode;
   const auto model = load_model(file, options, pool);
   const size_t d = model->info().d_model, n_vocab = model->info().n_vocab;
   const auto history = random_tokens(history_length, n_vocab, 7);
@@ -72,7 +76,8 @@ TEST(VerifyRows, EqualDecodeStepsGemma3) {
   } catch (const std::exception& e) {
     GTEST_SKIP() << e.what();
   }
-  check_rows(path, Precision::kW4A16, 40, "gemma3 w4a16");
+  check_rows(path, Precision::kW4A16, 40, "gemma3 w4a16, bf16 decode activations", kernels::DecodeActivations::kBf16);
+  check_rows(path, Precision::kW4A16, 40, "gemma3 w4a16, int8 decode activations", kernels::DecodeActivations::kInt8);
   check_rows(path, Precision::kSource, 40, "gemma3 source");
 }
 

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -289,3 +290,19 @@ TEST(W4Int8, RefusesShapesItDoesNotRun) {
 }
 
 }  // namespace
+
+TEST(W4Int8, DecodeActivationsParseAndChoose) {
+  EXPECT_EQ(k::parse_decode_activations("auto"), k::DecodeActivations::kAuto);
+  EXPECT_EQ(k::parse_decode_activations("bf16"), k::DecodeActivations::kBf16);
+  EXPECT_EQ(k::parse_decode_activations("int8"), k::DecodeActivations::kInt8);
+  EXPECT_THROW(k::parse_decode_activations("fp8"), kestrel::Error);
+  EXPECT_THROW(k::parse_decode_activations(""), kestrel::Error);
+  EXPECT_TRUE(k::w4_int8_chosen(k::DecodeActivations::kInt8));
+  EXPECT_FALSE(k::w4_int8_chosen(k::DecodeActivations::kBf16));
+  EXPECT_EQ(k::w4_int8_chosen(k::DecodeActivations::kAuto), k::w4_int8_default());
+  // Unset KESTREL_W4_INT8 (as in CI): int8 exactly where the CPU has VNNI.
+  const char* env = std::getenv("KESTREL_W4_INT8");
+  if (env == nullptr || *env == '\0') {
+    EXPECT_EQ(k::w4_int8_default(), k::vnni_available());
+  }
+}

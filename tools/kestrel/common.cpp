@@ -9,6 +9,7 @@
 
 #include "kestrel/base/error.h"
 #include "kestrel/formats/gguf.h"
+#include "kestrel/kernels/gemv_w4_int8.h"
 #include "kestrel/runtime/model_path.h"
 #include "option_checks.h"
 
@@ -37,6 +38,16 @@ void ModelOptions::add_to(CLI::App& cmd) {
       ->capture_default_str();
   cmd.add_option("--probes", probes, "FlashHead clusters probed per token (default: the image's)")
       ->check(integer_range(size_t{1}, size_t{1} << 24));
+  add_decode_act_option(cmd, "--decode-act", decode_act);
+}
+
+void add_decode_act_option(CLI::App& cmd, const std::string& name, std::string& value) {
+  cmd.add_option(name, value,
+                 "INT4 layers' decode products (1-7 tokens): activations rounded to bf16 or int8 "
+                 "(docs/quantization.md); auto: $KESTREL_W4_INT8 when set (0: bf16), else int8 where the CPU has "
+                 "AVX512-VNNI")
+      ->check(CLI::IsMember({"auto", "bf16", "int8"}))
+      ->capture_default_str();
 }
 
 runtime::EngineOptions ModelOptions::engine_options() const {
@@ -45,6 +56,7 @@ runtime::EngineOptions ModelOptions::engine_options() const {
            : head == "flash" ? runtime::HeadMode::kFlash
                              : runtime::HeadMode::kAuto;
   o.probes = probes;
+  o.load.decode_activations = kernels::parse_decode_activations(decode_act);
   return o;
 }
 

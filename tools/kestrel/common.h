@@ -25,6 +25,7 @@ struct ModelOptions {
   size_t group_size = 32;
   std::string head = "auto";
   size_t probes = 0;
+  std::string decode_act = "auto";  // kernels::parse_decode_activations
 
   void add_to(CLI::App& cmd);
   runtime::EngineOptions engine_options() const;
@@ -39,6 +40,9 @@ struct ModelOptions {
   /// As load(), on the heap (an Engine cannot be moved), for the server's background load.
   std::unique_ptr<runtime::Engine> load_unique() const;
 };
+
+/// Adds the option `name` (--decode-act) that sets `value` to auto, bf16 or int8.
+void add_decode_act_option(CLI::App& cmd, const std::string& name, std::string& value);
 
 /// A usage error found after the options parsed (the CLI exits with status 2, as for a bad option).
 class UsageError : public Error {

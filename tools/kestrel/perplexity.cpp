@@ -12,6 +12,7 @@
 #include "common.h"
 #include "option_checks.h"
 #include "kestrel/base/error.h"
+#include "kestrel/kernels/gemv_w4_int8.h"
 #include "kestrel/runtime/model_path.h"
 #include "kestrel/runtime/perplexity.h"
 
@@ -26,6 +27,8 @@ struct PerplexityCliOptions {
   size_t ctx = 512;
   size_t chunks = 0;
   size_t ubatch = 64;
+  std::string decode_act = "auto";
+  std::string base_decode_act = "auto";
   bool json = false;
 };
 
@@ -40,23 +43,25 @@ std::string read_text(const std::string& path) {
 
 // The engines' own caches are not used (perplexity makes one per model at --ctx), so they are
 // loaded with the smallest context; --ctx is checked against the model's maximum afterwards.
-runtime::Engine load(const std::string& path, int threads) {
+runtime::Engine load(const std::string& path, int threads, const std::string& decode_act) {
   ModelOptions m;
   m.model = path;
   m.threads = threads;
   m.ctx = 1;
+  m.decode_act = decode_act;
   return m.load();
 }
 
 int run_perplexity(const PerplexityCliOptions& o) {
   if (o.ctx < 4) throw Error("--ctx must be at least 4 (got " + std::to_string(o.ctx) + ")");
   const std::string text = read_text(o.file);
-  runtime::Engine engine = load(o.model, o.threads);
+  runtime::Engine engine = load(o.model, o.threads, o.decode_act);
   std::optional<runtime::Engine> base;
   if (!o.base.empty()) {
     runtime::EngineOptions base_options;
     base_options.n_threads = o.threads;
     base_options.n_ctx = 1;
+    base_options.load.decode_activations = kernels::parse_decode_activations(o.base_decode_act);
     base.emplace(runtime::model_path_argument(o.base), base_options);
   }
   const std::vector<runtime::TokenId> tokens = engine.encode(text, /*special=*/false);
@@ -133,6 +138,8 @@ Command add_perplexity_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("-t,--threads", opts->threads, "Threads (default: every core)")
       ->check(integer_range(0, ThreadPool::kMaxThreads));
+  add_decode_act_option(*cmd, "--decode-act", opts->decode_act);
+  add_decode_act_option(*cmd, "--kl-base-decode-act", opts->base_decode_act);
   cmd->add_flag("--json", opts->json, "Print one JSON object with the results");
   return [opts] { return run_perplexity(*opts); };
 }

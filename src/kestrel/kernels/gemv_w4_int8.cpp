@@ -227,12 +227,24 @@ void scalar(const W4Int8Interleaved& il, const Activations& a, size_t n_tokens, 
 
 }  // namespace
 
-bool w4_int8_enabled() {
+bool w4_int8_default() {
   static const bool on = [] {
     const char* v = std::getenv("KESTREL_W4_INT8");
-    return v != nullptr && *v != '\0' && std::strcmp(v, "0") != 0;
+    if (v == nullptr || *v == '\0') return vnni_available();
+    return std::strcmp(v, "0") != 0;
   }();
   return on;
+}
+
+bool w4_int8_chosen(DecodeActivations a) {
+  return a == DecodeActivations::kInt8 || (a == DecodeActivations::kAuto && w4_int8_default());
+}
+
+DecodeActivations parse_decode_activations(const std::string& name) {
+  if (name == "auto") return DecodeActivations::kAuto;
+  if (name == "bf16") return DecodeActivations::kBf16;
+  if (name == "int8") return DecodeActivations::kInt8;
+  throw Error("decode activations must be auto, bf16 or int8 (got '" + name + "')");
 }
 
 bool w4_int8_supported(const Matrix& w) {

@@ -1,7 +1,8 @@
 // Decode GEMV for INT4 (kW4) matrices with int8-quantized activations (x86 AVX512-VNNI
 // `vpdpbusd`, with a portable path computing the same bits), for 1 to kTileMinTokens - 1 tokens.
-// Opt-in (KESTREL_W4_INT8=1): rounding the activations to 8 bits costs accuracy that has not
-// been shown to be no worse than llama.cpp's own 8-bit activation rounding (issue #19 item 1).
+// The default where the CPU has AVX512-VNNI (w4_int8_default(); KESTREL_W4_INT8=0 or
+// --decode-act bf16 turns it off): rounding the activations to 8 bits costs less accuracy than
+// llama.cpp's own 8-bit activation rounding on the same model (docs/quantization.md).
 //
 // Activations: each token's float32 vector is quantized once per call, per block of 32 columns
 // (the numbers of quantize_q8_activations, gemv_q8_interleaved.h; with AVX-512 on the VNNI
@@ -32,6 +33,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "kestrel/kernels/matmul.h"
@@ -53,8 +55,23 @@ struct W4Int8Interleaved {
   bool params8() const { return !scales8.empty(); }
 };
 
-/// True when KESTREL_W4_INT8 is set to something other than "" or "0" (read once).
-bool w4_int8_enabled();
+/// What the INT4 decode products (1 to kTileMinTokens - 1 tokens) round the activations to:
+/// bf16 (gemv_w4_interleaved.h) or int8 (this kernel). kAuto: the process default,
+/// w4_int8_default().
+enum class DecodeActivations { kAuto, kBf16, kInt8 };
+
+/// The process default for kAuto: KESTREL_W4_INT8 when it is set to something ("0": bf16,
+/// anything else: int8), else int8 where the CPU has AVX512-VNNI (vnni_available()) and bf16
+/// elsewhere (the portable int8 path is slower than the bf16 kernels). Read once. int8 is the
+/// default because its accuracy cost was measured to be below llama.cpp's own 8-bit activation
+/// rounding on the same model (issue #19 item 1's rule; docs/quantization.md).
+bool w4_int8_default();
+
+/// Whether a load asking for `a` takes the int8 copy (kAuto: w4_int8_default()).
+bool w4_int8_chosen(DecodeActivations a);
+
+/// "auto", "bf16" or "int8" as DecodeActivations; throws kestrel::Error for anything else.
+DecodeActivations parse_decode_activations(const std::string& name);
 
 /// True when `w` has the shape this kernel runs: kW4 with 16- or 8-bit group parameters, rows a
 /// positive multiple of 16, group_size a positive multiple of 32 dividing cols. (Whether the CPU

@@ -365,7 +365,7 @@ void MatmulW4Rows(const Matrix& w, const float* x, size_t n_tokens, size_t x_str
     }
     return;
   }
-  if (w.interleaved_int8 != nullptr) {  // opt-in: int8 activations (gemv_w4_int8.h)
+  if (w.interleaved_int8 != nullptr) {  // int8 activations (gemv_w4_int8.h)
     gemv_w4_int8(*w.interleaved_int8, x, n_tokens, x_stride, y, y_stride, row_begin, row_end);
     return;
   }

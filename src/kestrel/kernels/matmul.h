@@ -48,9 +48,9 @@ struct Matrix {
   /// kW4: a copy with the rows interleaved for the decode kernel (gemv_w4_interleaved.h), which
   /// then computes every product of fewer than kTileMinTokens tokens; null: the row-major kernel.
   const W4Interleaved* interleaved = nullptr;
-  /// kW4, opt-in (KESTREL_W4_INT8=1): a copy for the int8-activation decode kernel
-  /// (gemv_w4_int8.h), which then computes every product of fewer than kTileMinTokens tokens in
-  /// place of `interleaved`.
+  /// kW4, where int8 decode activations are chosen (model::LoadOptions::decode_activations): a
+  /// copy for the int8-activation decode kernel (gemv_w4_int8.h), which then computes every
+  /// product of fewer than kTileMinTokens tokens in place of `interleaved`.
   const W4Int8Interleaved* interleaved_int8 = nullptr;
   size_t row_bytes() const;
   const uint8_t* row(size_t r) const { return static_cast<const uint8_t*>(data) + r * row_bytes(); }

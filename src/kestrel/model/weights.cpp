@@ -110,8 +110,8 @@ kernels::Matrix WeightStore::image_matrix(const std::string& name, size_t rows, 
 }
 
 kernels::Matrix WeightStore::with_interleaved(kernels::Matrix m) {
-  // Opt-in (KESTREL_W4_INT8=1): int8 activations in the decode kernel, in place of the bf16 one.
-  if (kernels::w4_int8_enabled() && kernels::w4_int8_supported(m)) {
+  // int8 activations in the decode kernel, in place of the bf16 one, where the options ask.
+  if (kernels::w4_int8_chosen(options_.decode_activations) && kernels::w4_int8_supported(m)) {
     m.interleaved_int8 = &owned_interleaved_int8_.emplace_back(kernels::interleave_w4_int8(m));
     return m;
   }

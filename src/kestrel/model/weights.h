@@ -23,6 +23,8 @@ struct LoadOptions {
   size_t group_size = 32;  // kW4A16: weights per fp16 scale
   bool zero_points = true; // kW4A16: affine groups (scale and min) instead of symmetric
   int scale_bits = 16;     // kW4A16: 16, or 8 (quant::compress_group_params; affine groups)
+  /// INT4 layers: the activations of decode products (1-7 tokens), kernels::w4_int8_chosen.
+  kernels::DecodeActivations decode_activations = kernels::DecodeActivations::kAuto;
 };
 
 /// Weight matrices and vectors of a model, converted to the precision asked for. A Kestrel
@@ -49,7 +51,8 @@ class WeightStore {
 
   kernels::Matrix image_matrix(const std::string& name, size_t rows, size_t cols);
   // m with its interleaved copy for the decode kernel, where that kernel runs it (the
-  // int8-activation copy instead with KESTREL_W4_INT8=1, where gemv_w4_int8 runs it).
+  // int8-activation copy instead when options ask for int8 decode activations, where
+  // gemv_w4_int8 runs it).
   kernels::Matrix with_interleaved(kernels::Matrix m);
   const gguf::TensorInfo& image_tensor(const std::string& name, gguf::TensorType type,
                                        std::vector<uint64_t> shape);
