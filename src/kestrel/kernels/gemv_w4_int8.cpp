@@ -62,6 +62,13 @@ KESTREL_VNNI_TARGET inline __m512 u8(const uint8_t* p) {
   return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
 
+// Four int8 values as one 32-bit lane broadcast to all 16.
+KESTREL_VNNI_TARGET inline __m512i broadcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return _mm512_set1_epi32(v);
+}
+
 // Block `block`'s 16 rows for NT tokens (1..4) starting at token t0 into out[t][0..16).
 template <size_t NT, bool kParams8>
 KESTREL_VNNI_TARGET void block16(const W4Int8Interleaved& il, size_t block, const Activations& a, size_t t0,
@@ -115,10 +122,11 @@ KESTREL_VNNI_TARGET void block16(const W4Int8Interleaved& il, size_t block, cons
         const __m512i lo = _mm512_and_si512(bytes, low), hi = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low);
         const size_t c0 = kChains == 4 ? 2 * (oi & 1) : 0;
         for (size_t t = 0; t < NT; ++t) {
-          int32_t x4[2];  // activations 8o .. 8o + 3 and 8o + 4 .. 8o + 7
-          std::memcpy(x4, xq[t] + 8 * o, sizeof(x4));
-          dot[t][c0] = _mm512_dpbusd_epi32(dot[t][c0], lo, _mm512_set1_epi32(x4[0]));
-          dot[t][c0 + 1] = _mm512_dpbusd_epi32(dot[t][c0 + 1], hi, _mm512_set1_epi32(x4[1]));
+          // Activations 8o .. 8o + 3 and 8o + 4 .. 8o + 7, each broadcast straight from memory
+          // (vpdpbusd's {1to16} operand, a load port): one 8-byte load split in registers
+          // would broadcast from a general register on the port that also runs vpdpbusd.
+          dot[t][c0] = _mm512_dpbusd_epi32(dot[t][c0], lo, broadcast4(xq[t] + 8 * o));
+          dot[t][c0 + 1] = _mm512_dpbusd_epi32(dot[t][c0 + 1], hi, broadcast4(xq[t] + 8 * o + 4));
         }
       }
       for (size_t t = 0; t < NT; ++t) {
