@@ -57,6 +57,8 @@ def error_of(result, code=1):
     # every request admitted by --queue holds a connection thread: /health needs one more
     (("serve", "--http-threads", "16"), "--http-threads 16: must exceed --queue 64 by at least 2"),
     (("build", "default", "-o", "x.kimg", "--radius-weight", "big"), "--radius-weight: Value big is not a number"),
+    (("run", "-p", "x", "--decode-act", "fp8"), "--decode-act: fp8 not in {auto,bf16,int8}"),
+    (("perplexity", "-f", "README.md", "--kl-base-decode-act", "INT8"), "--kl-base-decode-act: INT8 not in"),
     (("run", "-p", "x", "--bogus"), "--bogus"),
     (("run",), "--prompt, --file or --token-ids"),
 ])
@@ -334,6 +336,18 @@ def test_killed_build_leaves_nothing_behind(tmp_path, sig):
 
 
 @needs_model
+@needs_model
+def test_a_bad_kestrel_w4_int8_is_an_error_not_int8():
+    # The fresh-user trial: KESTREL_W4_INT8=off ran int8 (anything but "0" meant on). Only 0 and 1
+    # are taken; the error comes when the first INT4 layer loads (here: built at load).
+    env = {**os.environ, "KESTREL_W4_INT8": "off"}
+    msg = error_of(kestrel("run", "-p", "x", "-n", 1, "--precision", "w4a16", "-t", 2, env=env))
+    assert "KESTREL_W4_INT8 must be 0" in msg and "'off'" in msg
+    # The option decides without reading the variable.
+    r = kestrel("run", "-p", "x", "-n", 1, "--precision", "w4a16", "--decode-act", "bf16", "-t", 2, env=env)
+    assert r.returncode == 0, r.stderr
+
+
 def test_perplexity_kl_base_takes_default():
     # `default` names the default model for --kl-base as for -m: the model against itself.
     r = kestrel("perplexity", "-m", "default", "--kl-base", "default", "-f", ROOT / "README.md",

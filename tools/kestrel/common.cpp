@@ -41,11 +41,12 @@ void ModelOptions::add_to(CLI::App& cmd) {
   add_decode_act_option(cmd, "--decode-act", decode_act);
 }
 
-void add_decode_act_option(CLI::App& cmd, const std::string& name, std::string& value) {
+void add_decode_act_option(CLI::App& cmd, const std::string& name, std::string& value, const std::string& whose) {
   cmd.add_option(name, value,
-                 "INT4 layers' decode products (1-7 tokens): activations rounded to bf16 or int8 "
-                 "(docs/quantization.md); auto: $KESTREL_W4_INT8 when set (0: bf16), else int8 where the CPU has "
-                 "AVX512-VNNI")
+                 (whose.empty() ? std::string() : whose + ": ") +
+                     "INT4 layers' decode products (1-7 tokens at once): activations rounded to bf16 or int8 "
+                     "(docs/quantization.md); auto: $KESTREL_W4_INT8 when set (0: bf16, 1: int8), else int8 "
+                     "where the CPU has AVX512-VNNI. No effect on layers that are not INT4")
       ->check(CLI::IsMember({"auto", "bf16", "int8"}))
       ->capture_default_str();
 }

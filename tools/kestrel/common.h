@@ -41,8 +41,9 @@ struct ModelOptions {
   std::unique_ptr<runtime::Engine> load_unique() const;
 };
 
-/// Adds the option `name` (--decode-act) that sets `value` to auto, bf16 or int8.
-void add_decode_act_option(CLI::App& cmd, const std::string& name, std::string& value);
+/// Adds the option `name` (--decode-act) that sets `value` to auto, bf16 or int8, for the model
+/// named by `whose` ("" : the model of the command).
+void add_decode_act_option(CLI::App& cmd, const std::string& name, std::string& value, const std::string& whose = "");
 
 /// A usage error found after the options parsed (the CLI exits with status 2, as for a bad option).
 class UsageError : public Error {

@@ -120,11 +120,13 @@ Command add_perplexity_command(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "perplexity", "Perplexity of a model on a text file (llama-perplexity's method), optionally "
                     "with the KL divergence from a base model");
-  cmd->add_option("-m,--model", opts->model, "GGUF model file (default: $KESTREL_MODEL or Gemma 3 270M)");
+  cmd->add_option("-m,--model", opts->model,
+                  "GGUF model file or Kestrel image (default: as run's -m: $KESTREL_MODEL, else Gemma 3 270M's "
+                  "cached W4A16 + FlashHead image once built, else its GGUF)");
   cmd->add_option("-f,--file", opts->file, "Text file to evaluate")->required();
   cmd->add_option("--kl-base", opts->base,
-                  "Base model file or image ('default': the default model): also report KL(base || model), "
-                  "same top-1 and the base perplexity");
+                  "Base model file or image ('default': the default model's GGUF, not its image): also report "
+                  "KL(base || model), same top-1 and the base perplexity");
   cmd->add_option("-c,--ctx", opts->ctx, "Tokens per chunk (at least 4); the second half of each is scored")
       ->check(integer_range(size_t{4}, size_t{1} << 24))
       ->capture_default_str();
@@ -139,7 +141,7 @@ Command add_perplexity_command(CLI::App& app) {
   cmd->add_option("-t,--threads", opts->threads, "Threads (default: every core)")
       ->check(integer_range(0, ThreadPool::kMaxThreads));
   add_decode_act_option(*cmd, "--decode-act", opts->decode_act);
-  add_decode_act_option(*cmd, "--kl-base-decode-act", opts->base_decode_act);
+  add_decode_act_option(*cmd, "--kl-base-decode-act", opts->base_decode_act, "The base model (--kl-base)");
   cmd->add_flag("--json", opts->json, "Print one JSON object with the results");
   return [opts] { return run_perplexity(*opts); };
 }

@@ -239,7 +239,9 @@ bool w4_int8_default() {
   static const bool on = [] {
     const char* v = std::getenv("KESTREL_W4_INT8");
     if (v == nullptr || *v == '\0') return vnni_available();
-    return std::strcmp(v, "0") != 0;
+    if (std::strcmp(v, "0") == 0) return false;
+    if (std::strcmp(v, "1") == 0) return true;
+    throw Error(std::string("KESTREL_W4_INT8 must be 0 (bf16 decode activations) or 1 (int8), not '") + v + "'");
   }();
   return on;
 }

@@ -60,8 +60,8 @@ struct W4Int8Interleaved {
 /// w4_int8_default().
 enum class DecodeActivations { kAuto, kBf16, kInt8 };
 
-/// The process default for kAuto: KESTREL_W4_INT8 when it is set to something ("0": bf16,
-/// anything else: int8), else int8 where the CPU has AVX512-VNNI (vnni_available()) and bf16
+/// The process default for kAuto: KESTREL_W4_INT8 when it is set ("0": bf16, "1": int8,
+/// anything else throws kestrel::Error), else int8 where the CPU has AVX512-VNNI (vnni_available()) and bf16
 /// elsewhere (the portable int8 path is slower than the bf16 kernels). Read once. int8 is the
 /// default because its accuracy cost was measured to be below llama.cpp's own 8-bit activation
 /// rounding on the same model (issue #19 item 1's rule; docs/quantization.md).
