@@ -28,6 +28,7 @@
 #include "kestrel/runtime/engine.h"
 #include "kestrel/runtime/model_path.h"
 #include "kestrel/text/tokenizer.h"
+#include "test_models.h"
 
 namespace kestrel::image {
 namespace {
@@ -150,12 +151,7 @@ TEST(AwqFold, Gemma4TinyLogitsUnchanged) {
 }
 
 TEST(AwqFold, Gemma3DefaultModelLogitsUnchanged) {
-  fs::path source;
-  try {
-    source = runtime::default_model_path();
-  } catch (const std::exception& e) {
-    GTEST_SKIP() << e.what();
-  }
+  KESTREL_DEFAULT_MODEL_OR_SKIP(source)
   // Layers 0, 5 (a global-attention layer) and 17 (the last) in float32; the others as in the
   // source, identical in both copies.
   // Four groups per layer: Q/K/V, gate/up, down, and the output projection (V's rows).
@@ -163,12 +159,7 @@ TEST(AwqFold, Gemma3DefaultModelLogitsUnchanged) {
 }
 
 TEST(AwqLayer, LowersTheOutputErrorOfRecordedActivationsBelowRtn) {
-  fs::path source;
-  try {
-    source = runtime::default_model_path();
-  } catch (const std::exception& e) {
-    GTEST_SKIP() << e.what();
-  }
+  KESTREL_DEFAULT_MODEL_OR_SKIP(source)
   runtime::EngineOptions eo;
   eo.n_threads = 2;
   eo.n_ctx = 256;

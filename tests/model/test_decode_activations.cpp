@@ -41,12 +41,7 @@ DecodeRun run(const gguf::File& file, kernels::DecodeActivations decode, const s
 }
 
 TEST(DecodeActivations, Int8ChangesOnlyTheDecodeProductsAndByTheirRounding) {
-  std::filesystem::path path;
-  try {
-    path = runtime::default_model_path();
-  } catch (const std::exception& e) {
-    GTEST_SKIP() << e.what();
-  }
+  KESTREL_DEFAULT_MODEL_OR_SKIP(path)
   const gguf::File file = gguf::File::open(path);
   ThreadPool pool(2);
   const auto prompt = random_tokens(40, 262144, 3);
@@ -80,7 +75,6 @@ TEST(DecodeActivations, Int8ChangesOnlyTheDecodeProductsAndByTheirRounding) {
     for (size_t i = 0; i < v; ++i) kl += std::exp(la[i]) * (la[i] - lb[i]);
     std::printf("step %zu: KL(bf16 || int8) = %.6f\n", t, kl);
     EXPECT_LT(kl, 0.05);
-    EXPECT_GE(kl, 0.0);
   }
 }
 

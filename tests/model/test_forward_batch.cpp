@@ -188,12 +188,7 @@ TEST(ForwardBatch, MatchesForwardHiddenGemma4Tiny) {
 }
 
 TEST(ForwardBatch, MatchesForwardHiddenGemma3) {
-  fs::path path;
-  try {
-    path = runtime::default_model_path();
-  } catch (const std::exception& e) {
-    GTEST_SKIP() << e.what();
-  }
+  KESTREL_DEFAULT_MODEL_OR_SKIP(path)
   // Ring 767 slots: histories of 800 and 780 have wrapped it.
   const std::vector<Part> mixed = {{0, 20}, {5, 1}, {37, 1}, {300, 1}, {800, 1}, {780, 20}};
   const std::vector<Part> decode = {{5, 1}, {37, 1}, {800, 1}};

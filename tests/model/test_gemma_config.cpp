@@ -8,17 +8,13 @@
 #include "kestrel/formats/gguf.h"
 #include "kestrel/model/gemma_config.h"
 #include "kestrel/runtime/model_path.h"
+#include "test_models.h"
 
 namespace kestrel::model {
 namespace {
 
 TEST(Gemma3Config, FiveSlidingLayersPerGlobalOneAndNoGemma4Parts) {
-  std::filesystem::path path;
-  try {
-    path = runtime::default_model_path();
-  } catch (const std::exception& e) {
-    GTEST_SKIP() << e.what();
-  }
+  KESTREL_DEFAULT_MODEL_OR_SKIP(path)
   const gguf::File file = gguf::File::open(path);
   const GemmaConfig c = GemmaConfig::from_gguf(file);
   EXPECT_EQ(c.architecture, "gemma3");

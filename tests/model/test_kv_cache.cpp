@@ -112,12 +112,7 @@ TEST(KvCache, TruncateIsExactAtTheSlidingRingsEdgesGemma4Tiny) {
 }
 
 TEST(KvCache, TruncateIsExactAtTheSlidingRingsEdgesGemma3) {
-  fs::path path;
-  try {
-    path = runtime::default_model_path();
-  } catch (const std::exception& e) {
-    GTEST_SKIP() << e.what();
-  }
+  KESTREL_DEFAULT_MODEL_OR_SKIP(path)
   Loaded m(path);
   // window 512, ring 512 + 256 - 1 = 767 slots; 800 + 150 positions written.
   check_ring_edges(m, 512, 767, 800, 150, 1024);

@@ -26,6 +26,7 @@
 
 #include "kestrel/runtime/engine.h"
 #include "kestrel/runtime/model_path.h"
+#include "test_models.h"
 #include "default_engine.h"
 
 namespace kestrel::runtime {
@@ -128,12 +129,7 @@ TEST_F(LlamaCppParity, GreedyContinuationsMatchFloat32Reference) {
 }
 
 TEST(ThreadCount, LogitsDoNotDependOnThreads) {
-  std::filesystem::path path;
-  try {
-    path = default_model_path();
-  } catch (const std::exception& e) {
-    GTEST_SKIP() << e.what();
-  }
+  KESTREL_DEFAULT_MODEL_OR_SKIP(path)
   const auto tokens = reference("f32").at(0).at("tokens").get<std::vector<TokenId>>();
   std::vector<std::vector<float>> results;
   for (int threads : {1, 2, 3}) {

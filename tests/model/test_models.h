@@ -1,4 +1,5 @@
-// Helpers shared by the model tests: the tiny Gemma 4 models' paths and random token ids.
+// Helpers shared by the model tests: the default model's path (or a skip), the tiny Gemma 4
+// models' paths and random token ids.
 #pragma once
 
 #include <algorithm>
@@ -8,6 +9,17 @@
 #include <vector>
 
 #include "kestrel/model/kv_cache.h"
+#include "kestrel/runtime/model_path.h"
+
+// In a test body: declares `var` as the default model's file (runtime::default_model_path()),
+// or skips the test with the reason it is missing.
+#define KESTREL_DEFAULT_MODEL_OR_SKIP(var)                \
+  std::filesystem::path var;                              \
+  try {                                                   \
+    var = ::kestrel::runtime::default_model_path();       \
+  } catch (const std::exception& e) {                     \
+    GTEST_SKIP() << e.what();                             \
+  }
 
 namespace kestrel::model {
 

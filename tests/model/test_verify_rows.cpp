@@ -70,12 +70,7 @@ TEST(VerifyRows, EqualDecodeStepsGemma4Tiny) {
 }
 
 TEST(VerifyRows, EqualDecodeStepsGemma3) {
-  fs::path path;
-  try {
-    path = runtime::default_model_path();
-  } catch (const std::exception& e) {
-    GTEST_SKIP() << e.what();
-  }
+  KESTREL_DEFAULT_MODEL_OR_SKIP(path)
   check_rows(path, Precision::kW4A16, 40, "gemma3 w4a16, bf16 decode activations", kernels::DecodeActivations::kBf16);
   check_rows(path, Precision::kW4A16, 40, "gemma3 w4a16, int8 decode activations", kernels::DecodeActivations::kInt8);
   check_rows(path, Precision::kSource, 40, "gemma3 source");

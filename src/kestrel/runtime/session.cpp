@@ -114,14 +114,13 @@ Session& Session::draft_session() {
 
 namespace {
 
-// The prompt tokens a session may keep: the common prefix, leaving at least the last prompt
-// token to feed and, when the prompt has as many, kTileMinTokens of them: a cold run prefills a
-// prompt's last rows by prefill tiles, and a shorter rest would go through the decode kernels,
-// which round differently (a greedy near-tie could then answer otherwise than the cold run).
+// The prompt tokens a session may keep: the common prefix, leaving the last
+// min(prompt.size(), kTileMinTokens) of them to feed (prompt not empty, so at least the last,
+// which scores the next token): a cold run prefills a prompt's last rows by prefill tiles, and a
+// shorter rest would go through the decode kernels, which round differently (a greedy near-tie
+// could then answer otherwise than the cold run).
 size_t keepable(std::span<const TokenId> cached, std::span<const TokenId> prompt) {
-  const size_t common = model::common_prefix(cached, prompt);
-  const size_t rest = std::min(prompt.size(), kernels::kTileMinTokens);
-  return std::min(common, prompt.size() - std::max<size_t>(rest, 1));
+  return std::min(model::common_prefix(cached, prompt), prompt.size() - std::min(prompt.size(), kernels::kTileMinTokens));
 }
 
 }  // namespace
