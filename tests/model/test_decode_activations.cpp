@@ -1,7 +1,7 @@
-// LoadOptions::decode_activations on the default model's W4A16 weights: int8 changes the decode
-// products (1-7 tokens) only. Prefill rows (8+ tokens: bf16 tiles) are the same bits either way;
-// decode logits differ by the activations' rounding, which stays small beside the logits' spread
-// (docs/quantization.md measures its accuracy against llama.cpp's own 8-bit rounding).
+// LoadOptions::decode_activations on the default model's W4A16 weights: int8 takes every INT4
+// product, decode rows and prefill chunks alike. Logits differ from bf16 by the activations'
+// rounding, which stays small beside the logits' spread (docs/quantization.md measures its
+// accuracy against llama.cpp's own 8-bit rounding).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -40,7 +40,24 @@ DecodeRun run(const gguf::File& file, kernels::DecodeActivations decode, const s
   return r;
 }
 
-TEST(DecodeActivations, Int8ChangesOnlyTheDecodeProductsAndByTheirRounding) {
+// KL(p || q) of two next-token distributions given as logits (float64).
+double kl_of_logits(const float* p_logits, const float* q_logits, size_t v) {
+  const auto log_softmax = [v](const float* x) {
+    std::vector<double> l(x, x + v);
+    const double mx = *std::max_element(l.begin(), l.end());
+    double sum = 0;
+    for (double y : l) sum += std::exp(y - mx);
+    const double lse = mx + std::log(sum);
+    for (double& y : l) y -= lse;
+    return l;
+  };
+  const auto lp = log_softmax(p_logits), lq = log_softmax(q_logits);
+  double kl = 0;
+  for (size_t i = 0; i < v; ++i) kl += std::exp(lp[i]) * (lp[i] - lq[i]);
+  return kl;
+}
+
+TEST(DecodeActivations, Int8ChangesPrefillAndDecodeOnlyByTheirRounding) {
   KESTREL_DEFAULT_MODEL_OR_SKIP(path)
   const gguf::File file = gguf::File::open(path);
   ThreadPool pool(2);
@@ -49,30 +66,20 @@ TEST(DecodeActivations, Int8ChangesOnlyTheDecodeProductsAndByTheirRounding) {
   const DecodeRun bf16 = run(file, kernels::DecodeActivations::kBf16, prompt, steps, pool);
   const DecodeRun int8 = run(file, kernels::DecodeActivations::kInt8, prompt, steps, pool);
   ASSERT_GE(prompt.size(), kernels::kTileMinTokens);
-  EXPECT_EQ(bf16.prefill, int8.prefill) << "prefill must not depend on the decode activations";
-
   const size_t v = bf16.prefill.size();
+  // The option takes effect on prefill too (8-bit activations cannot give the bf16 tiles' bits),
+  // and only by rounding: KL(bf16 || int8). llama.cpp's own 8-bit activation rounding costs
+  // this model a mean KL of ~0.005 on text (scripts/eval/llama_activation_rounding.py).
+  EXPECT_FALSE(std::equal(bf16.prefill.begin(), bf16.prefill.end(), int8.prefill.begin()));
+  const double prefill_kl = kl_of_logits(bf16.prefill.data(), int8.prefill.data(), v);
+  std::printf("prefill: KL(bf16 || int8) = %.6f\n", prefill_kl);
+  EXPECT_LT(prefill_kl, 0.05);
   for (size_t t = 0; t < steps.size(); ++t) {
     SCOPED_TRACE(t);
     const float* a = &bf16.decoded[t * v];
     const float* b = &int8.decoded[t * v];
-    // The option takes effect: 8-bit activations cannot give the bf16 path's bits.
     EXPECT_FALSE(std::equal(a, a + v, b));
-    // ...and only by rounding: KL(bf16 || int8) of the next-token distributions (float64).
-    // llama.cpp's own 8-bit activation rounding costs this model a mean KL of ~0.005 on text
-    // (scripts/eval/llama_activation_rounding.py, docs/quantization.md).
-    const auto log_softmax = [v](const float* x) {
-      std::vector<double> l(x, x + v);
-      const double mx = *std::max_element(l.begin(), l.end());
-      double sum = 0;
-      for (double y : l) sum += std::exp(y - mx);
-      const double lse = mx + std::log(sum);
-      for (double& y : l) y -= lse;
-      return l;
-    };
-    const auto la = log_softmax(a), lb = log_softmax(b);
-    double kl = 0;
-    for (size_t i = 0; i < v; ++i) kl += std::exp(la[i]) * (la[i] - lb[i]);
+    const double kl = kl_of_logits(a, b, v);
     std::printf("step %zu: KL(bf16 || int8) = %.6f\n", t, kl);
     EXPECT_LT(kl, 0.05);
   }

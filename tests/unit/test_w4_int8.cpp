@@ -192,7 +192,8 @@ TEST(W4Int8, VnniAndPortablePathsAgreeBitForBit) {
     for (Params p : kAll) {
       const RandomW4 w(rows, cols, G, p, rows + cols * 3 + static_cast<uint64_t>(p));
       const k::W4Int8Interleaved il = k::interleave_w4_int8(w.view());
-      for (size_t n = 1; n < k::kTileMinTokens; ++n) {
+      // Decode rows, and prefill chunks past the 4-token tile (whole and partial tiles).
+      for (size_t n : {1, 2, 3, 4, 5, 6, 7, 8, 9, 13}) {
         const auto x = activations(n, cols, n * 5 + rows);
         std::vector<float> fast(n * rows), portable(n * rows);
         k::gemv_w4_int8(il, x.data(), n, cols, fast.data(), rows, 0, rows);
@@ -206,7 +207,7 @@ TEST(W4Int8, VnniAndPortablePathsAgreeBitForBit) {
 }
 
 TEST(W4Int8, EachTokenIsTheSameWhateverTheTokenCountAndRowRange) {
-  const size_t rows = 64, cols = 640, n_max = 7;
+  const size_t rows = 64, cols = 640, n_max = 13;  // decode rows and prefill chunks
   for (Params p : kAll) {
     const RandomW4 w(rows, cols, 32, p, 99 + static_cast<uint64_t>(p));
     const k::W4Int8Interleaved il = k::interleave_w4_int8(w.view());
@@ -243,27 +244,30 @@ TEST(W4Int8, EachTokenIsTheSameWhateverTheTokenCountAndRowRange) {
   }
 }
 
-// matmul runs a matrix carrying the int8 copy (as KESTREL_W4_INT8=1 loads it) through
-// gemv_w4_int8 for 1-7 tokens, split over threads, and through the prefill kernels from 8.
-TEST(W4Int8, MatmulUsesTheInt8CopyForDecodeRowsOnly) {
+// matmul runs a matrix carrying the int8 copy (as an int8 load holds it) through gemv_w4_int8
+// for every token count: decode rows split over the threads by rows, prefill chunks (from
+// 4 tokens a thread) by tokens; each token's products are the kernel's bits either way, and
+// differ from the row-major (bf16 / float32) kernels' that a matrix without the copy takes.
+TEST(W4Int8, MatmulUsesTheInt8CopyForEveryTokenCount) {
   const size_t rows = 64, cols = 640;
   const RandomW4 w(rows, cols, 32, Params::kAffine16, 21);
   const k::W4Int8Interleaved il = k::interleave_w4_int8(w.view());
   k::Matrix m = w.view();
   m.interleaved_int8 = &il;
-  const auto x = activations(k::kTileMinTokens, cols, 8);
+  const size_t n_max = 150;  // past two 64-token chunks of a thread's share
+  const auto x = activations(n_max, cols, 8);
   kestrel::ThreadPool pool(3);
-  for (size_t n = 1; n <= k::kTileMinTokens; ++n) {
-    std::vector<float> via_matmul(n * rows), plain(n * rows), row_major(n * rows);
+  for (size_t n : {1, 2, 4, 7, 8, 11, 12, 13, 40, 150}) {
+    std::vector<float> via_matmul(n * rows), same_input(n * rows), plain(n * rows), row_major(n * rows);
     k::matmul(m, x.data(), n, cols, via_matmul.data(), rows, pool);
+    const k::MatmulOutput outs[] = {{&m, same_input.data(), rows}};
+    k::matmul_same_input(outs, x.data(), n, cols, pool);
     k::matmul(w.view(), x.data(), n, cols, row_major.data(), rows, pool);
-    if (n < k::kTileMinTokens) {
-      k::gemv_w4_int8(il, x.data(), n, cols, plain.data(), rows, 0, rows);
-      EXPECT_EQ(std::memcmp(via_matmul.data(), plain.data(), plain.size() * sizeof(float)), 0) << n << " tokens";
-    } else {
-      EXPECT_EQ(std::memcmp(via_matmul.data(), row_major.data(), row_major.size() * sizeof(float)), 0)
-          << "prefill must not use the int8 copy";
-    }
+    k::gemv_w4_int8(il, x.data(), n, cols, plain.data(), rows, 0, rows);
+    EXPECT_EQ(std::memcmp(via_matmul.data(), plain.data(), plain.size() * sizeof(float)), 0) << n << " tokens";
+    EXPECT_EQ(std::memcmp(same_input.data(), plain.data(), plain.size() * sizeof(float)), 0) << n << " tokens";
+    EXPECT_NE(std::memcmp(row_major.data(), plain.data(), plain.size() * sizeof(float)), 0)
+        << n << " tokens: the row-major kernels round the activations otherwise";
   }
 }
 
@@ -284,8 +288,7 @@ TEST(W4Int8, RefusesShapesItDoesNotRun) {
   const RandomW4 ok(16, 64, 32, Params::kSymmetric16, 3);
   ASSERT_TRUE(k::w4_int8_supported(ok.view()));
   const auto il = k::interleave_w4_int8(ok.view());
-  std::vector<float> x(8 * 64, 1.0f), y(8 * 16);
-  EXPECT_THROW(k::gemv_w4_int8(il, x.data(), 8, 64, y.data(), 16, 0, 16), kestrel::Error);
+  std::vector<float> x(64, 1.0f), y(16);
   EXPECT_THROW(k::gemv_w4_int8(il, x.data(), 1, 64, y.data(), 16, 0, 17), kestrel::Error);
 }
 

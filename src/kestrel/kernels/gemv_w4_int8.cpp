@@ -48,11 +48,7 @@ void quantize(const float* x, size_t n_tokens, size_t x_stride, size_t cols, Act
   finish(a);
 }
 
-void check(const W4Int8Interleaved& il, size_t n_tokens, size_t row_begin, size_t row_end) {
-  if (n_tokens >= kTileMinTokens) {
-    throw Error("gemv_w4_int8: " + std::to_string(n_tokens) + " tokens (at most " +
-                std::to_string(kTileMinTokens - 1) + ")");
-  }
+void check(const W4Int8Interleaved& il, size_t row_begin, size_t row_end) {
   if (row_end > il.rows || row_begin > row_end) throw Error("gemv_w4_int8: rows past the matrix");
 }
 
@@ -317,7 +313,7 @@ W4Int8Interleaved interleave_w4_int8(const Matrix& w) {
 
 void gemv_w4_int8_scalar(const W4Int8Interleaved& il, const float* x, size_t n_tokens, size_t x_stride, float* y,
                          size_t y_stride, size_t row_begin, size_t row_end) {
-  check(il, n_tokens, row_begin, row_end);
+  check(il, row_begin, row_end);
   thread_local Activations a;
   quantize(x, n_tokens, x_stride, il.cols, a);
   scalar(il, a, n_tokens, y, y_stride, row_begin, row_end);
@@ -325,7 +321,7 @@ void gemv_w4_int8_scalar(const W4Int8Interleaved& il, const float* x, size_t n_t
 
 void gemv_w4_int8(const W4Int8Interleaved& il, const float* x, size_t n_tokens, size_t x_stride, float* y,
                   size_t y_stride, size_t row_begin, size_t row_end) {
-  check(il, n_tokens, row_begin, row_end);
+  check(il, row_begin, row_end);
   thread_local Activations a;
 #ifdef KESTREL_HAVE_VNNI
   if (vnni_available()) {

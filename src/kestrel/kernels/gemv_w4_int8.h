@@ -1,5 +1,8 @@
-// Decode GEMV for INT4 (kW4) matrices with int8-quantized activations (x86 AVX512-VNNI
-// `vpdpbusd`, with a portable path computing the same bits), for 1 to kTileMinTokens - 1 tokens.
+// INT4 (kW4) matrix products with int8-quantized activations (x86 AVX512-VNNI `vpdpbusd`, with
+// a portable path computing the same bits), for any number of tokens: decode rows and, since
+// the int8 copy is chosen for a whole load, prefill chunks too (4-token tiles; each token's
+// result does not depend on how many tokens share the call, so prefill and decode agree bit
+// for bit).
 // The default where the CPU has AVX512-VNNI (w4_int8_default(); KESTREL_W4_INT8=0 or
 // --decode-act bf16 turns it off): rounding the activations to 8 bits costs less accuracy than
 // llama.cpp's own 8-bit activation rounding on the same model (docs/quantization.md).
@@ -55,7 +58,7 @@ struct W4Int8Interleaved {
   bool params8() const { return !scales8.empty(); }
 };
 
-/// What the INT4 decode products (1 to kTileMinTokens - 1 tokens) round the activations to:
+/// What the INT4 products (decode rows and, for int8, prefill chunks) round the activations to:
 /// bf16 (gemv_w4_interleaved.h) or int8 (this kernel). kAuto: the process default,
 /// w4_int8_default().
 enum class DecodeActivations { kAuto, kBf16, kInt8 };
@@ -81,13 +84,13 @@ bool w4_int8_supported(const Matrix& w);
 /// The int8-activation copy of `w` (throws kestrel::Error unless w4_int8_supported(w)).
 W4Int8Interleaved interleave_w4_int8(const Matrix& w);
 
-/// y[t * y_stride + r] for t < n_tokens (1 to kTileMinTokens - 1), r in [row_begin, row_end)
+/// y[t * y_stride + r] for t < n_tokens (any count >= 1), r in [row_begin, row_end)
 /// (at most il.rows): the header's formula with x[t * x_stride + i] (float32) quantized here,
 /// by AVX512-VNNI where the CPU has it (vnni_available(), gemv_q8_interleaved.h), else by
 /// gemv_w4_int8_scalar; the same bits either way. Error against W x: the activations' rounding,
 /// at most d_xb / 2 per element, i.e. |y - W x| <= sum_b (d_xb / 2) sum_{i in b} |w_ri| plus
-/// float32 rounding. Throws kestrel::Error for more than kTileMinTokens - 1 tokens or rows past
-/// the matrix.
+/// float32 rounding. Throws kestrel::Error for rows past the matrix. Every call quantizes all
+/// n_tokens rows of x (matmul splits prefill by tokens so that threads do not repeat it).
 void gemv_w4_int8(const W4Int8Interleaved& il, const float* x, size_t n_tokens, size_t x_stride, float* y,
                   size_t y_stride, size_t row_begin, size_t row_end);
 

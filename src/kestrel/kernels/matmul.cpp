@@ -333,6 +333,10 @@ void MatmulW4Rows(const Matrix& w, const float* x, size_t n_tokens, size_t x_str
   constexpr size_t kRowBlock = 16;
   std::vector<float> scales(kRowBlock * n_groups), offsets(kRowBlock * n_groups);
   const auto* qs = static_cast<const uint8_t*>(w.data);
+  if (w.interleaved_int8 != nullptr) {  // int8 activations, any token count (gemv_w4_int8.h)
+    gemv_w4_int8(*w.interleaved_int8, x, n_tokens, x_stride, y, y_stride, row_begin, row_end);
+    return;
+  }
   if (n_tokens >= kTileMinTokens) {
     // Prefill: a block of rows is unpacked once (it stays in L2) and multiplied with every
     // token: with bfloat16 dot products where the CPU has them (activations and the unpacked
@@ -363,10 +367,6 @@ void MatmulW4Rows(const Matrix& w, const float* x, size_t n_tokens, size_t x_str
       }
       GemmF32Block(block.data(), re - rb, w.cols, x, n_tokens, x_stride, y, y_stride, rb);
     }
-    return;
-  }
-  if (w.interleaved_int8 != nullptr) {  // int8 activations (gemv_w4_int8.h)
-    gemv_w4_int8(*w.interleaved_int8, x, n_tokens, x_stride, y, y_stride, row_begin, row_end);
     return;
   }
   if (w.interleaved != nullptr) {  // decode over the 16-row interleaved copy (gemv_w4_interleaved.h)
@@ -543,6 +543,25 @@ void check_matmul(const Matrix& w) {
   }
 }
 
+/// Prefill over the int8 copies (gemv_w4_int8.h): the threads split the tokens, not the rows,
+/// so that each quantizes only its own tokens' activations (a row split would have every thread
+/// quantize all of them) and a chunk's int8 activations stay in L2 while every row block of the
+/// weights streams past them once.
+/// Below 4 tokens a thread (the kernel's tile) the rows are split as in decode.
+constexpr size_t kInt8PrefillChunk = 64;
+
+bool splits_tokens(const Matrix& w, size_t n_tokens, const ThreadPool& pool) {
+  return w.interleaved_int8 != nullptr && n_tokens >= kTileMinTokens &&
+         n_tokens >= 4 * static_cast<size_t>(pool.size());
+}
+
+/// Tokens per thread's share: a multiple of the kernel's 4-token tile, at most kInt8PrefillChunk
+/// (larger shares run in chunks of it).
+size_t token_grain(size_t n_tokens, const ThreadPool& pool) {
+  const size_t per_thread = (n_tokens + pool.size() - 1) / pool.size();
+  return std::min(kInt8PrefillChunk, (per_thread + 3) / 4 * 4);
+}
+
 }  // namespace
 
 void matmul_same_input(std::span<const MatmulOutput> outputs, const float* x, size_t n_tokens,
@@ -555,6 +574,20 @@ void matmul_same_input(std::span<const MatmulOutput> outputs, const float* x, si
                   std::to_string(outputs[0].w->cols) + " inputs for one input");
     }
     total_rows += o.w->rows;
+  }
+  bool by_tokens = true;
+  for (const auto& o : outputs) by_tokens = by_tokens && splits_tokens(*o.w, n_tokens, pool);
+  if (by_tokens) {
+    pool.parallel_for(n_tokens, token_grain(n_tokens, pool), [&](size_t begin, size_t end) {
+      for (size_t t0 = begin; t0 < end; t0 += kInt8PrefillChunk) {
+        const size_t n = std::min(kInt8PrefillChunk, end - t0);
+        for (const auto& o : outputs) {
+          HWY_DYNAMIC_DISPATCH(MatmulRows)(*o.w, x + t0 * x_stride, n, x_stride, o.y + t0 * o.y_stride,
+                                           o.y_stride, 0, o.w->rows);
+        }
+      }
+    });
+    return;
   }
   // Rows [begin, end) of the matrices stacked in order; each piece goes to its own matrix.
   pool.parallel_for(total_rows, 16, [&](size_t begin, size_t end) {
@@ -573,6 +606,15 @@ void matmul_same_input(std::span<const MatmulOutput> outputs, const float* x, si
 void matmul(const Matrix& w, const float* x, size_t n_tokens, size_t x_stride, float* y,
             size_t y_stride, ThreadPool& pool) {
   check_matmul(w);
+  if (splits_tokens(w, n_tokens, pool)) {
+    pool.parallel_for(n_tokens, token_grain(n_tokens, pool), [&](size_t begin, size_t end) {
+      for (size_t t0 = begin; t0 < end; t0 += kInt8PrefillChunk) {
+        const size_t n = std::min(kInt8PrefillChunk, end - t0);
+        HWY_DYNAMIC_DISPATCH(MatmulRows)(w, x + t0 * x_stride, n, x_stride, y + t0 * y_stride, y_stride, 0, w.rows);
+      }
+    });
+    return;
+  }
   pool.parallel_for(w.rows, 16, [&](size_t begin, size_t end) {
     HWY_DYNAMIC_DISPATCH(MatmulRows)(w, x, n_tokens, x_stride, y, y_stride, begin, end);
   });

@@ -49,8 +49,8 @@ struct Matrix {
   /// then computes every product of fewer than kTileMinTokens tokens; null: the row-major kernel.
   const W4Interleaved* interleaved = nullptr;
   /// kW4, where int8 decode activations are chosen (model::LoadOptions::decode_activations): a
-  /// copy for the int8-activation decode kernel (gemv_w4_int8.h), which then computes every
-  /// product of fewer than kTileMinTokens tokens in place of `interleaved`.
+  /// copy for the int8-activation kernel (gemv_w4_int8.h), which then computes every product,
+  /// decode and prefill, in place of `interleaved` and the tiles (prefill split by tokens).
   const W4Int8Interleaved* interleaved_int8 = nullptr;
   size_t row_bytes() const;
   const uint8_t* row(size_t r) const { return static_cast<const uint8_t*>(data) + r * row_bytes(); }
@@ -58,7 +58,8 @@ struct Matrix {
 
 /// From this many tokens matmul multiplies W4 and BF16/FP16 weights by tiles (bfloat16 dot
 /// products where the CPU has them); fewer tokens go through the decode kernels row by row. The
-/// two round differently, so a row's result depends on which side of this its call falls.
+/// two round differently, so a row's result depends on which side of this its call falls
+/// (except for W4 matrices carrying the int8 copy, which take every token count).
 inline constexpr size_t kTileMinTokens = 8;
 
 /// y[t, r] = sum_i W[r, i] * x[t, i] for t < n_tokens, r < W.rows.
