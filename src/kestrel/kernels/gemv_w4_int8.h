@@ -1,8 +1,9 @@
 // INT4 (kW4) matrix products with int8-quantized activations (x86 AVX512-VNNI `vpdpbusd`, with
 // a portable path computing the same bits), for any number of tokens: decode rows and, since
 // the int8 copy is chosen for a whole load, prefill chunks too (4-token tiles; each token's
-// result does not depend on how many tokens share the call, so prefill and decode agree bit
-// for bit).
+// result does not depend on how many tokens share the call, so a token's INT4 products are the
+// same bits in prefill and decode; the rest of a prefill step, attention and head tiles, still
+// rounds otherwise).
 // The default where the CPU has AVX512-VNNI (w4_int8_default(); KESTREL_W4_INT8=0 or
 // --decode-act bf16 turns it off): rounding the activations to 8 bits costs less accuracy than
 // llama.cpp's own 8-bit activation rounding on the same model (docs/quantization.md).

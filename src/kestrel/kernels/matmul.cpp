@@ -329,14 +329,14 @@ void DequantW4Row(const uint8_t* qs, const float* scales, const float* offsets, 
 
 void MatmulW4Rows(const Matrix& w, const float* x, size_t n_tokens, size_t x_stride, float* y,
                   size_t y_stride, size_t row_begin, size_t row_end) {
-  const size_t n_groups = w.cols / w.group_size;
-  constexpr size_t kRowBlock = 16;
-  std::vector<float> scales(kRowBlock * n_groups), offsets(kRowBlock * n_groups);
-  const auto* qs = static_cast<const uint8_t*>(w.data);
   if (w.interleaved_int8 != nullptr) {  // int8 activations, any token count (gemv_w4_int8.h)
     gemv_w4_int8(*w.interleaved_int8, x, n_tokens, x_stride, y, y_stride, row_begin, row_end);
     return;
   }
+  const size_t n_groups = w.cols / w.group_size;
+  constexpr size_t kRowBlock = 16;
+  std::vector<float> scales(kRowBlock * n_groups), offsets(kRowBlock * n_groups);
+  const auto* qs = static_cast<const uint8_t*>(w.data);
   if (n_tokens >= kTileMinTokens) {
     // Prefill: a block of rows is unpacked once (it stays in L2) and multiplied with every
     // token: with bfloat16 dot products where the CPU has them (activations and the unpacked
@@ -547,9 +547,9 @@ void check_matmul(const Matrix& w) {
 /// so that each quantizes only its own tokens' activations (a row split would have every thread
 /// quantize all of them) and a chunk's int8 activations stay in L2 while every row block of the
 /// weights streams past them once.
-/// Below 4 tokens a thread (the kernel's tile) the rows are split as in decode.
 constexpr size_t kInt8PrefillChunk = 64;
 
+/// Below 4 tokens a thread (the kernel's tile) the rows are split, as in decode.
 bool splits_tokens(const Matrix& w, size_t n_tokens, const ThreadPool& pool) {
   return w.interleaved_int8 != nullptr && n_tokens >= kTileMinTokens &&
          n_tokens >= 4 * static_cast<size_t>(pool.size());
@@ -605,19 +605,8 @@ void matmul_same_input(std::span<const MatmulOutput> outputs, const float* x, si
 
 void matmul(const Matrix& w, const float* x, size_t n_tokens, size_t x_stride, float* y,
             size_t y_stride, ThreadPool& pool) {
-  check_matmul(w);
-  if (splits_tokens(w, n_tokens, pool)) {
-    pool.parallel_for(n_tokens, token_grain(n_tokens, pool), [&](size_t begin, size_t end) {
-      for (size_t t0 = begin; t0 < end; t0 += kInt8PrefillChunk) {
-        const size_t n = std::min(kInt8PrefillChunk, end - t0);
-        HWY_DYNAMIC_DISPATCH(MatmulRows)(w, x + t0 * x_stride, n, x_stride, y + t0 * y_stride, y_stride, 0, w.rows);
-      }
-    });
-    return;
-  }
-  pool.parallel_for(w.rows, 16, [&](size_t begin, size_t end) {
-    HWY_DYNAMIC_DISPATCH(MatmulRows)(w, x, n_tokens, x_stride, y, y_stride, begin, end);
-  });
+  const MatmulOutput one[] = {{&w, y, y_stride}};
+  matmul_same_input(one, x, n_tokens, x_stride, pool);
 }
 
 void matmul_rows(const Matrix& w, const float* x, size_t n_tokens, size_t x_stride, float* y,
