@@ -12,13 +12,14 @@
 
 namespace kestrel::runtime {
 
-template <size_t kContext>
+template <size_t kContext, quant::Precision kPrecision = quant::Precision::kSource>
 class WithDefaultEngine : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     try {
       EngineOptions options;
       options.n_ctx = kContext;
+      options.load.precision = kPrecision;
       engine_ = std::make_unique<Engine>(default_model_path(), options);
     } catch (const std::exception& e) {
       skip_reason_ = e.what();

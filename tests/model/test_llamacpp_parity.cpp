@@ -99,6 +99,17 @@ TEST_F(LlamaCppParity, FinalLogitsMatchQ4KMReference) {
   std::printf("max |logit - llama.cpp q4_k_m logit| over 20 prompts: %.4f\n", worst);
 }
 
+// The GGUF as `kestrel run -m` loads it (Precision::kAuto: its Q4_K tensors as INT4 with their
+// own codes, Q5_0/Q6_K as Q8_0, int8 activations where the CPU has VNNI) against llama.cpp on the
+// same file, which rounds its activations to 8 bits too: the same top-1 token on every prompt,
+// within the Q4_K_M tolerance.
+class LlamaCppParityAuto : public WithDefaultEngine<1024, quant::Precision::kAuto> {};
+
+TEST_F(LlamaCppParityAuto, FinalLogitsMatchQ4KMReference) {
+  const float worst = compare_final_logits(*engine_, reference("q4_k_m"), kQ4Tolerance);
+  std::printf("auto form: max |logit - llama.cpp q4_k_m logit| over 20 prompts: %.4f\n", worst);
+}
+
 TEST_F(LlamaCppParity, GreedyContinuationsMatchFloat32Reference) {
   const auto& items = reference("f32");
   size_t identical = 0;

@@ -186,6 +186,7 @@ bench::VariantResult run_model(const ModelArg& m, const BenchCliOptions& o, cons
   runtime::EngineOptions eo;
   eo.n_threads = o.threads;
   eo.n_ctx = o.ctx;
+  eo.load.precision = quant::Precision::kAuto;  // as `kestrel run` loads it
   runtime::Engine engine(m.path, eo);
   if (runtime::parse_draft_mode(o.draft) == runtime::DraftMode::kModel) {
     engine.load_draft_model(draft_model_argument(o.draft, m.path, true), eo);
@@ -324,6 +325,7 @@ int run_concurrency_bench(const BenchCliOptions& o) {
     const ModelArg m = parse_model_arg(arg);
     runtime::EngineOptions eo;
     eo.n_threads = o.threads;
+    eo.load.precision = quant::Precision::kAuto;  // as `kestrel serve` loads it
     eo.n_ctx = std::min<size_t>(o.ctx.value_or(SIZE_MAX), prompt_tokens + output_tokens + 1);
     runtime::Engine engine(m.path, eo);
     const std::vector<bench::TokenId> stream = bench::text_token_stream(engine.tokenizer(), text);

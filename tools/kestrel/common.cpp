@@ -25,9 +25,11 @@ void ModelOptions::add_to(CLI::App& cmd) {
                  "model's maximum)")
       ->check(integer_range(size_t{0}, size_t{1} << 24));
   cmd.add_option("--precision", precision,
-                 "Layer weights in memory: source (as the file has them), w4a16 (INT4 groups, "
-                 "built at load), bf16, fp16")
-      ->check(CLI::IsMember({"source", "w4a16", "bf16", "fp16"}))
+                 "Layer weights in memory: auto (an image as built; a GGUF's Q4_0/Q4_1/Q4_K tensors as "
+                 "INT4 with their own codes, other quantized types as Q8_0, Q8_0/BF16/F16 as stored: "
+                 "docs/quantization.md), source (as the file has them, other quantized types as float32: "
+                 "the llama.cpp parity path), w4a16 (INT4 groups, re-quantized at load), bf16, fp16")
+      ->check(CLI::IsMember({"auto", "source", "w4a16", "bf16", "fp16"}))
       ->capture_default_str();
   cmd.add_option("--group-size", group_size, "w4a16: weights per scale (32, 64 or 128)")
       ->check(CLI::IsMember({32, 64, 128}))
@@ -91,7 +93,7 @@ void warn_default_image(const std::exception& e) {
 }  // namespace
 
 runtime::RunnableModel ModelOptions::resolve() const {
-  runtime::RunnableModel m = runtime::runnable_model(model, precision == "source");
+  runtime::RunnableModel m = runtime::runnable_model(model, precision == "auto");
   if (m.default_image) {
     // A cached image whose header does not read (an older format, a cut or damaged file) is
     // passed over here, before the server names the model after it; a damaged body is caught
@@ -110,7 +112,7 @@ runtime::RunnableModel ModelOptions::resolve() const {
 // The hint only where the cached image would have run (not for a precision built at load), and
 // only for a person at a terminal: scripts and pipes read stderr for errors ("kestrel: error:").
 bool ModelOptions::hint_wanted(const runtime::RunnableModel& m) const {
-  return m.default_gguf && precision == "source" && isatty(STDERR_FILENO) != 0;
+  return m.default_gguf && precision == "auto" && isatty(STDERR_FILENO) != 0;
 }
 
 runtime::Engine ModelOptions::load() const {
@@ -208,7 +210,7 @@ std::string draft_model_argument(const std::string& draft, const std::filesystem
 
 void load_draft_model(runtime::Engine& engine, const std::string& draft, const ModelOptions& model) {
   if (runtime::parse_draft_mode(draft) != runtime::DraftMode::kModel) return;
-  const std::string path = draft_model_argument(draft, model.resolve().path, model.precision == "source");
+  const std::string path = draft_model_argument(draft, model.resolve().path, model.precision == "auto");
   runtime::EngineOptions o = model.engine_options();
   o.head = runtime::HeadMode::kAuto;
   o.probes = 0;

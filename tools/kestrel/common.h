@@ -21,7 +21,7 @@ struct ModelOptions {
   std::string model;  // empty: the default model
   int threads = 0;
   std::optional<size_t> ctx;
-  std::string precision = "source";
+  std::string precision = "auto";
   size_t group_size = 32;
   std::string head = "auto";
   size_t probes = 0;
@@ -30,7 +30,7 @@ struct ModelOptions {
   void add_to(CLI::App& cmd);
   runtime::EngineOptions engine_options() const;
   /// The file to load (runtime::runnable_model: "default" is the cached default image when it
-  /// exists and the precision is "source"). Throws kestrel::Error for a directory.
+  /// exists and the precision is "auto"). Throws kestrel::Error for a directory.
   runtime::RunnableModel resolve() const;
   /// Whether loading `m` should print the one-line hint about the default image.
   bool hint_wanted(const runtime::RunnableModel& m) const;

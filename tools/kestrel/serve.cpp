@@ -27,7 +27,7 @@ int serve(ServeOptions& o) {
   }
   o.server.max_body_bytes = o.max_body_mib << 20;
   const ModelOptions model = o.model;
-  o.server.draft = draft_model_argument(o.server.draft, path, o.model.precision == "source");  // /props names the file
+  o.server.draft = draft_model_argument(o.server.draft, path, o.model.precision == "auto");  // /props names the file
   const std::string draft = o.server.draft;
   // A draft model of another vocabulary fails here, before the port is bound and "listening"
   // is printed (the full check runs again when the models load).

@@ -180,17 +180,6 @@ void dequant_q3_k(const uint8_t* b, float* y) {
   }
 }
 
-// ggml's get_scale_min_k4: the 6-bit scale and min of sub-block j (0..7) of Q4_K/Q5_K.
-void scale_min_k4(const uint8_t* q, size_t j, int* scale, int* min) {
-  if (j < 4) {
-    *scale = q[j] & 63;
-    *min = q[j + 4] & 63;
-  } else {
-    *scale = (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4);
-    *min = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-  }
-}
-
 // Q4_K: d, dmin, scales[12], qs[128]; 8 sub-blocks of 32, each y = d*sc*q - dmin*m.
 void dequant_q4_k(const uint8_t* b, float* y) {
   const float d = load_f16(b);
@@ -200,10 +189,10 @@ void dequant_q4_k(const uint8_t* b, float* y) {
   for (size_t is = 0; is < 8; is += 2, q += 32) {
     int sc = 0;
     int m = 0;
-    scale_min_k4(scales, is, &sc, &m);
+    k_quant_scale_min(scales, is, &sc, &m);
     const float d1 = scaled(d, sc);
     const float m1 = scaled(dmin, m);
-    scale_min_k4(scales, is + 1, &sc, &m);
+    k_quant_scale_min(scales, is + 1, &sc, &m);
     const float d2 = scaled(d, sc);
     const float m2 = scaled(dmin, m);
     for (size_t l = 0; l < 32; ++l) *y++ = scaled_minus(d1, q[l] & 0x0F, m1);
@@ -222,10 +211,10 @@ void dequant_q5_k(const uint8_t* b, float* y) {
   for (size_t is = 0; is < 8; is += 2, ql += 32, bit <<= 2) {
     int sc = 0;
     int m = 0;
-    scale_min_k4(scales, is, &sc, &m);
+    k_quant_scale_min(scales, is, &sc, &m);
     const float d1 = scaled(d, sc);
     const float m1 = scaled(dmin, m);
-    scale_min_k4(scales, is + 1, &sc, &m);
+    k_quant_scale_min(scales, is + 1, &sc, &m);
     const float d2 = scaled(d, sc);
     const float m2 = scaled(dmin, m);
     for (size_t l = 0; l < 32; ++l) {
@@ -277,6 +266,16 @@ BlockFn block_fn(TensorType type) {
 }
 
 }  // namespace
+
+void k_quant_scale_min(const uint8_t* scales, size_t j, int* scale, int* min) {
+  if (j < 4) {
+    *scale = scales[j] & 63;
+    *min = scales[j + 4] & 63;
+  } else {
+    *scale = (scales[j + 4] & 0x0F) | ((scales[j - 4] >> 6) << 4);
+    *min = (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4);
+  }
+}
 
 const char* tensor_type_name(TensorType type) {
   switch (type) {

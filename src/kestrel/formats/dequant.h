@@ -27,6 +27,10 @@ uint64_t row_bytes(TensorType type, uint64_t n);
 /// Throws GgufError kUnknownTensorType / kBadShape.
 void dequantize(TensorType type, const void* src, float* dst, size_t n);
 
+/// ggml's get_scale_min_k4: the 6-bit scale and min of sub-block j (0..7) of a Q4_K/Q5_K
+/// super-block, from its 12 packed scale bytes.
+void k_quant_scale_min(const uint8_t* scales, size_t j, int* scale, int* min);
+
 /// IEEE half and bfloat16 conversions (round to nearest even on narrowing).
 float fp16_to_fp32(uint16_t h);
 uint16_t fp32_to_fp16(float f);

@@ -18,6 +18,7 @@
 #include "kestrel/head/flashhead_format.h"
 #include "kestrel/image/channel_scaling.h"
 #include "kestrel/image/image.h"
+#include "kestrel/quant/gguf_convert.h"
 #include "kestrel/quant/gptq.h"
 #include "kestrel/quant/w4.h"
 #include "kestrel/text/tokenizer.h"
@@ -134,21 +135,10 @@ void write_converted(gguf::Writer& w, const gguf::TensorInfo& t, std::span<const
   }
 }
 
-// ggml Q8_0: per 32 values an fp16 scale d = max|x| / 127 and int8 q = round(x / d)
-// (ggml-quants.c quantize_row_q8_0_ref). n a multiple of 32.
+// ggml Q8_0 (quant::quantize_q8_0). n a multiple of 32.
 std::vector<std::byte> quantize_q8_0(const float* x, size_t n) {
   std::vector<std::byte> out(n / 32 * 34);
-  for (size_t b = 0; b < n / 32; ++b) {
-    float amax = 0.0f;
-    for (size_t i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[b * 32 + i]));
-    const float d = amax / 127.0f;
-    const float inv = d > 0.0f ? 1.0f / d : 0.0f;
-    const uint16_t d16 = gguf::fp32_to_fp16(d);
-    std::memcpy(&out[b * 34], &d16, 2);
-    for (size_t i = 0; i < 32; ++i) {
-      out[b * 34 + 2 + i] = static_cast<std::byte>(static_cast<int8_t>(std::lround(x[b * 32 + i] * inv)));
-    }
-  }
+  quant::quantize_q8_0(x, n, out.data());
   return out;
 }
 
@@ -288,7 +278,7 @@ void check_not_an_image(const gguf::File& file, const std::filesystem::path& sou
 BuildReport build_image(const std::filesystem::path& source, const std::filesystem::path& out,
                         const BuildOptions& options, ThreadPool& pool) {
   const auto t0 = std::chrono::steady_clock::now();
-  if (options.precision == quant::Precision::kSource) {
+  if (options.precision == quant::Precision::kSource || options.precision == quant::Precision::kAuto) {
     throw Error("kestrel build: choose a precision (w4a16, bf16 or fp16)");
   }
   check_output_path(out);

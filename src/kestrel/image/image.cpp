@@ -19,6 +19,9 @@ std::optional<ImageInfo> read_image_info(const gguf::File& file) {
   ImageInfo info;
   info.format_version = static_cast<uint32_t>(*version);
   info.precision = quant::parse_precision(file.get_string(keys::kPrecision));
+  if (info.precision == quant::Precision::kSource || info.precision == quant::Precision::kAuto) {
+    throw Error("image: bad " + std::string(keys::kPrecision) + " '" + file.get_string(keys::kPrecision) + "'");
+  }
   if (info.precision == quant::Precision::kW4A16) {
     info.group_size = file.get_uint(keys::kGroupSize);
     if (info.group_size == 0 || info.group_size % 32 != 0) {

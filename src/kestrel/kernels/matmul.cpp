@@ -10,6 +10,7 @@
 #include "kestrel/base/error.h"
 #include "kestrel/formats/dequant.h"
 #include "kestrel/kernels/gemm_bf16.h"
+#include "kestrel/kernels/gemv_q8_interleaved.h"
 #include "kestrel/kernels/gemv_w4_bf16.h"
 #include "kestrel/kernels/gemv_w4_int8.h"
 #include "kestrel/kernels/gemv_w4_interleaved.h"
@@ -501,6 +502,11 @@ void MatmulRows(const Matrix& w, const float* x, size_t n_tokens, size_t x_strid
     case WeightType::kF32:
       return MatmulF32Rows(w, x, n_tokens, x_stride, y, y_stride, row_begin, row_end);
     case WeightType::kQ8_0:
+      if (w.interleaved_q8 != nullptr) {
+        thread_local Q8Activations q;  // reused: no allocation per call once warm
+        quantize_q8_activations(x, n_tokens, x_stride, w.cols, q);
+        return gemv_q8_interleaved(*w.interleaved_q8, q, y, y_stride, row_begin, row_end);
+      }
       return MatmulQ8_0Rows(w, x, n_tokens, x_stride, y, y_stride, row_begin, row_end);
   }
 }
@@ -551,7 +557,7 @@ constexpr size_t kInt8PrefillChunk = 64;
 
 /// Below 4 tokens a thread (the kernel's tile) the rows are split, as in decode.
 bool splits_tokens(const Matrix& w, size_t n_tokens, const ThreadPool& pool) {
-  return w.interleaved_int8 != nullptr && n_tokens >= kTileMinTokens &&
+  return (w.interleaved_int8 != nullptr || w.interleaved_q8 != nullptr) && n_tokens >= kTileMinTokens &&
          n_tokens >= 4 * static_cast<size_t>(pool.size());
 }
 
@@ -625,6 +631,7 @@ Matrix row_slice(const Matrix& w, size_t begin, size_t count) {
   m.data = w.row(begin);
   m.interleaved = nullptr;  // a slice's rows run through the row-major kernel
   m.interleaved_int8 = nullptr;
+  m.interleaved_q8 = nullptr;
   if (w.type == WeightType::kW4) {
     const size_t n_groups = w.cols / w.group_size;
     if (w.scales) m.scales = w.scales + begin * n_groups;

@@ -33,6 +33,7 @@ enum class WeightType {
 /// d_row, m_row).
 struct W4Interleaved;
 struct W4Int8Interleaved;
+struct Q8Interleaved;
 
 struct Matrix {
   WeightType type = WeightType::kF32;
@@ -52,6 +53,10 @@ struct Matrix {
   /// copy for the int8-activation kernel (gemv_w4_int8.h), which then computes every product,
   /// decode and prefill, in place of `interleaved` and the tiles (prefill split by tokens).
   const W4Int8Interleaved* interleaved_int8 = nullptr;
+  /// kQ8_0, where int8 activations are chosen and the CPU has AVX512-VNNI: the interleaved copy
+  /// (gemv_q8_interleaved.h) that then computes every product (activations rounded to int8 per
+  /// block of 32, as llama.cpp rounds them for its Q8_0 products); prefill split by tokens.
+  const Q8Interleaved* interleaved_q8 = nullptr;
   size_t row_bytes() const;
   const uint8_t* row(size_t r) const { return static_cast<const uint8_t*>(data) + r * row_bytes(); }
 };

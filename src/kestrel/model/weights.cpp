@@ -2,6 +2,7 @@
 
 #include "kestrel/base/error.h"
 #include "kestrel/formats/dequant.h"
+#include "kestrel/quant/gguf_convert.h"
 
 namespace kestrel::model {
 namespace {
@@ -40,7 +41,7 @@ const float* WeightStore::dequantized(const gguf::TensorInfo& info) {
 
 WeightStore::WeightStore(const gguf::File& file, const LoadOptions& options, ThreadPool& pool)
     : file_(&file), image_(image::read_image_info(file)), options_(options), pool_(&pool) {
-  if (image_ && options.precision != Precision::kSource &&
+  if (image_ && options.precision != Precision::kSource && options.precision != Precision::kAuto &&
       options.precision != image_->precision) {
     throw Error(std::string("this file is a prebuilt ") + quant::precision_name(image_->precision) +
                 " Kestrel image; it cannot be loaded as " + quant::precision_name(options.precision));
@@ -109,7 +110,18 @@ kernels::Matrix WeightStore::image_matrix(const std::string& name, size_t rows, 
   return m;
 }
 
+kernels::Matrix WeightStore::with_int8_head(kernels::Matrix head) {
+  // Precision::kSource of a GGUF is the float32 parity path: its head stays float32 arithmetic.
+  if (!image_ && options_.precision == Precision::kSource) return head;
+  if (head.type == kernels::WeightType::kQ8_0 && head.cols % 32 == 0 &&
+      kernels::w4_int8_chosen(options_.decode_activations) && kernels::vnni_available()) {
+    head.interleaved_q8 = &owned_interleaved_q8_.emplace_back(kernels::interleave_q8_0(head));
+  }
+  return head;
+}
+
 kernels::Matrix WeightStore::with_interleaved(kernels::Matrix m) {
+  if (m.type == kernels::WeightType::kQ8_0) return with_int8_head(m);
   // int8 activations in the decode kernel, in place of the bf16 one, where the options ask.
   if (kernels::w4_int8_chosen(options_.decode_activations) && kernels::w4_int8_supported(m)) {
     m.interleaved_int8 = &owned_interleaved_int8_.emplace_back(kernels::interleave_w4_int8(m));
@@ -123,6 +135,7 @@ kernels::Matrix WeightStore::with_interleaved(kernels::Matrix m) {
 kernels::Matrix WeightStore::matrix(const std::string& name, size_t rows, size_t cols) {
   if (image_) return with_interleaved(image_matrix(name, rows, cols));
   if (options_.precision == Precision::kSource) return source_matrix(name, rows, cols);
+  if (options_.precision == Precision::kAuto) return with_interleaved(converted(name, rows, cols));
   const auto& info = checked(name, {cols, rows});
   std::vector<float> dense(info.n_elements);
   gguf::dequantize(info.type, file_->tensor_data(info).data(), dense.data(), info.n_elements);
@@ -149,7 +162,11 @@ kernels::Matrix WeightStore::source_matrix(const std::string& name, size_t rows,
   if (image_ && image_->precision == Precision::kW4A16 && has(name + image::kQ4Suffix)) {
     return image_matrix(name, rows, cols);  // an INT4 embedding
   }
-  const auto& info = checked(name, {cols, rows});
+  if (!image_ && options_.precision == Precision::kAuto) return converted(name, rows, cols);
+  return in_place(checked(name, {cols, rows}), rows, cols);
+}
+
+kernels::Matrix WeightStore::in_place(const gguf::TensorInfo& info, size_t rows, size_t cols) {
   kernels::Matrix m;
   m.rows = rows;
   m.cols = cols;
@@ -167,6 +184,32 @@ kernels::Matrix WeightStore::source_matrix(const std::string& name, size_t rows,
     m.data = dequantized(info);
   }
   return m;
+}
+
+kernels::Matrix WeightStore::converted(const std::string& name, size_t rows, size_t cols) {
+  const auto& info = checked(name, {cols, rows});
+  const auto bytes = file_->tensor_data(info);
+  switch (quant::kernel_form(info.type)) {
+    case quant::KernelForm::kInt4:
+      try {
+        return owned_w4_.emplace_back(quant::w4_from_gguf(info.type, bytes, rows, cols, *pool_)).view();
+      } catch (const Error&) {
+        break;  // a Q4_K parameter past fp16's range: float32, as stored values
+      }
+    case quant::KernelForm::kQ8_0:
+      if (cols % 32 == 0) {
+        kernels::Matrix m;
+        m.type = kernels::WeightType::kQ8_0;
+        m.data = owned_q8_0_.emplace_back(quant::q8_0_from_gguf(info.type, bytes, rows, cols, *pool_)).data();
+        m.rows = rows;
+        m.cols = cols;
+        return m;
+      }
+      break;
+    case quant::KernelForm::kInPlace:
+      break;
+  }
+  return in_place(info, rows, cols);
 }
 
 const float* WeightStore::vector(const std::string& name, size_t n) {

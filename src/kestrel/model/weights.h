@@ -8,6 +8,7 @@
 #include "kestrel/base/thread_pool.h"
 #include "kestrel/formats/gguf.h"
 #include "kestrel/image/image.h"
+#include "kestrel/kernels/gemv_q8_interleaved.h"
 #include "kestrel/kernels/gemv_w4_int8.h"
 #include "kestrel/kernels/gemv_w4_interleaved.h"
 #include "kestrel/kernels/matmul.h"
@@ -37,10 +38,15 @@ class WeightStore {
   /// The layer matrix `name` as [rows, cols] in the store's precision. Throws kestrel::Error
   /// if it is missing or its shape is not {cols, rows}.
   kernels::Matrix matrix(const std::string& name, size_t rows, size_t cols);
-  /// The same, always in the source form (F32/Q8_0 in place, else float32): the embedding.
+  /// The same, in the source form (F32/Q8_0 in place, else float32; with Precision::kAuto the
+  /// kernel form quant/gguf_convert.h gives it): the embedding.
   kernels::Matrix source_matrix(const std::string& name, size_t rows, size_t cols);
   /// The 1-D tensor `name` of n elements, as float32.
   const float* vector(const std::string& name, size_t n);
+  /// `head` (the output head's matrix) with the int8-activation copy its products then run on,
+  /// where options and CPU choose int8 activations and it is Q8_0 (gemv_q8_interleaved.h), except
+  /// for a GGUF at Precision::kSource; else as it is.
+  kernels::Matrix with_int8_head(kernels::Matrix head);
   bool has(const std::string& name) const { return file_->find_tensor(name) != nullptr; }
   /// Parameters seen so far.
   size_t n_params() const { return n_params_; }
@@ -48,11 +54,15 @@ class WeightStore {
  private:
   const gguf::TensorInfo& checked(const std::string& name, std::vector<uint64_t> shape);
   const float* dequantized(const gguf::TensorInfo& info);
+  // A checked GGUF tensor as stored where a kernel takes it (F32, Q8_0, F16, BF16), else float32.
+  kernels::Matrix in_place(const gguf::TensorInfo& info, size_t rows, size_t cols);
+  // A GGUF tensor in its kernel form (Precision::kAuto, quant/gguf_convert.h).
+  kernels::Matrix converted(const std::string& name, size_t rows, size_t cols);
 
   kernels::Matrix image_matrix(const std::string& name, size_t rows, size_t cols);
   // m with its interleaved copy for the decode kernel, where that kernel runs it (the
   // int8-activation copy instead when options ask for int8 decode activations, where
-  // gemv_w4_int8 runs it).
+  // gemv_w4_int8 runs it; for a Q8_0 matrix, gemv_q8_interleaved's copy then).
   kernels::Matrix with_interleaved(kernels::Matrix m);
   const gguf::TensorInfo& image_tensor(const std::string& name, gguf::TensorType type,
                                        std::vector<uint64_t> shape);
@@ -63,9 +73,11 @@ class WeightStore {
   ThreadPool* pool_;
   std::deque<std::vector<float>> owned_;
   std::deque<std::vector<uint16_t>> owned_16_;
+  std::deque<std::vector<std::byte>> owned_q8_0_;
   std::deque<quant::W4Matrix> owned_w4_;
   std::deque<kernels::W4Interleaved> owned_interleaved_;
   std::deque<kernels::W4Int8Interleaved> owned_interleaved_int8_;
+  std::deque<kernels::Q8Interleaved> owned_interleaved_q8_;
   size_t n_params_ = 0;
 };
 
