@@ -79,7 +79,10 @@ def test_fifo_as_model_does_not_hang(tmp_path):
 @needs_model
 def test_greedy_json_matches_llamacpp():
     item = GOLDENS["references"]["f32"][0]
-    r = kestrel("run", "--raw", "-p", item["text"], "-n", 24, "--temp", 0, "--ignore-eos", "--json")
+    # --precision source: the float32 path, llama.cpp's f32 reference (the default auto form
+    # rounds activations to int8 as llama.cpp does on the Q4_K_M file: tests/model/test_llamacpp_parity.cpp)
+    r = kestrel("run", "--raw", "-p", item["text"], "-n", 24, "--temp", 0, "--ignore-eos", "--json",
+                "--precision", "source")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["prompt_tokens"] == len(item["tokens"])
@@ -95,7 +98,8 @@ def test_token_ids_prompt_and_thread_independence(tmp_path):
     ids.write_text(" ".join(map(str, item["tokens"])))
     outs = []
     for threads in (1, 2):
-        r = kestrel("run", "--token-ids", ids, "-n", 16, "--temp", 0, "--ignore-eos", "-t", threads, "--json")
+        r = kestrel("run", "--token-ids", ids, "-n", 16, "--temp", 0, "--ignore-eos", "-t", threads, "--json",
+                    "--precision", "source")
         assert r.returncode == 0, r.stderr
         outs.append(json.loads(r.stdout)["tokens"])
     assert outs[0] == outs[1] == item["greedy"][:16]
@@ -352,6 +356,13 @@ def test_perplexity_kl_base_takes_default():
     # `default` names the default model for --kl-base as for -m: the model against itself.
     r = kestrel("perplexity", "-m", "default", "--kl-base", "default", "-f", ROOT / "README.md",
                 "-c", 256, "--chunks", 1, "--json", "-t", 2)
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    # The base GGUF at its exact values (--kl-base-precision source, the default) against -m's auto form:
+    # a small rounding cost; as -m loads it, nothing.
+    assert 0.0 < j["kl_mean"] < 0.05, j
+    r = kestrel("perplexity", "-m", "default", "--kl-base", "default", "--kl-base-precision", "auto", "-f",
+                ROOT / "README.md", "-c", 256, "--chunks", 1, "--json", "-t", 2)
     assert r.returncode == 0, r.stderr
     j = json.loads(r.stdout)
     assert j["kl_mean"] == 0.0 and j["same_top1_pct"] == 100.0 and j["base_ppl"] == j["ppl"]

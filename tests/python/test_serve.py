@@ -28,7 +28,7 @@ KEY = "test-key-123"
 
 @pytest.fixture(scope="module")
 def server():
-    s = Server(api_key=KEY)
+    s = Server("--precision", "source", api_key=KEY)  # the float32 path: llama.cpp's f32 goldens
     yield s
     assert s.stop() == 0
 

@@ -29,6 +29,7 @@ struct PerplexityCliOptions {
   size_t ubatch = 64;
   std::string decode_act = "auto";
   std::string base_decode_act = "auto";
+  std::string base_precision = "source";
   bool json = false;
 };
 
@@ -62,6 +63,7 @@ int run_perplexity(const PerplexityCliOptions& o) {
     base_options.n_threads = o.threads;
     base_options.n_ctx = 1;
     base_options.load.decode_activations = kernels::parse_decode_activations(o.base_decode_act);
+    base_options.load.precision = quant::parse_precision(o.base_precision);
     base.emplace(runtime::model_path_argument(o.base), base_options);
   }
   const std::vector<runtime::TokenId> tokens = engine.encode(text, /*special=*/false);
@@ -142,6 +144,11 @@ Command add_perplexity_command(CLI::App& app) {
       ->check(integer_range(0, ThreadPool::kMaxThreads));
   add_decode_act_option(*cmd, "--decode-act", opts->decode_act);
   add_decode_act_option(*cmd, "--kl-base-decode-act", opts->base_decode_act, "The base model (--kl-base)");
+  cmd->add_option("--kl-base-precision", opts->base_precision,
+                  "The base model (--kl-base), a GGUF: source (its exact values, float32 layers: the reference) "
+                  "or auto (as -m loads a GGUF: docs/quantization.md)")
+      ->check(CLI::IsMember({"source", "auto"}))
+      ->capture_default_str();
   cmd->add_flag("--json", opts->json, "Print one JSON object with the results");
   return [opts] { return run_perplexity(*opts); };
 }

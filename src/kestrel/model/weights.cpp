@@ -111,8 +111,10 @@ kernels::Matrix WeightStore::image_matrix(const std::string& name, size_t rows, 
 }
 
 kernels::Matrix WeightStore::with_int8_head(kernels::Matrix head) {
-  // Precision::kSource of a GGUF is the float32 parity path: its head stays float32 arithmetic.
-  if (!image_ && options_.precision == Precision::kSource) return head;
+  // Only where the layers are quantized too (a GGUF's auto form, W4A16): the source form is the
+  // float32 parity path, BF16/FP16 the unquantized baseline.
+  const Precision in_effect = image_ ? image_->precision : options_.precision;
+  if (in_effect != Precision::kAuto && in_effect != Precision::kW4A16) return head;
   if (head.type == kernels::WeightType::kQ8_0 && head.cols % 32 == 0 &&
       kernels::w4_int8_chosen(options_.decode_activations) && kernels::vnni_available()) {
     head.interleaved_q8 = &owned_interleaved_q8_.emplace_back(kernels::interleave_q8_0(head));

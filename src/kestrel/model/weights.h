@@ -44,8 +44,8 @@ class WeightStore {
   /// The 1-D tensor `name` of n elements, as float32.
   const float* vector(const std::string& name, size_t n);
   /// `head` (the output head's matrix) with the int8-activation copy its products then run on,
-  /// where options and CPU choose int8 activations and it is Q8_0 (gemv_q8_interleaved.h), except
-  /// for a GGUF at Precision::kSource; else as it is.
+  /// where options and CPU choose int8 activations, it is Q8_0 (gemv_q8_interleaved.h) and the
+  /// layers are quantized (a GGUF's auto form, W4A16); else as it is.
   kernels::Matrix with_int8_head(kernels::Matrix head);
   bool has(const std::string& name) const { return file_->find_tensor(name) != nullptr; }
   /// Parameters seen so far.
