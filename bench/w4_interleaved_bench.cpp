@@ -30,7 +30,7 @@ namespace {
 
 namespace k = kestrel::kernels;
 constexpr size_t kGroup = 32;
-constexpr size_t kMaxTokens = 8;
+constexpr size_t kMaxTokens = 64;
 
 // rows x cols: state.range(0) x state.range(1); group parameters of state.range(2) bits (16, or 8
 // as the E4B-shaped images' --scale-bits 8).
@@ -49,7 +49,7 @@ struct Fixture {
     kestrel::ThreadPool pool(1);
     q4 = kestrel::quant::quantize_w4(w.data(), rows, cols, kGroup, nullptr, true, pool);
     if (bits == 8) kestrel::quant::compress_group_params(q4, w.data(), nullptr, pool);
-    interleaved = k::interleave_w4(q4.view());
+    if (k::w4_interleavable(q4.view())) interleaved = k::interleave_w4(q4.view());  // AVX512-BF16 only
     int8 = k::interleave_w4_int8(q4.view());
     x.resize(kMaxTokens * cols);
     for (auto& v : x) v = normal(rng);
@@ -103,7 +103,7 @@ void Interleaved16(benchmark::State& state) {
 template <size_t NT>
 void Int8(benchmark::State& state) {
   Fixture& f = fixture(state);
-  if (!k::vnni_available()) state.SetLabel("no AVX512-VNNI: the portable path");
+  state.SetLabel(k::int8_isa_name(k::best_int8_isa()));
   std::vector<float> y(NT * f.rows);
   k::gemv_w4_int8(f.int8, f.x.data(), NT, f.cols, y.data(), f.rows, 0, f.rows);
   std::vector<float> row(f.cols);
@@ -146,6 +146,20 @@ void RowMajor(benchmark::State& state) {
   count(state, f, NT);
 }
 
+// What a load without the int8 copy runs on this CPU: matmul() of the row-major matrix, one
+// thread (the bf16 kernels with AVX512-BF16, else Highway's float32 path).
+template <size_t NT>
+void Matmul(benchmark::State& state) {
+  Fixture& f = fixture(state);
+  kestrel::ThreadPool pool(1);
+  std::vector<float> y(NT * f.rows);
+  for (auto _ : state) {
+    k::matmul(f.q4.view(), f.x.data(), NT, f.cols, y.data(), f.rows, pool);
+    benchmark::DoNotOptimize(y.data());
+  }
+  count(state, f, NT);
+}
+
 // Gemma 3 270M's ffn_gate (2048 x 640), and Gemma 4 E4B's ffn_gate (10240 x 2560) and ffn_down
 // (2560 x 10240), the E4B shapes also with 8-bit group parameters.
 #define KESTREL_SHAPES \
@@ -163,10 +177,15 @@ BENCHMARK(Interleaved16<7>)->Name("W4/Interleaved16/7") KESTREL_SHAPES;
 BENCHMARK(Interleaved16<1>)->Name("W4/Interleaved16/1")->Args({640, 2048, 16});
 BENCHMARK(Interleaved16<4>)->Name("W4/Interleaved16/4")->Args({640, 2048, 16});
 BENCHMARK(Interleaved16<7>)->Name("W4/Interleaved16/7")->Args({640, 2048, 16});
+BENCHMARK(Matmul<1>)->Name("W4/Matmul/1") KESTREL_SHAPES->Args({640, 2048, 16});
+BENCHMARK(Matmul<4>)->Name("W4/Matmul/4") KESTREL_SHAPES->Args({640, 2048, 16});
 BENCHMARK(Int8<1>)->Name("W4/Int8/1") KESTREL_SHAPES->Args({640, 2048, 16});
 BENCHMARK(Int8<2>)->Name("W4/Int8/2") KESTREL_SHAPES->Args({640, 2048, 16});
 BENCHMARK(Int8<4>)->Name("W4/Int8/4") KESTREL_SHAPES->Args({640, 2048, 16});
 BENCHMARK(Int8<7>)->Name("W4/Int8/7") KESTREL_SHAPES->Args({640, 2048, 16});
+// A prefill chunk of 64 tokens (matmul: the prefill tiles; gemv_w4_int8: 4-token tiles).
+BENCHMARK(Matmul<64>)->Name("W4/Matmul/64")->Args({2048, 640, 16})->Args({640, 2048, 16});
+BENCHMARK(Int8<64>)->Name("W4/Int8/64")->Args({2048, 640, 16})->Args({640, 2048, 16});
 
 }  // namespace
 

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <random>
 #include <set>
@@ -131,8 +132,16 @@ void expect_fold_is_exact(const fs::path& source, const std::set<int>& layers, c
       max_abs = std::max(max_abs, std::fabs(static_cast<double>(a[i])));
     }
     EXPECT_GT(max_abs, 1.0);
+    std::printf("%s: max |logit difference| %.3g, mean %.3g, max |logit| %.3g\n",
+                power_of_two ? "power-of-two scales" : "scales in [1/4, 4]", max_diff, mean_diff, max_abs);
     if (power_of_two) {
-      EXPECT_EQ(max_diff, 0.0);
+      // Bit-identical on the AVX-512 machines (Zen 5, the Xeon: measured 0). On an AVX2-only CPU
+      // (AMD EPYC Zen 1, 8 float lanes) the Gemma 3 prompt's rows from position 7 on, where
+      // attention first has a full vector of 8 keys, moved by up to 2.6e-4 (1.2e-5 of the
+      // largest logit): the vector paths of attention are not exactly scale-invariant there.
+      // A consumer the fold missed moves logits by O(1), five orders of magnitude above.
+      EXPECT_LE(max_diff, 3e-5 * max_abs);
+      EXPECT_LE(mean_diff, 3e-6 * max_abs);
     } else {
       // A consumer of a scaled input that the groups missed moves logits by O(1).
       EXPECT_LT(max_diff, 1e-3 * max_abs);

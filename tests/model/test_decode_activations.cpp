@@ -74,6 +74,12 @@ TEST(DecodeActivations, Int8ChangesPrefillAndDecodeOnlyByTheirRounding) {
   const double prefill_kl = kl_of_logits(bf16.prefill.data(), int8.prefill.data(), v);
   std::printf("prefill: KL(bf16 || int8) = %.6f\n", prefill_kl);
   EXPECT_LT(prefill_kl, 0.05);
+  // Random tokens are far from text: one step's KL can be large where the distribution is
+  // flat. Measured per step: 0.005-0.011 on the Xeon (AVX-512 BF16: the bf16 side rounds its
+  // activations to bf16); 0.012-0.088 on an AVX2-only AMD EPYC (Zen 1: the bf16 side runs the
+  // float32 kernels), where WikiText-2 gives a mean KL of 0.00085 (docs/quantization.md). A
+  // broken int8 path gives KL of order 1.
+  double kl_sum = 0;
   for (size_t t = 0; t < steps.size(); ++t) {
     SCOPED_TRACE(t);
     const float* a = &bf16.decoded[t * v];
@@ -81,8 +87,10 @@ TEST(DecodeActivations, Int8ChangesPrefillAndDecodeOnlyByTheirRounding) {
     EXPECT_FALSE(std::equal(a, a + v, b));
     const double kl = kl_of_logits(a, b, v);
     std::printf("step %zu: KL(bf16 || int8) = %.6f\n", t, kl);
-    EXPECT_LT(kl, 0.05);
+    EXPECT_LT(kl, 0.15);
+    kl_sum += kl;
   }
+  EXPECT_LT(kl_sum / static_cast<double>(steps.size()), 0.05);
 }
 
 }  // namespace

@@ -372,14 +372,19 @@ def test_perplexity_kl_base_takes_default():
 def test_perplexity_ubatch_scores_through_the_decode_rows():
     # --ubatch 4: the scored half goes through the model 4 tokens at a time (the decode kernels);
     # the same positions are scored and the result agrees with whole passes to rounding.
-    runs = {}
-    for ubatch in (64, 4):
-        r = kestrel("perplexity", "-m", "default", "-f", ROOT / "README.md", "-c", 128, "--chunks", 2,
-                    "--ubatch", ubatch, "--json", "-t", 2)
-        assert r.returncode == 0, r.stderr
-        runs[ubatch] = json.loads(r.stdout)
-    assert runs[4]["n_scored"] == runs[64]["n_scored"] > 0
-    assert runs[4]["ppl"] == pytest.approx(runs[64]["ppl"], rel=0.01)
+    # With bf16 activations the two agree to float rounding (measured 3e-5 relative on an AVX2 AMD
+    # EPYC). With int8 activations a rounding flip of one activation can move a scored token's
+    # log-probability visibly, and 126 positions make that a percent (measured 1.2 % there on
+    # the GGUF's auto form; portable and AVX2 kernels give the same bits).
+    for act, rel in (("bf16", 1e-3), ("int8", 0.03)):
+        runs = {}
+        for ubatch in (64, 4):
+            r = kestrel("perplexity", "-m", "default", "-f", ROOT / "README.md", "-c", 128, "--chunks", 2,
+                        "--ubatch", ubatch, "--decode-act", act, "--json", "-t", 2)
+            assert r.returncode == 0, r.stderr
+            runs[ubatch] = json.loads(r.stdout)
+        assert runs[4]["n_scored"] == runs[64]["n_scored"] > 0
+        assert runs[4]["ppl"] == pytest.approx(runs[64]["ppl"], rel=rel), act
 
 
 @needs_model

@@ -1,10 +1,11 @@
-// FlashHead stage 1's kernel (kernels/gemv_q8_interleaved.h): the VNNI path and the portable
-// path agree bit for bit on every shape, token count and row range; both equal a float64 sum of
+// FlashHead stage 1's kernel (kernels/gemv_q8_interleaved.h): every path (VNNI, AVX2, portable)
+// agrees bit for bit on every shape, token count and row range; both equal a float64 sum of
 // the formula the header states, with activations quantized here independently.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -16,10 +17,10 @@ namespace k = kestrel::kernels;
 
 namespace {
 
-// A Q8_0 matrix of random codes (-127..127) and random positive fp16 scales.
+// A Q8_0 matrix of random codes (-128..127) and random positive fp16 scales.
 std::vector<uint8_t> random_q8_0(size_t rows, size_t cols, uint64_t seed) {
   std::mt19937_64 rng(seed);
-  std::uniform_int_distribution<int> code(-127, 127);
+  std::uniform_int_distribution<int> code(-128, 127);  // -128: the edge of the AVX2 path's |w|
   std::uniform_real_distribution<float> scale(1e-3f, 2e-2f);
   std::vector<uint8_t> bytes(rows * cols / 32 * 34);
   for (size_t b = 0; b < rows * cols / 32; ++b) {
@@ -99,13 +100,22 @@ TEST(Q8Interleaved, VnniAndPortablePathsAgreeAndEqualTheStatedFormula) {
       }
     }
     // Every token count and row range (ranges cutting blocks, as the pool's split does): the
-    // dispatching entry (VNNI where the CPU has it) writes exactly the portable path's bits.
+    // dispatching entry and every path this CPU runs (int8_isa.h) write exactly the portable
+    // path's bits.
+    std::vector<std::optional<k::Int8Isa>> paths = {std::nullopt};
+    for (k::Int8Isa isa : k::int8_isas_available()) paths.emplace_back(isa);
     for (size_t n = 1; n <= n_max; ++n) {
       k::Q8Activations some;
       k::quantize_q8_activations(x.data(), n, cols, cols, some);
       for (auto [begin, end] : std::vector<std::pair<size_t, size_t>>{{0, rows}, {3, rows - 5}, {rows / 2, rows}}) {
+       for (const auto& path : paths) {
+        SCOPED_TRACE(path ? k::int8_isa_name(*path) : "dispatch");
         std::vector<float> y(n * rows, -1.0f);
-        k::gemv_q8_interleaved(il, some, y.data(), rows, begin, end);
+        if (path) {
+          k::gemv_q8_interleaved_on(*path, il, some, y.data(), rows, begin, end);
+        } else {
+          k::gemv_q8_interleaved(il, some, y.data(), rows, begin, end);
+        }
         for (size_t t = 0; t < n; ++t) {
           for (size_t r = 0; r < rows; ++r) {
             if (r < begin || r >= end) {
@@ -115,10 +125,24 @@ TEST(Q8Interleaved, VnniAndPortablePathsAgreeAndEqualTheStatedFormula) {
             }
           }
         }
+       }
       }
     }
   }
-  if (!k::vnni_available()) GTEST_SKIP() << "checked the portable path only: this CPU has no AVX512-VNNI";
+  if (k::int8_isas_available().size() == 1) GTEST_SKIP() << "checked the portable path only: no AVX2 or AVX512-VNNI";
+}
+
+TEST(Q8Interleaved, PathsUnavailableHereAreErrors) {
+  const auto bytes = random_q8_0(16, 64, 4);
+  const k::Q8Interleaved il = k::interleave_q8_0(view(bytes, 16, 64));
+  k::Q8Activations xq;
+  k::quantize_q8_activations(std::vector<float>(64, 1.0f).data(), 1, 64, 64, xq);
+  std::vector<float> y(16);
+  EXPECT_NO_THROW(k::gemv_q8_interleaved_on(k::Int8Isa::kPortable, il, xq, y.data(), 16, 0, 16));
+  for (k::Int8Isa isa : {k::Int8Isa::kAvx2, k::Int8Isa::kAvx512Vnni}) {
+    if (k::int8_isa_available(isa)) continue;
+    EXPECT_THROW(k::gemv_q8_interleaved_on(isa, il, xq, y.data(), 16, 0, 16), kestrel::Error) << k::int8_isa_name(isa);
+  }
 }
 
 TEST(Q8Interleaved, BadShapesAreErrors) {

@@ -1,7 +1,7 @@
 // The int8-activation INT4 decode kernel (kernels/gemv_w4_int8.h): equal to a float64 sum of
 // the formula its header states (activations quantized here independently; the integer dot
-// products are exact, so only float32 rounding separates them); the VNNI path and the portable
-// path agree bit for bit; each token's result is the same whatever the token count (1..7) and
+// products are exact, so only float32 rounding separates them);
+// every SIMD path (int8_isa.h) agrees with the portable one bit for bit; each token's result is the same whatever the token count (1..7) and
 // row range; and against float64 W x of the dequantized weights the error stays within the
 // activations' rounding bound, sum_b (d_xb / 2) sum_{i in b} |w_i|.
 #include <gtest/gtest.h>
@@ -186,8 +186,14 @@ TEST(W4Int8, EqualsTheStatedFormulaAndIsWithinTheActivationRoundingOfWx) {
   }
 }
 
-TEST(W4Int8, VnniAndPortablePathsAgreeBitForBit) {
-  if (!k::vnni_available()) GTEST_SKIP() << "this CPU has no AVX512-VNNI: gemv_w4_int8 is the portable path";
+TEST(W4Int8, EverySimdPathAgreesWithThePortableBitForBit) {
+  std::vector<k::Int8Isa> simd;
+  for (k::Int8Isa isa : k::int8_isas_available()) {
+    if (isa != k::Int8Isa::kPortable) simd.push_back(isa);
+  }
+  if (simd.empty()) GTEST_SKIP() << "this CPU has no AVX2 or AVX512-VNNI: gemv_w4_int8 is the portable path";
+  for (k::Int8Isa isa : simd) {
+  SCOPED_TRACE(k::int8_isa_name(isa));
   for (auto [rows, cols, G] : kShapes) {
     for (Params p : kAll) {
       const RandomW4 w(rows, cols, G, p, rows + cols * 3 + static_cast<uint64_t>(p));
@@ -196,13 +202,14 @@ TEST(W4Int8, VnniAndPortablePathsAgreeBitForBit) {
       for (size_t n : {1, 2, 3, 4, 5, 6, 7, 8, 9, 13}) {
         const auto x = activations(n, cols, n * 5 + rows);
         std::vector<float> fast(n * rows), portable(n * rows);
-        k::gemv_w4_int8(il, x.data(), n, cols, fast.data(), rows, 0, rows);
+        k::gemv_w4_int8_on(isa, il, x.data(), n, cols, fast.data(), rows, 0, rows);
         k::gemv_w4_int8_scalar(il, x.data(), n, cols, portable.data(), rows, 0, rows);
         ASSERT_EQ(std::memcmp(fast.data(), portable.data(), fast.size() * sizeof(float)), 0)
             << "rows " << rows << " cols " << cols << " G " << G << " params " << static_cast<int>(p) << " tokens "
             << n;
       }
     }
+  }
   }
 }
 
@@ -212,10 +219,10 @@ TEST(W4Int8, EachTokenIsTheSameWhateverTheTokenCountAndRowRange) {
     const RandomW4 w(rows, cols, 32, p, 99 + static_cast<uint64_t>(p));
     const k::W4Int8Interleaved il = k::interleave_w4_int8(w.view());
     const auto x = activations(n_max, cols, 5);
-    for (bool portable : {false, true}) {
+    for (k::Int8Isa isa : k::int8_isas_available()) {
+      const char* path = k::int8_isa_name(isa);
       auto run = [&](const float* xs, size_t n, float* y, size_t y_stride, size_t lo, size_t hi) {
-        if (portable) return k::gemv_w4_int8_scalar(il, xs, n, cols, y, y_stride, lo, hi);
-        k::gemv_w4_int8(il, xs, n, cols, y, y_stride, lo, hi);
+        k::gemv_w4_int8_on(isa, il, xs, n, cols, y, y_stride, lo, hi);
       };
       std::vector<float> all(n_max * rows);
       run(x.data(), n_max, all.data(), rows, 0, rows);
@@ -233,7 +240,7 @@ TEST(W4Int8, EachTokenIsTheSameWhateverTheTokenCountAndRowRange) {
                 uint32_t a, b;
                 std::memcpy(&a, &y[t * rows + r], 4);
                 std::memcpy(&b, &all[(first + t) * rows + r], 4);
-                ASSERT_EQ(a, b) << "params " << static_cast<int>(p) << " portable " << portable << " tokens " << n
+                ASSERT_EQ(a, b) << "params " << static_cast<int>(p) << " path " << path << " tokens " << n
                                 << " first " << first << " rows [" << lo << ", " << hi << ") row " << r;
               }
             }
@@ -303,9 +310,10 @@ TEST(W4Int8, DecodeActivationsParseAndChoose) {
   EXPECT_TRUE(k::w4_int8_chosen(k::DecodeActivations::kInt8));
   EXPECT_FALSE(k::w4_int8_chosen(k::DecodeActivations::kBf16));
   EXPECT_EQ(k::w4_int8_chosen(k::DecodeActivations::kAuto), k::w4_int8_default());
-  // Unset KESTREL_W4_INT8 (as in CI): int8 exactly where the CPU has VNNI.
+  // Unset KESTREL_W4_INT8 (as in CI): int8 exactly where the CPU has a SIMD int8 path (AVX2 or
+  // AVX512-VNNI).
   const char* env = std::getenv("KESTREL_W4_INT8");
   if (env == nullptr || *env == '\0') {
-    EXPECT_EQ(k::w4_int8_default(), k::vnni_available());
+    EXPECT_EQ(k::w4_int8_default(), k::int8_simd_available());
   }
 }

@@ -48,7 +48,7 @@ void add_decode_act_option(CLI::App& cmd, const std::string& name, std::string& 
                  (whose.empty() ? std::string() : whose + ": ") +
                      "INT4 layers' activations, decode and prefill alike: rounded to bf16 or int8 "
                      "(docs/quantization.md); auto: $KESTREL_W4_INT8 when set (0: bf16, 1: int8), else int8 "
-                     "where the CPU has AVX512-VNNI. No effect on layers that are not INT4")
+                     "where the CPU has AVX512-VNNI or AVX2. No effect on layers that are not INT4")
       ->check(CLI::IsMember({"auto", "bf16", "int8"}))
       ->capture_default_str();
 }

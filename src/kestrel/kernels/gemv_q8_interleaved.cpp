@@ -4,9 +4,11 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "kestrel/base/error.h"
 #include "kestrel/formats/dequant.h"
+#include "kestrel/kernels/int8_isa.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -14,6 +16,7 @@
 #include <immintrin.h>
 #define KESTREL_HAVE_VNNI 1
 #define KESTREL_VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vnni")))
+#define KESTREL_AVX2_TARGET __attribute__((target("avx2,fma")))
 #endif
 
 namespace kestrel::kernels {
@@ -79,6 +82,63 @@ void block_tokens(const Q8Interleaved& il, size_t block, const Q8Activations& x,
   }
 }
 
+// AVX2: the 8 rows of half `h` (the first or second 32 bytes of each quad's 64) of block
+// `block`, for NT tokens (1..4) of x starting at t0, into out[t][8h .. 8h + 8). The codes are
+// stored + 128, too large for vpmaddubsw's pair sums against int8 activations, so the signed
+// code w = byte ^ 0x80 goes in as |w| (unsigned) against sign(x, w): |w| * sign(x, w) = w x,
+// a pair at most 2 * 128 * 127 = 32,512 < 2^15 (exact); vpmaddwd by ones widens each quad to
+// int32. The integer is sum w x = vpdpbusd's sum (w + 128) x - 128 sum x, and the float32
+// operations are block16's.
+template <size_t NT>
+KESTREL_AVX2_TARGET void block8_avx2(const Q8Interleaved& il, size_t block, size_t h, const Q8Activations& x,
+                                     size_t t0, float (*out)[kBlock]) {
+  const size_t quads = il.cols / 4, nb = il.cols / kQ8;
+  const uint8_t* codes = &il.codes[block * quads * 64 + 32 * h];
+  const float* scales = &il.scales[block * nb * kBlock + 8 * h];
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80)), ones = _mm256_set1_epi16(1);
+  const int8_t* xq[NT];
+  const float* xd[NT];
+  for (size_t t = 0; t < NT; ++t) {
+    xq[t] = &x.q[(t0 + t) * x.cols];
+    xd[t] = &x.scale[(t0 + t) * nb];
+  }
+  __m256 acc[NT];
+  for (size_t t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+  for (size_t b = 0; b < nb; ++b) {
+    __m256i dot[NT];
+    for (size_t t = 0; t < NT; ++t) dot[t] = _mm256_setzero_si256();
+    for (size_t j = 0; j < kQ8 / 4; ++j) {
+      const uint8_t* at = codes + (b * (kQ8 / 4) + j) * 64;
+      _mm_prefetch(reinterpret_cast<const char*>(at + kPrefetchBytes), _MM_HINT_T0);
+      const __m256i w = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(at)), flip);
+      const __m256i w_abs = _mm256_abs_epi8(w);
+      for (size_t t = 0; t < NT; ++t) {
+        int32_t x4;
+        std::memcpy(&x4, xq[t] + b * kQ8 + 4 * j, sizeof(x4));
+        const __m256i pairs = _mm256_maddubs_epi16(w_abs, _mm256_sign_epi8(_mm256_set1_epi32(x4), w));
+        dot[t] = _mm256_add_epi32(dot[t], _mm256_madd_epi16(pairs, ones));
+      }
+    }
+    const __m256 s = _mm256_loadu_ps(scales + b * kBlock);
+    for (size_t t = 0; t < NT; ++t) {
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[t]), _mm256_mul_ps(s, _mm256_set1_ps(xd[t][b])), acc[t]);
+    }
+  }
+  for (size_t t = 0; t < NT; ++t) _mm256_storeu_ps(&out[t][8 * h], acc[t]);
+}
+
+void block_tokens_avx2(const Q8Interleaved& il, size_t block, const Q8Activations& x, size_t t0, size_t n,
+                       float (*out)[kBlock]) {
+  for (size_t h = 0; h < 2; ++h) {
+    switch (n) {
+      case 4: block8_avx2<4>(il, block, h, x, t0, out); break;
+      case 3: block8_avx2<3>(il, block, h, x, t0, out); break;
+      case 2: block8_avx2<2>(il, block, h, x, t0, out); break;
+      default: block8_avx2<1>(il, block, h, x, t0, out); break;
+    }
+  }
+}
+
 #endif  // KESTREL_HAVE_VNNI
 
 void check(const Q8Interleaved& il, const Q8Activations& x, size_t row_end) {
@@ -89,18 +149,7 @@ void check(const Q8Interleaved& il, const Q8Activations& x, size_t row_end) {
 
 }  // namespace
 
-bool vnni_available() {
-#ifdef KESTREL_HAVE_VNNI
-  static const bool available = [] {
-    const char* off = std::getenv("KESTREL_NO_VNNI");
-    return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
-           !(off != nullptr && *off != '\0' && *off != '0');
-  }();
-  return available;
-#else
-  return false;
-#endif
-}
+bool vnni_available() { return int8_isa_available(Int8Isa::kAvx512Vnni); }
 
 Q8Interleaved interleave_q8_0(const Matrix& w) {
   if (w.type != WeightType::kQ8_0 || w.cols % kQ8 != 0 || w.cols == 0) {
@@ -182,15 +231,27 @@ void gemv_q8_interleaved_scalar(const Q8Interleaved& il, const Q8Activations& x,
 
 void gemv_q8_interleaved(const Q8Interleaved& il, const Q8Activations& x, float* y, size_t y_stride,
                          size_t row_begin, size_t row_end) {
+  gemv_q8_interleaved_on(best_int8_isa(), il, x, y, y_stride, row_begin, row_end);
+}
+
+void gemv_q8_interleaved_on(Int8Isa isa, const Q8Interleaved& il, const Q8Activations& x, float* y,
+                            size_t y_stride, size_t row_begin, size_t row_end) {
+  if (!int8_isa_available(isa)) {
+    throw Error(std::string("gemv_q8_interleaved: ") + int8_isa_name(isa) + " is not available");
+  }
 #ifdef KESTREL_HAVE_VNNI
-  if (vnni_available()) {
+  if (isa != Int8Isa::kPortable) {
     check(il, x, row_end);
     float out[kMaxTileTokens][kBlock];
     for (size_t blk = row_begin / kBlock; blk * kBlock < row_end; ++blk) {
       const size_t lo = std::max(row_begin, blk * kBlock), hi = std::min(row_end, (blk + 1) * kBlock);
       for (size_t t0 = 0; t0 < x.n_tokens; t0 += kMaxTileTokens) {
         const size_t n = std::min(kMaxTileTokens, x.n_tokens - t0);
-        block_tokens(il, blk, x, t0, n, out);
+        if (isa == Int8Isa::kAvx512Vnni) {
+          block_tokens(il, blk, x, t0, n, out);
+        } else {
+          block_tokens_avx2(il, blk, x, t0, n, out);
+        }
         for (size_t t = 0; t < n; ++t) {
           std::copy(&out[t][lo - blk * kBlock], &out[t][hi - blk * kBlock], y + (t0 + t) * y_stride + lo);
         }

@@ -1,6 +1,6 @@
 // Products of a Q8_0 matrix with int8-quantized activations over a copy whose rows are
-// interleaved in blocks of 16 (x86 AVX512-VNNI `vpdpbusd`, with a scalar path computing the
-// same numbers bit for bit), for FlashHead's stage 1 (the cluster scores).
+// interleaved in blocks of 16 (x86 AVX512-VNNI `vpdpbusd` or AVX2 `vpmaddubsw`, with a scalar
+// path computing the same numbers bit for bit: int8_isa.h), for FlashHead's stage 1 (the cluster scores).
 //
 // Stage 1 only ranks clusters, so it may round the activations: each token's float32 vector is
 // quantized per block of 32 (the Q8_0 block) to int8 with scale d = max|x| / 127, q =
@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kestrel/kernels/int8_isa.h"
 #include "kestrel/kernels/matmul.h"
 
 namespace kestrel::kernels {
@@ -47,13 +48,18 @@ struct Q8Activations {
 void quantize_q8_activations(const float* x, size_t n_tokens, size_t x_stride, size_t cols, Q8Activations& out);
 
 /// y[t * y_stride + r] for every token of `x` and r in [row_begin, row_end) (at most il.rows),
-/// computed as the header says: with AVX512-VNNI where the CPU has it (vnni_available()), else
-/// by gemv_q8_interleaved_scalar; the two agree bit for bit. Each result is the same whatever
+/// computed as the header says on the fastest path this CPU has (best_int8_isa(), int8_isa.h:
+/// AVX512-VNNI, AVX2, else gemv_q8_interleaved_scalar); every path gives the same bits. Each result is the same whatever
 /// the number of tokens and the row range (a block cut by the range is computed whole).
 void gemv_q8_interleaved(const Q8Interleaved& il, const Q8Activations& x, float* y, size_t y_stride,
                          size_t row_begin, size_t row_end);
 
-/// The portable path of gemv_q8_interleaved (every CPU; used where VNNI is absent, and by tests).
+/// gemv_q8_interleaved on the path of `isa` (throws kestrel::Error where
+/// int8_isa_available(isa) is false). For tests and benchmarks.
+void gemv_q8_interleaved_on(Int8Isa isa, const Q8Interleaved& il, const Q8Activations& x, float* y,
+                            size_t y_stride, size_t row_begin, size_t row_end);
+
+/// The portable path of gemv_q8_interleaved (every CPU; used by tests).
 void gemv_q8_interleaved_scalar(const Q8Interleaved& il, const Q8Activations& x, float* y, size_t y_stride,
                                 size_t row_begin, size_t row_end);
 

@@ -9,6 +9,7 @@
 #include "kestrel/base/error.h"
 #include "kestrel/formats/dequant.h"
 #include "kestrel/kernels/gemv_q8_interleaved.h"
+#include "kestrel/kernels/int8_isa.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -16,6 +17,7 @@
 #include <immintrin.h>
 #define KESTREL_HAVE_VNNI 1
 #define KESTREL_VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vnni,f16c")))
+#define KESTREL_AVX2_TARGET __attribute__((target("avx2,fma,f16c")))
 #endif
 
 namespace kestrel::kernels {
@@ -193,6 +195,148 @@ void block_tokens(const W4Int8Interleaved& il, size_t block, const Activations& 
   }
 }
 
+// quantize() with AVX2, the same numbers (as quantize_avx512: max|x| is exact in any order, an
+// IEEE division, rounding to nearest even).
+KESTREL_AVX2_TARGET void quantize_avx2(const float* x, size_t n_tokens, size_t x_stride, size_t cols,
+                                       Activations& a) {
+  const size_t nb = cols / kXBlock;
+  Q8Activations& q = a.q;
+  q.n_tokens = n_tokens;
+  q.cols = cols;
+  q.q.resize(n_tokens * cols);
+  q.scale.resize(n_tokens * nb);
+  q.sum128.resize(n_tokens * nb);
+  const __m256 sign = _mm256_set1_ps(-0.0f), limit = _mm256_set1_ps(127.0f), neg_limit = _mm256_set1_ps(-127.0f);
+  // packs_epi32 then packs_epi16 interleave 128-bit lanes: this puts the 32 bytes back in order.
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (size_t t = 0; t < n_tokens; ++t) {
+    for (size_t b = 0; b < nb; ++b) {
+      const float* v = x + t * x_stride + b * kXBlock;
+      __m256 vs[4];
+      for (size_t k = 0; k < 4; ++k) vs[k] = _mm256_loadu_ps(v + 8 * k);
+      __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, vs[0]), _mm256_andnot_ps(sign, vs[1])),
+                               _mm256_max_ps(_mm256_andnot_ps(sign, vs[2]), _mm256_andnot_ps(sign, vs[3])));
+      __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+      m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+      m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+      const float d = _mm_cvtss_f32(m4) / 127.0f;
+      int8_t* out = &q.q[t * cols + b * kXBlock];
+      int32_t sum = 0;
+      if (d > 0.0f) {
+        const __m256 dv = _mm256_set1_ps(d);
+        __m256i i[4];
+        for (size_t k = 0; k < 4; ++k) {
+          const __m256 r = _mm256_round_ps(_mm256_div_ps(vs[k], dv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+          i[k] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(r, neg_limit), limit));
+        }
+        const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm256_permutevar8x32_epi32(bytes, order));
+        const __m256i s8 = _mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3]));
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+        sum = _mm_cvtsi128_si32(s4);
+      } else {
+        std::memset(out, 0, kXBlock);
+      }
+      q.scale[t * nb + b] = d;
+      q.sum128[t * nb + b] = 128 * sum;
+    }
+  }
+  finish(a);
+}
+
+// Eight unsigned bytes as float32.
+KESTREL_AVX2_TARGET inline __m256 u8x8_avx2(const uint8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+
+// AVX2: the 8 rows of half `h` (0: rows 0-7, 1: rows 8-15; the first or second 32 bytes of
+// each octet's 64) of block `block`, for NT tokens (1..4) starting at t0, into
+// out[t][8h .. 8h + 8). vpmaddubsw multiplies the unsigned codes (0..15) by the int8
+// activations and sums each pair to int16; a 32-column block adds 8 such results per int16
+// (16 products of at most 15 * 127: |sum| <= 30,480 < 2^15, exact, no saturation), then
+// vpmaddwd by ones adds a lane's two int16 into row i's int32 dot product: the same integer as
+// vpdpbusd's, followed by the same float32 operations as block16 above.
+template <size_t NT, bool kParams8>
+KESTREL_AVX2_TARGET void block8_avx2(const W4Int8Interleaved& il, size_t block, size_t h, const Activations& a,
+                                     size_t t0, float (*out)[kBlock]) {
+  const size_t G = il.group_size, n_groups = il.cols / G, octets = il.cols / 8, nb = il.cols / kXBlock;
+  const size_t blocks_per_group = G / kXBlock;
+  const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  const uint8_t* codes = &il.codes[block * octets * 64 + 32 * h];
+  const int8_t* xq[NT];
+  const float* xd[NT];
+  const float* xs[NT];
+  for (size_t t = 0; t < NT; ++t) {
+    xq[t] = &a.q.q[(t0 + t) * il.cols];
+    xd[t] = &a.q.scale[(t0 + t) * nb];
+    xs[t] = &a.sx[(t0 + t) * nb];
+  }
+  __m256 acc[NT], macc[NT];
+  for (size_t t = 0; t < NT; ++t) acc[t] = macc[t] = _mm256_setzero_ps();
+  __m256 row_d = _mm256_setzero_ps(), neg_row_m = _mm256_setzero_ps();
+  if constexpr (kParams8) {
+    row_d = _mm256_loadu_ps(&il.row_d[block * kBlock + 8 * h]);
+    neg_row_m = _mm256_xor_ps(_mm256_loadu_ps(&il.row_m[block * kBlock + 8 * h]), _mm256_set1_ps(-0.0f));
+  }
+  for (size_t g = 0; g < n_groups; ++g) {
+    const size_t at = (block * n_groups + g) * kBlock + 8 * h;
+    __m256 d, m;
+    if constexpr (kParams8) {
+      d = _mm256_mul_ps(row_d, u8x8_avx2(&il.scales8[at]));
+      m = il.mins8.empty() ? _mm256_mul_ps(d, _mm256_set1_ps(-8.0f)) : _mm256_mul_ps(neg_row_m, u8x8_avx2(&il.mins8[at]));
+    } else {
+      d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(&il.scales[at])));
+      m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(&il.mins[at])));
+    }
+    for (size_t k = 0; k < blocks_per_group; ++k) {
+      const size_t b = g * blocks_per_group + k;
+      __m256i dot[NT];
+      for (size_t t = 0; t < NT; ++t) dot[t] = _mm256_setzero_si256();
+      for (size_t oi = 0; oi < kXBlock / 8; ++oi) {
+        const size_t o = b * (kXBlock / 8) + oi;
+        _mm_prefetch(reinterpret_cast<const char*>(codes + 64 * o + kPrefetchBytes), _MM_HINT_T0);
+        const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + 64 * o));
+        const __m256i lo = _mm256_and_si256(bytes, low), hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low);
+        for (size_t t = 0; t < NT; ++t) {
+          int32_t x4[2];
+          std::memcpy(x4, xq[t] + 8 * o, sizeof(x4));
+          dot[t] = _mm256_add_epi16(dot[t], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(x4[0])));
+          dot[t] = _mm256_add_epi16(dot[t], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(x4[1])));
+        }
+      }
+      for (size_t t = 0; t < NT; ++t) {
+        const __m256i sum = _mm256_madd_epi16(dot[t], ones);
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(d, _mm256_set1_ps(xd[t][b])), acc[t]);
+        macc[t] = _mm256_fmadd_ps(m, _mm256_set1_ps(xs[t][b]), macc[t]);
+      }
+    }
+  }
+  for (size_t t = 0; t < NT; ++t) _mm256_storeu_ps(&out[t][8 * h], _mm256_add_ps(acc[t], macc[t]));
+}
+
+void block_tokens_avx2(const W4Int8Interleaved& il, size_t block, const Activations& a, size_t t0, size_t n,
+                       float (*out)[kBlock]) {
+  for (size_t h = 0; h < 2; ++h) {
+    if (il.params8()) {
+      switch (n) {
+        case 4: block8_avx2<4, true>(il, block, h, a, t0, out); break;
+        case 3: block8_avx2<3, true>(il, block, h, a, t0, out); break;
+        case 2: block8_avx2<2, true>(il, block, h, a, t0, out); break;
+        default: block8_avx2<1, true>(il, block, h, a, t0, out); break;
+      }
+      continue;
+    }
+    switch (n) {
+      case 4: block8_avx2<4, false>(il, block, h, a, t0, out); break;
+      case 3: block8_avx2<3, false>(il, block, h, a, t0, out); break;
+      case 2: block8_avx2<2, false>(il, block, h, a, t0, out); break;
+      default: block8_avx2<1, false>(il, block, h, a, t0, out); break;
+    }
+  }
+}
+
 #endif  // KESTREL_HAVE_VNNI
 
 void scalar(const W4Int8Interleaved& il, const Activations& a, size_t n_tokens, float* y, size_t y_stride,
@@ -234,7 +378,7 @@ void scalar(const W4Int8Interleaved& il, const Activations& a, size_t n_tokens, 
 bool w4_int8_default() {
   static const bool on = [] {
     const char* v = std::getenv("KESTREL_W4_INT8");
-    if (v == nullptr || *v == '\0') return vnni_available();
+    if (v == nullptr || *v == '\0') return int8_simd_available();
     if (std::strcmp(v, "0") == 0) return false;
     if (std::strcmp(v, "1") == 0) return true;
     throw Error(std::string("KESTREL_W4_INT8 must be 0 (bf16 decode activations) or 1 (int8), not '") + v + "'");
@@ -313,25 +457,37 @@ W4Int8Interleaved interleave_w4_int8(const Matrix& w) {
 
 void gemv_w4_int8_scalar(const W4Int8Interleaved& il, const float* x, size_t n_tokens, size_t x_stride, float* y,
                          size_t y_stride, size_t row_begin, size_t row_end) {
-  check(il, row_begin, row_end);
-  thread_local Activations a;
-  quantize(x, n_tokens, x_stride, il.cols, a);
-  scalar(il, a, n_tokens, y, y_stride, row_begin, row_end);
+  gemv_w4_int8_on(Int8Isa::kPortable, il, x, n_tokens, x_stride, y, y_stride, row_begin, row_end);
 }
 
 void gemv_w4_int8(const W4Int8Interleaved& il, const float* x, size_t n_tokens, size_t x_stride, float* y,
                   size_t y_stride, size_t row_begin, size_t row_end) {
+  gemv_w4_int8_on(best_int8_isa(), il, x, n_tokens, x_stride, y, y_stride, row_begin, row_end);
+}
+
+void gemv_w4_int8_on(Int8Isa isa, const W4Int8Interleaved& il, const float* x, size_t n_tokens, size_t x_stride,
+                     float* y, size_t y_stride, size_t row_begin, size_t row_end) {
   check(il, row_begin, row_end);
+  if (!int8_isa_available(isa)) throw Error(std::string("gemv_w4_int8: ") + int8_isa_name(isa) + " is not available");
   thread_local Activations a;
 #ifdef KESTREL_HAVE_VNNI
-  if (vnni_available()) {
-    quantize_avx512(x, n_tokens, x_stride, il.cols, a);
+  if (isa != Int8Isa::kPortable) {
+    const bool vnni = isa == Int8Isa::kAvx512Vnni;
+    if (vnni) {
+      quantize_avx512(x, n_tokens, x_stride, il.cols, a);
+    } else {
+      quantize_avx2(x, n_tokens, x_stride, il.cols, a);
+    }
     float out[kMaxTileTokens][kBlock];
     for (size_t blk = row_begin / kBlock; blk * kBlock < row_end; ++blk) {
       const size_t lo = std::max(row_begin, blk * kBlock), hi = std::min(row_end, (blk + 1) * kBlock);
       for (size_t t0 = 0; t0 < n_tokens; t0 += kMaxTileTokens) {
         const size_t n = std::min(kMaxTileTokens, n_tokens - t0);
-        block_tokens(il, blk, a, t0, n, out);
+        if (vnni) {
+          block_tokens(il, blk, a, t0, n, out);
+        } else {
+          block_tokens_avx2(il, blk, a, t0, n, out);
+        }
         for (size_t t = 0; t < n; ++t) {
           std::copy(&out[t][lo - blk * kBlock], &out[t][hi - blk * kBlock], y + (t0 + t) * y_stride + lo);
         }

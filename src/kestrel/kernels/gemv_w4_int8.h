@@ -1,16 +1,17 @@
-// INT4 (kW4) matrix products with int8-quantized activations (x86 AVX512-VNNI `vpdpbusd`, with
-// a portable path computing the same bits), for any number of tokens: decode rows and, since
+// INT4 (kW4) matrix products with int8-quantized activations (x86 AVX512-VNNI `vpdpbusd` or
+// AVX2 `vpmaddubsw`, with a portable path computing the same bits: int8_isa.h), for any number
+// of tokens: decode rows and, since
 // the int8 copy is chosen for a whole load, prefill chunks too (4-token tiles; each token's
 // result does not depend on how many tokens share the call, so a token's INT4 products are the
 // same bits in prefill and decode; the rest of a prefill step, attention and head tiles, still
 // rounds otherwise).
-// The default where the CPU has AVX512-VNNI (w4_int8_default(); KESTREL_W4_INT8=0 or
+// The default where the CPU has AVX512-VNNI or AVX2 (w4_int8_default(); KESTREL_W4_INT8=0 or
 // --decode-act bf16 turns it off): rounding the activations to 8 bits costs less accuracy than
 // llama.cpp's own 8-bit activation rounding on the same model (docs/quantization.md).
 //
 // Activations: each token's float32 vector is quantized once per call, per block of 32 columns
-// (the numbers of quantize_q8_activations, gemv_q8_interleaved.h; with AVX-512 on the VNNI
-// path): d_xb = max|x| / 127 (float32),
+// (the numbers of quantize_q8_activations, gemv_q8_interleaved.h; with AVX-512 / AVX2 on those
+// paths): d_xb = max|x| / 127 (float32),
 // xq_i = round-to-nearest-even(x_i / d_xb) in [-127, 127] (0 where d_xb = 0), S_b = sum xq_i.
 // Weights: the 4-bit codes q in 0..15 and per group g (group_size a multiple of 32, so a block
 // lies in one group) the scale d_rg and minimum m_rg, w = d_rg * q + m_rg (symmetric groups:
@@ -21,8 +22,8 @@
 //   acc  = fma(float(D), d_rg * d_xb, acc)                (acc, macc starting at 0)
 //   macc = fma(m_rg, float(S_b) * d_xb, macc)
 //   y    = acc + macc
-// The integers are exact and every float32 operation is the same in both paths, so the VNNI
-// path and gemv_w4_int8_scalar agree bit for bit, and each token's result is the same whatever
+// The integers are exact and every float32 operation is the same on every path, so the VNNI and
+// AVX2 paths and gemv_w4_int8_scalar agree bit for bit, and each token's result is the same whatever
 // the number of tokens computed with it and whatever row range the call covers.
 //
 // Layout: rows interleaved in blocks of 16. Per block, per 8 columns (an "octet"), 64 bytes:
@@ -40,6 +41,7 @@
 #include <string>
 #include <vector>
 
+#include "kestrel/kernels/int8_isa.h"
 #include "kestrel/kernels/matmul.h"
 
 namespace kestrel::kernels {
@@ -65,8 +67,9 @@ struct W4Int8Interleaved {
 enum class DecodeActivations { kAuto, kBf16, kInt8 };
 
 /// The process default for kAuto: KESTREL_W4_INT8 when it is set ("0": bf16, "1": int8,
-/// anything else throws kestrel::Error), else int8 where the CPU has AVX512-VNNI (vnni_available()) and bf16
-/// elsewhere (the portable int8 path is slower than the bf16 kernels). Read once. int8 is the
+/// anything else throws kestrel::Error), else int8 where the CPU has a SIMD int8 path
+/// (int8_simd_available(): AVX512-VNNI or AVX2) and bf16 elsewhere (the portable int8 path is
+/// slower than the bf16 kernels). Read once. int8 is the
 /// default because its accuracy cost was measured to be below llama.cpp's own 8-bit activation
 /// rounding on the same model (issue #19 item 1's rule; docs/quantization.md).
 bool w4_int8_default();
@@ -79,7 +82,7 @@ DecodeActivations parse_decode_activations(const std::string& name);
 
 /// True when `w` has the shape this kernel runs: kW4 with 16- or 8-bit group parameters, rows a
 /// positive multiple of 16, group_size a positive multiple of 32 dividing cols. (Whether the CPU
-/// has VNNI does not matter: gemv_w4_int8 falls back to the portable path.)
+/// has SIMD int8 does not matter: gemv_w4_int8 falls back to the portable path.)
 bool w4_int8_supported(const Matrix& w);
 
 /// The int8-activation copy of `w` (throws kestrel::Error unless w4_int8_supported(w)).
@@ -87,15 +90,20 @@ W4Int8Interleaved interleave_w4_int8(const Matrix& w);
 
 /// y[t * y_stride + r] for t < n_tokens (any count >= 1), r in [row_begin, row_end)
 /// (at most il.rows): the header's formula with x[t * x_stride + i] (float32) quantized here,
-/// by AVX512-VNNI where the CPU has it (vnni_available(), gemv_q8_interleaved.h), else by
-/// gemv_w4_int8_scalar; the same bits either way. Error against W x: the activations' rounding,
+/// on the fastest path this CPU has (best_int8_isa(), int8_isa.h: AVX512-VNNI, AVX2, else
+/// portable); the same bits on every path. Error against W x: the activations' rounding,
 /// at most d_xb / 2 per element, i.e. |y - W x| <= sum_b (d_xb / 2) sum_{i in b} |w_ri| plus
 /// float32 rounding. Throws kestrel::Error for rows past the matrix. Every call quantizes all
 /// n_tokens rows of x (matmul splits prefill by tokens so that threads do not repeat it).
 void gemv_w4_int8(const W4Int8Interleaved& il, const float* x, size_t n_tokens, size_t x_stride, float* y,
                   size_t y_stride, size_t row_begin, size_t row_end);
 
-/// The portable path of gemv_w4_int8 (every CPU; used where VNNI is absent, and by tests).
+/// gemv_w4_int8 on the path of `isa` (int8_isa.h; every path gives the same bits). Throws
+/// kestrel::Error where int8_isa_available(isa) is false. For tests and benchmarks.
+void gemv_w4_int8_on(Int8Isa isa, const W4Int8Interleaved& il, const float* x, size_t n_tokens, size_t x_stride,
+                     float* y, size_t y_stride, size_t row_begin, size_t row_end);
+
+/// The portable path of gemv_w4_int8 (every CPU; gemv_w4_int8_on(Int8Isa::kPortable, ...)).
 void gemv_w4_int8_scalar(const W4Int8Interleaved& il, const float* x, size_t n_tokens, size_t x_stride, float* y,
                          size_t y_stride, size_t row_begin, size_t row_end);
 

@@ -116,7 +116,7 @@ kernels::Matrix WeightStore::with_int8_head(kernels::Matrix head) {
   const Precision in_effect = image_ ? image_->precision : options_.precision;
   if (in_effect != Precision::kAuto && in_effect != Precision::kW4A16) return head;
   if (head.type == kernels::WeightType::kQ8_0 && head.cols % 32 == 0 &&
-      kernels::w4_int8_chosen(options_.decode_activations) && kernels::vnni_available()) {
+      kernels::w4_int8_chosen(options_.decode_activations) && kernels::int8_simd_available()) {
     head.interleaved_q8 = &owned_interleaved_q8_.emplace_back(kernels::interleave_q8_0(head));
   }
   return head;
