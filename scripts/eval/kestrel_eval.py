@@ -213,7 +213,9 @@ def perplexity(a) -> dict:
         cmd = [str(a.kestrel), "perplexity", "-m", str(path), "-f", str(a.ppl_file), "--chunks",
                str(a.ppl_chunks), "--json"] + (["-t", str(a.threads)] if a.threads else [])
         if not is_base:
-            cmd += ["--kl-base", str(base)]
+            # The baseline as it runs: a GGUF in its auto form, as -m loads it (an image is used
+            # as built either way), so that two identical entries give KL 0.
+            cmd += ["--kl-base", str(base), "--kl-base-precision", "auto"]
         res = subprocess.run(cmd, capture_output=True, text=True, check=True)
         out[label] = json.loads(res.stdout)
         if not is_base:

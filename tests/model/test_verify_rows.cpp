@@ -74,6 +74,9 @@ TEST(VerifyRows, EqualDecodeStepsGemma3) {
   check_rows(path, Precision::kW4A16, 40, "gemma3 w4a16, bf16 decode activations", kernels::DecodeActivations::kBf16);
   check_rows(path, Precision::kW4A16, 40, "gemma3 w4a16, int8 decode activations", kernels::DecodeActivations::kInt8);
   check_rows(path, Precision::kSource, 40, "gemma3 source");
+  // The GGUF as -m loads it (INT4 + Q8_0 layers; Q8_0 products on gemv_q8_interleaved with int8).
+  check_rows(path, Precision::kAuto, 40, "gemma3 auto form, bf16 activations", kernels::DecodeActivations::kBf16);
+  check_rows(path, Precision::kAuto, 40, "gemma3 auto form, int8 activations", kernels::DecodeActivations::kInt8);
 }
 
 }  // namespace

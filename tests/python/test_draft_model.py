@@ -134,12 +134,23 @@ OASST = ROOT.parent / "shared" / "data" / "oasst" / "en-validation.jsonl"
 @needs_model
 @pytest.mark.skipif(not OASST.exists(), reason="OpenAssistant text not found")
 def test_bench_counts_a_draft_models_drafts(tmp_path):
-    out = tmp_path / "bench.json"
-    r = subprocess.run([str(KESTREL), "bench", "-m", f"q4km={model_path()}", "--suite", "decode", "--warmup", "0",
-                        "--requests", "1", "--prompt-tokens", "40", "--output-tokens", "12", "-t", "2",
-                        "--idle-seconds", "0", "--no-progress", "--text", str(OASST), "--draft", str(model_path()),
-                        "--json", str(out)], capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr
-    suite = json.loads(out.read_text())["variants"][0]["suites"]["decode"]
-    request = [q for q in suite["requests"] if not q["warmup"]][0]
-    assert request["drafted_tokens"] > 0 and request["accepted_tokens"] == request["drafted_tokens"]
+    # The target as its own draft model. With bf16 activations every draft is accepted. With int8
+    # activations (the default on AVX2 / AVX512-VNNI) the products are the same bits in prefill
+    # and decode, but the attention tiles that filled part of the draft's cache round otherwise,
+    # and int8 rounding can turn that into a flip at a near-tie: measured 7 of 9 accepted on an
+    # AVX2 AMD EPYC (the output stays the target's either way: tests of greedy identity).
+    for act in ("bf16", "int8"):
+        out = tmp_path / f"bench-{act}.json"
+        r = subprocess.run([str(KESTREL), "bench", "-m", f"q4km={model_path()}", "--suite", "decode", "--warmup",
+                            "0", "--requests", "1", "--prompt-tokens", "40", "--output-tokens", "12", "-t", "2",
+                            "--idle-seconds", "0", "--no-progress", "--text", str(OASST), "--draft",
+                            str(model_path()), "--json", str(out)], capture_output=True, text=True, timeout=600,
+                           env={**os.environ, "KESTREL_W4_INT8": "1" if act == "int8" else "0"})
+        assert r.returncode == 0, r.stderr
+        suite = json.loads(out.read_text())["variants"][0]["suites"]["decode"]
+        request = [q for q in suite["requests"] if not q["warmup"]][0]
+        assert request["drafted_tokens"] > 0, act
+        if act == "bf16":
+            assert request["accepted_tokens"] == request["drafted_tokens"]
+        else:
+            assert request["accepted_tokens"] >= 0.6 * request["drafted_tokens"], request

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "kestrel/base/error.h"
+#include "kestrel/kernels/gemv_q8_interleaved.h"
 
 namespace kestrel::head {
 
@@ -53,10 +54,20 @@ void token_logits(const OutputHead& head, const float* hidden, std::span<const T
                   ThreadPool& pool) {
   const size_t d = head.weight.cols;
   pool.parallel_for(tokens.size(), 32, [&](size_t b, size_t e) {
-    for (size_t i = b; i < e; ++i) {
-      const size_t row = head.row_of(tokens[i]);
-      const kernels::Matrix one = kernels::row_slice(head.weight, row, 1);
-      kernels::matmul_rows(one, hidden, 1, d, &logits[i], 1, 0, 1);
+    if (head.weight.interleaved_q8 != nullptr) {
+      // A head that takes int8 activations (dense_logits runs it on gemv_q8_interleaved): the
+      // same quantization and the same bits per row, so rescored logits equal the dense ones.
+      thread_local kernels::Q8Activations xq;
+      kernels::quantize_q8_activations(hidden, 1, d, d, xq);
+      for (size_t i = b; i < e; ++i) {
+        logits[i] = kernels::gemv_q8_interleaved_row(*head.weight.interleaved_q8, xq, 0, head.row_of(tokens[i]));
+      }
+    } else {
+      for (size_t i = b; i < e; ++i) {
+        const size_t row = head.row_of(tokens[i]);
+        const kernels::Matrix one = kernels::row_slice(head.weight, row, 1);
+        kernels::matmul_rows(one, hidden, 1, d, &logits[i], 1, 0, 1);
+      }
     }
     apply_softcap(logits + b, e - b, head.final_softcap);
   });

@@ -59,6 +59,10 @@ void gemv_q8_interleaved(const Q8Interleaved& il, const Q8Activations& x, float*
 void gemv_q8_interleaved_on(Int8Isa isa, const Q8Interleaved& il, const Q8Activations& x, float* y,
                             size_t y_stride, size_t row_begin, size_t row_end);
 
+/// Row r's result for token t of `x`: the bits gemv_q8_interleaved writes there, for one row
+/// alone (a few tokens' logits: runtime's rescoring). Throws kestrel::Error past the rows/tokens.
+float gemv_q8_interleaved_row(const Q8Interleaved& il, const Q8Activations& x, size_t t, size_t r);
+
 /// The portable path of gemv_q8_interleaved (every CPU; used by tests).
 void gemv_q8_interleaved_scalar(const Q8Interleaved& il, const Q8Activations& x, float* y, size_t y_stride,
                                 size_t row_begin, size_t row_end);

@@ -50,6 +50,22 @@ void quantize(const float* x, size_t n_tokens, size_t x_stride, size_t cols, Act
   finish(a);
 }
 
+// Tokens t0 .. t0 + NT of a call's activations: their int8 values, d_xb and float(S_b) * d_xb.
+template <size_t NT>
+struct TokenRows {
+  const int8_t* q[NT];
+  const float* d[NT];
+  const float* sx[NT];
+  TokenRows(const Activations& a, size_t t0, size_t cols) {
+    const size_t nb = cols / kXBlock;
+    for (size_t t = 0; t < NT; ++t) {
+      q[t] = &a.q.q[(t0 + t) * cols];
+      d[t] = &a.q.scale[(t0 + t) * nb];
+      sx[t] = &a.sx[(t0 + t) * nb];
+    }
+  }
+};
+
 void check(const W4Int8Interleaved& il, size_t row_begin, size_t row_end) {
   if (row_end > il.rows || row_begin > row_end) throw Error("gemv_w4_int8: rows past the matrix");
 }
@@ -71,21 +87,17 @@ KESTREL_VNNI_TARGET inline __m512i broadcast4(const int8_t* p) {
 template <size_t NT, bool kParams8>
 KESTREL_VNNI_TARGET void block16(const W4Int8Interleaved& il, size_t block, const Activations& a, size_t t0,
                                  float (*out)[kBlock]) {
-  const size_t G = il.group_size, n_groups = il.cols / G, octets = il.cols / 8, nb = il.cols / kXBlock;
+  const size_t G = il.group_size, n_groups = il.cols / G, octets = il.cols / 8;
   const size_t blocks_per_group = G / kXBlock;
   // Independent integer chains per token: 2 (low / high nibbles), 4 with few tokens (also by
   // octet parity) to hide vpdpbusd's latency. Integer sums are exact in any order.
   constexpr size_t kChains = NT <= 2 ? 4 : 2;
   const __m512i low = _mm512_set1_epi8(0x0F);
   const uint8_t* codes = &il.codes[block * octets * 64];
-  const int8_t* xq[NT];
-  const float* xd[NT];
-  const float* xs[NT];
-  for (size_t t = 0; t < NT; ++t) {
-    xq[t] = &a.q.q[(t0 + t) * il.cols];
-    xd[t] = &a.q.scale[(t0 + t) * nb];
-    xs[t] = &a.sx[(t0 + t) * nb];
-  }
+  const TokenRows<NT> rows(a, t0, il.cols);
+  const auto& xq = rows.q;
+  const auto& xd = rows.d;
+  const auto& xs = rows.sx;
   __m512 acc[NT], macc[NT];
   for (size_t t = 0; t < NT; ++t) acc[t] = macc[t] = _mm512_setzero_ps();
   __m512 row_d = _mm512_setzero_ps(), neg_row_m = _mm512_setzero_ps();
@@ -261,18 +273,14 @@ KESTREL_AVX2_TARGET inline __m256 u8x8_avx2(const uint8_t* p) {
 template <size_t NT, bool kParams8>
 KESTREL_AVX2_TARGET void block8_avx2(const W4Int8Interleaved& il, size_t block, size_t h, const Activations& a,
                                      size_t t0, float (*out)[kBlock]) {
-  const size_t G = il.group_size, n_groups = il.cols / G, octets = il.cols / 8, nb = il.cols / kXBlock;
+  const size_t G = il.group_size, n_groups = il.cols / G, octets = il.cols / 8;
   const size_t blocks_per_group = G / kXBlock;
   const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
   const uint8_t* codes = &il.codes[block * octets * 64 + 32 * h];
-  const int8_t* xq[NT];
-  const float* xd[NT];
-  const float* xs[NT];
-  for (size_t t = 0; t < NT; ++t) {
-    xq[t] = &a.q.q[(t0 + t) * il.cols];
-    xd[t] = &a.q.scale[(t0 + t) * nb];
-    xs[t] = &a.sx[(t0 + t) * nb];
-  }
+  const TokenRows<NT> rows(a, t0, il.cols);
+  const auto& xq = rows.q;
+  const auto& xd = rows.d;
+  const auto& xs = rows.sx;
   __m256 acc[NT], macc[NT];
   for (size_t t = 0; t < NT; ++t) acc[t] = macc[t] = _mm256_setzero_ps();
   __m256 row_d = _mm256_setzero_ps(), neg_row_m = _mm256_setzero_ps();
