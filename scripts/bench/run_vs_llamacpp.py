@@ -149,7 +149,7 @@ def main():
                           n_threads=args.threads, n_threads_batch=args.threads,
                           logits_all=False, verbose=False)
     tokens = prompt_tokens(llm, args.oasst, args.prompt)
-    runs = [("kestrel (GGUF as is)", model, [])] + [parse_spec(i) for i in args.image]
+    runs = [("kestrel (GGUF, auto form)", model, [])] + [parse_spec(i) for i in args.image]
     results = {name: [] for name, _, _ in runs}
     results["llama.cpp"] = []
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
