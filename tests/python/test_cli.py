@@ -341,12 +341,19 @@ def test_killed_build_leaves_nothing_behind(tmp_path, sig):
 
 @needs_model
 @needs_model
-def test_a_bad_kestrel_w4_int8_is_an_error_not_int8():
+def test_a_bad_kestrel_w4_int8_is_an_error_not_int8(tmp_path):
     # The fresh-user trial: KESTREL_W4_INT8=off ran int8 (anything but "0" meant on). Only 0 and 1
     # are taken; the error comes when the first INT4 layer loads (here: built at load).
     env = {**os.environ, "KESTREL_W4_INT8": "off"}
     msg = error_of(kestrel("run", "-p", "x", "-n", 1, "--precision", "w4a16", "-t", 2, env=env))
     assert "KESTREL_W4_INT8 must be 0" in msg and "'off'" in msg
+    # With the default image: the variable's error, not "the image does not load" (the fresh-user
+    # trial of 2026-12-03: it blamed the image and advised rebuilding it).
+    cache = tmp_path / "cache"
+    (cache / "images").mkdir(parents=True)
+    (cache / "images" / "gemma-3-270m-w4a16-flashhead.kimg").write_bytes(b"not an image")
+    msg = error_of(kestrel("run", "-p", "x", "-n", 1, "-t", 2, env={**env, "KESTREL_CACHE": str(cache)}))
+    assert "KESTREL_W4_INT8 must be 0" in msg and "does not load" not in msg, msg
     # The option decides without reading the variable.
     r = kestrel("run", "-p", "x", "-n", 1, "--precision", "w4a16", "--decode-act", "bf16", "-t", 2, env=env)
     assert r.returncode == 0, r.stderr

@@ -46,9 +46,10 @@ void ModelOptions::add_to(CLI::App& cmd) {
 void add_decode_act_option(CLI::App& cmd, const std::string& name, std::string& value, const std::string& whose) {
   cmd.add_option(name, value,
                  (whose.empty() ? std::string() : whose + ": ") +
-                     "INT4 layers' activations, decode and prefill alike: rounded to bf16 or int8 "
-                     "(docs/quantization.md); auto: $KESTREL_W4_INT8 when set (0: bf16, 1: int8), else int8 "
-                     "where the CPU has AVX512-VNNI or AVX2. No effect on layers that are not INT4")
+                     "INT4 layers' activations, decode and prefill alike: rounded to bf16 or int8; with int8, Q8_0 "
+                     "layers and a dense Q8_0 head take int8 activations too (docs/quantization.md); auto: "
+                     "$KESTREL_W4_INT8 when set (0: bf16, 1: int8), else int8 where the CPU has AVX512-VNNI or "
+                     "AVX2. No effect on BF16/FP16 images or --precision source")
       ->check(CLI::IsMember({"auto", "bf16", "int8"}))
       ->capture_default_str();
 }
@@ -93,6 +94,9 @@ void warn_default_image(const std::exception& e) {
 }  // namespace
 
 runtime::RunnableModel ModelOptions::resolve() const {
+  // A bad KESTREL_W4_INT8 is the user's setting, not a broken image: say so before any load
+  // (the default image's fallback below would otherwise report it as a damaged file).
+  if (decode_act == "auto") (void)kernels::w4_int8_default();
   runtime::RunnableModel m = runtime::runnable_model(model, precision == "auto");
   if (m.default_image) {
     // A cached image whose header does not read (an older format, a cut or damaged file) is

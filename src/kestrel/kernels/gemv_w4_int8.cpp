@@ -389,7 +389,7 @@ bool w4_int8_default() {
     if (v == nullptr || *v == '\0') return int8_simd_available();
     if (std::strcmp(v, "0") == 0) return false;
     if (std::strcmp(v, "1") == 0) return true;
-    throw Error(std::string("KESTREL_W4_INT8 must be 0 (bf16 decode activations) or 1 (int8), not '") + v + "'");
+    throw Error(std::string("KESTREL_W4_INT8 must be 0 (bf16 activations) or 1 (int8), not '") + v + "'");
   }();
   return on;
 }
