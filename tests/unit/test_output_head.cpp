@@ -11,24 +11,13 @@
 #include "kestrel/formats/dequant.h"
 #include "kestrel/head/output_head.h"
 #include "kestrel/kernels/gemv_q8_interleaved.h"
+#include "random_q8.h"
 
 namespace {
 
 namespace k = kestrel::kernels;
 
-// A Q8_0 matrix of random codes and fp16 scales.
-std::vector<uint8_t> random_q8_0(size_t rows, size_t cols, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_int_distribution<int> code(-128, 127);
-  std::uniform_real_distribution<float> scale(1e-3f, 2e-2f);
-  std::vector<uint8_t> bytes(rows * cols / 32 * 34);
-  for (size_t b = 0; b < rows * cols / 32; ++b) {
-    const uint16_t h = kestrel::gguf::fp32_to_fp16(scale(rng));
-    std::memcpy(&bytes[b * 34], &h, 2);
-    for (size_t i = 0; i < 32; ++i) bytes[b * 34 + 2 + i] = static_cast<uint8_t>(static_cast<int8_t>(code(rng)));
-  }
-  return bytes;
-}
+using kestrel::testing::random_q8_0;
 
 TEST(OutputHead, TokenLogitsEqualTheDenseLogitsOnEveryKernel) {
   const size_t vocab = 77, d = 96;  // rows past a multiple of 16: a padded interleaved block

@@ -66,6 +66,17 @@ struct TokenRows {
   }
 };
 
+// `q` sized for n_tokens x cols (reused without allocating once large enough), for the SIMD
+// quantizers to fill.
+[[maybe_unused]] Q8Activations& sized(Q8Activations& q, size_t n_tokens, size_t cols) {
+  q.n_tokens = n_tokens;
+  q.cols = cols;
+  q.q.resize(n_tokens * cols);
+  q.scale.resize(n_tokens * (cols / kXBlock));
+  q.sum128.resize(n_tokens * (cols / kXBlock));
+  return q;
+}
+
 void check(const W4Int8Interleaved& il, size_t row_begin, size_t row_end) {
   if (row_end > il.rows || row_begin > row_end) throw Error("gemv_w4_int8: rows past the matrix");
 }
@@ -155,12 +166,7 @@ KESTREL_VNNI_TARGET void block16(const W4Int8Interleaved& il, size_t block, cons
 KESTREL_VNNI_TARGET void quantize_avx512(const float* x, size_t n_tokens, size_t x_stride, size_t cols,
                                          Activations& a) {
   const size_t nb = cols / kXBlock;
-  Q8Activations& q = a.q;
-  q.n_tokens = n_tokens;
-  q.cols = cols;
-  q.q.resize(n_tokens * cols);
-  q.scale.resize(n_tokens * nb);
-  q.sum128.resize(n_tokens * nb);
+  Q8Activations& q = sized(a.q, n_tokens, cols);
   const __m512 limit = _mm512_set1_ps(127.0f), neg_limit = _mm512_set1_ps(-127.0f);
   for (size_t t = 0; t < n_tokens; ++t) {
     for (size_t b = 0; b < nb; ++b) {
@@ -212,12 +218,7 @@ void block_tokens(const W4Int8Interleaved& il, size_t block, const Activations& 
 KESTREL_AVX2_TARGET void quantize_avx2(const float* x, size_t n_tokens, size_t x_stride, size_t cols,
                                        Activations& a) {
   const size_t nb = cols / kXBlock;
-  Q8Activations& q = a.q;
-  q.n_tokens = n_tokens;
-  q.cols = cols;
-  q.q.resize(n_tokens * cols);
-  q.scale.resize(n_tokens * nb);
-  q.sum128.resize(n_tokens * nb);
+  Q8Activations& q = sized(a.q, n_tokens, cols);
   const __m256 sign = _mm256_set1_ps(-0.0f), limit = _mm256_set1_ps(127.0f), neg_limit = _mm256_set1_ps(-127.0f);
   // packs_epi32 then packs_epi16 interleave 128-bit lanes: this puts the 32 bytes back in order.
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
