@@ -147,6 +147,24 @@ void check(const Q8Interleaved& il, const Q8Activations& x, size_t row_end) {
   if (row_end > il.rows) throw Error("gemv_q8_interleaved: rows past the matrix");
 }
 
+// Row r for token t as the header states it (the portable arithmetic; no bounds checks).
+float row_result(const Q8Interleaved& il, const Q8Activations& x, size_t t, size_t r) {
+  const size_t quads = il.cols / 4, nb = il.cols / kQ8;
+  const size_t block = r / kBlock, i = r % kBlock;
+  const uint8_t* codes = &il.codes[block * quads * 64 + 4 * i];
+  const int8_t* q = &x.q[t * x.cols];
+  float acc = 0.0f;
+  for (size_t b = 0; b < nb; ++b) {
+    int32_t dot = 0;
+    for (size_t c = b * kQ8; c < (b + 1) * kQ8; ++c) {
+      dot += (static_cast<int32_t>(codes[(c / 4) * 64 + c % 4]) - 128) * q[c];
+    }
+    const float s = il.scales[(block * nb + b) * kBlock + i] * x.scale[t * nb + b];
+    acc = std::fma(static_cast<float>(dot), s, acc);
+  }
+  return acc;
+}
+
 }  // namespace
 
 bool vnni_available() { return int8_isa_available(Int8Isa::kAvx512Vnni); }
@@ -209,27 +227,14 @@ void quantize_q8_activations(const float* x, size_t n_tokens, size_t x_stride, s
 float gemv_q8_interleaved_row(const Q8Interleaved& il, const Q8Activations& x, size_t t, size_t r) {
   if (t >= x.n_tokens) throw Error("gemv_q8_interleaved_row: token past the activations");
   check(il, x, r + 1);
-  const size_t quads = il.cols / 4, nb = il.cols / kQ8;
-  const size_t block = r / kBlock, i = r % kBlock;
-  const uint8_t* codes = &il.codes[block * quads * 64 + 4 * i];
-  const int8_t* q = &x.q[t * x.cols];
-  float acc = 0.0f;
-  for (size_t b = 0; b < nb; ++b) {
-    int32_t dot = 0;
-    for (size_t c = b * kQ8; c < (b + 1) * kQ8; ++c) {
-      dot += (static_cast<int32_t>(codes[(c / 4) * 64 + c % 4]) - 128) * q[c];
-    }
-    const float s = il.scales[(block * nb + b) * kBlock + i] * x.scale[t * nb + b];
-    acc = std::fma(static_cast<float>(dot), s, acc);
-  }
-  return acc;
+  return row_result(il, x, t, r);
 }
 
 void gemv_q8_interleaved_scalar(const Q8Interleaved& il, const Q8Activations& x, float* y, size_t y_stride,
                                 size_t row_begin, size_t row_end) {
   check(il, x, row_end);
   for (size_t r = row_begin; r < row_end; ++r) {
-    for (size_t t = 0; t < x.n_tokens; ++t) y[t * y_stride + r] = gemv_q8_interleaved_row(il, x, t, r);
+    for (size_t t = 0; t < x.n_tokens; ++t) y[t * y_stride + r] = row_result(il, x, t, r);
   }
 }
 
