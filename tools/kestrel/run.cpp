@@ -15,6 +15,7 @@
 #include "commands.h"
 #include "common.h"
 #include "kestrel/base/error.h"
+#include "kestrel/kernels/int8_isa.h"
 #include "kestrel/runtime/grammar.h"
 #include "kestrel/text/chat_template.h"
 
@@ -122,6 +123,10 @@ int run(const RunOptions& o) {
                         {"accepted_tokens", result.accepted_tokens},
                         {"grammar_exact_steps", result.grammar_exact_steps},
                         {"grammar_dense_steps", result.grammar_dense_steps}};
+    // Which products ran on int8 activations, and on which kernel (--decode-act).
+    const size_t int8 = engine.model().info().int8_matrices;
+    j["int8_matrices"] = int8;
+    j["int8_kernel"] = int8 > 0 ? nlohmann::json(kernels::int8_isa_name(kernels::best_int8_isa())) : nlohmann::json(nullptr);
     std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     return 0;
   }

@@ -264,6 +264,14 @@ KESTREL_AVX2_TARGET inline __m256 u8x8_avx2(const uint8_t* p) {
   return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
 
+// Four int8 values as one 32-bit lane broadcast to all 8, loaded by the broadcast itself
+// (vpbroadcastd ymm, m32). A memcpy into an int32 and set1 let GCC load 8 bytes once and split
+// them in general registers (vmovd + vpbroadcastd from a register, on the vector ports that also
+// run vpmaddubsw): 4 tokens ran at ~40 % of vpmaddubsw's rate that way.
+KESTREL_AVX2_TARGET inline __m256i broadcast4_avx2(const int8_t* p) {
+  return _mm256_broadcastd_epi32(_mm_loadu_si32(p));
+}
+
 // AVX2: the 8 rows of half `h` (0: rows 0-7, 1: rows 8-15; the first or second 32 bytes of
 // each octet's 64) of block `block`, for NT tokens (1..4) starting at t0, into
 // out[t][8h .. 8h + 8). vpmaddubsw multiplies the unsigned codes (0..15) by the int8
@@ -303,16 +311,17 @@ KESTREL_AVX2_TARGET void block8_avx2(const W4Int8Interleaved& il, size_t block, 
       const size_t b = g * blocks_per_group + k;
       __m256i dot[NT];
       for (size_t t = 0; t < NT; ++t) dot[t] = _mm256_setzero_si256();
+      // Not unrolled: GCC then computes all 32 products of a block before adding them and
+      // spills them to the stack.
+#pragma GCC unroll 1
       for (size_t oi = 0; oi < kXBlock / 8; ++oi) {
         const size_t o = b * (kXBlock / 8) + oi;
         _mm_prefetch(reinterpret_cast<const char*>(codes + 64 * o + kPrefetchBytes), _MM_HINT_T0);
         const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + 64 * o));
         const __m256i lo = _mm256_and_si256(bytes, low), hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low);
         for (size_t t = 0; t < NT; ++t) {
-          int32_t x4[2];
-          std::memcpy(x4, xq[t] + 8 * o, sizeof(x4));
-          dot[t] = _mm256_add_epi16(dot[t], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(x4[0])));
-          dot[t] = _mm256_add_epi16(dot[t], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(x4[1])));
+          dot[t] = _mm256_add_epi16(dot[t], _mm256_maddubs_epi16(lo, broadcast4_avx2(xq[t] + 8 * o)));
+          dot[t] = _mm256_add_epi16(dot[t], _mm256_maddubs_epi16(hi, broadcast4_avx2(xq[t] + 8 * o + 4)));
         }
       }
       for (size_t t = 0; t < NT; ++t) {

@@ -178,6 +178,7 @@ GemmaDecoder::GemmaDecoder(const gguf::File& file, const LoadOptions& options, T
   info_.n_layers = c.n_layers();
   info_.context_length = c.context_length;
   info_.n_params = store_.n_params();
+  info_.int8_matrices = store_.int8_matrices();
 }
 
 KvCache GemmaDecoder::new_cache(size_t n_ctx) const {

@@ -27,6 +27,9 @@ struct ModelInfo {
   size_t n_layers = 0;
   size_t context_length = 0;  // the model's maximum (training) context
   size_t n_params = 0;
+  /// Matrices whose products take int8 activations (the int8 copies made at load: INT4 layers,
+  /// Q8_0 layers, a dense Q8_0 head; kernels/gemv_w4_int8.h); 0 where activations stay bf16/float32.
+  size_t int8_matrices = 0;
 };
 
 enum class Logits { kLast, kAll };

@@ -50,6 +50,8 @@ class WeightStore {
   bool has(const std::string& name) const { return file_->find_tensor(name) != nullptr; }
   /// Parameters seen so far.
   size_t n_params() const { return n_params_; }
+  /// Matrices given an int8-activation copy so far (INT4 and Q8_0).
+  size_t int8_matrices() const { return owned_interleaved_int8_.size() + owned_interleaved_q8_.size(); }
 
  private:
   const gguf::TensorInfo& checked(const std::string& name, std::vector<uint64_t> shape);
