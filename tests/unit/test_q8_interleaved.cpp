@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kestrel/base/error.h"
+#include "kestrel/base/thread_pool.h"
 #include "kestrel/formats/dequant.h"
 #include "kestrel/kernels/gemv_q8_interleaved.h"
 #include "random_q8.h"
@@ -40,6 +41,17 @@ std::vector<float> activations(size_t n_tokens, size_t cols, uint64_t seed) {
     if (cols >= 64) x[t * cols + 40] = 300.0f;
   }
   return x;
+}
+
+TEST(Q8Interleaved, InterleavingOverAThreadPoolGivesTheSameCopy) {
+  kestrel::ThreadPool pool(3);
+  for (auto [rows, cols] : std::vector<std::pair<size_t, size_t>>{{16, 32}, {37, 64}, {64, 640}, {1000, 96}}) {
+    const auto bytes = random_q8_0(rows, cols, 5 * rows + cols);
+    const k::Q8Interleaved one = k::interleave_q8_0(view(bytes, rows, cols));
+    const k::Q8Interleaved three = k::interleave_q8_0(view(bytes, rows, cols), &pool);
+    EXPECT_EQ(one.codes, three.codes);
+    EXPECT_EQ(one.scales, three.scales);
+  }
 }
 
 TEST(Q8Interleaved, VnniAndPortablePathsAgreeAndEqualTheStatedFormula) {

@@ -278,6 +278,24 @@ TEST(W4Int8, MatmulUsesTheInt8CopyForEveryTokenCount) {
   }
 }
 
+TEST(W4Int8, InterleavingOverAThreadPoolGivesTheSameCopy) {
+  kestrel::ThreadPool pool(3);
+  for (auto [rows, cols, G] : kShapes) {
+    for (Params p : kAll) {
+      const RandomW4 w(rows, cols, G, p, rows + 3 * cols + static_cast<uint64_t>(p));
+      const k::W4Int8Interleaved one = k::interleave_w4_int8(w.view());
+      const k::W4Int8Interleaved three = k::interleave_w4_int8(w.view(), &pool);
+      EXPECT_EQ(one.codes, three.codes);
+      EXPECT_EQ(one.scales, three.scales);
+      EXPECT_EQ(one.mins, three.mins);
+      EXPECT_EQ(one.scales8, three.scales8);
+      EXPECT_EQ(one.mins8, three.mins8);
+      EXPECT_EQ(one.row_d, three.row_d);
+      EXPECT_EQ(one.row_m, three.row_m);
+    }
+  }
+}
+
 TEST(W4Int8, RefusesShapesItDoesNotRun) {
   const RandomW4 odd_rows(24, 64, 32, Params::kAffine16, 1);
   k::Matrix m = odd_rows.view();

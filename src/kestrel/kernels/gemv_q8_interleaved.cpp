@@ -169,7 +169,7 @@ float row_result(const Q8Interleaved& il, const Q8Activations& x, size_t t, size
 
 bool vnni_available() { return int8_isa_available(Int8Isa::kAvx512Vnni); }
 
-Q8Interleaved interleave_q8_0(const Matrix& w) {
+Q8Interleaved interleave_q8_0(const Matrix& w, ThreadPool* pool) {
   if (w.type != WeightType::kQ8_0 || w.cols % kQ8 != 0 || w.cols == 0) {
     throw Error("interleave_q8_0: not a Q8_0 matrix with a multiple of 32 columns");
   }
@@ -179,20 +179,33 @@ Q8Interleaved interleave_q8_0(const Matrix& w) {
   const size_t quads = w.cols / 4, nb = w.cols / kQ8, blocks = il.padded_rows() / kBlock;
   il.codes.assign(blocks * quads * 64, 128);  // padding rows: code 0
   il.scales.assign(blocks * nb * kBlock, 0.0f);
-  for (size_t r = 0; r < w.rows; ++r) {
-    const size_t block = r / kBlock, i = r % kBlock;
-    const uint8_t* row = w.row(r);
-    for (size_t b = 0; b < nb; ++b) {
-      const uint8_t* q8 = row + b * kQ8Bytes;
-      uint16_t half = 0;
-      std::memcpy(&half, q8, sizeof(half));
-      il.scales[(block * nb + b) * kBlock + i] = gguf::fp16_to_fp32(half);
-      for (size_t c = 0; c < kQ8; ++c) {
-        const int8_t code = static_cast<int8_t>(q8[2 + c]);
-        const size_t col = b * kQ8 + c;
-        il.codes[(block * quads + col / 4) * 64 + 4 * i + col % 4] = static_cast<uint8_t>(code + 128);
+  // Rows [r0, r1): row i of a block puts columns 4 j .. 4 j + 3 at bytes 4 i .. 4 i + 3 of quad j,
+  // each code + 128 (a byte's top bit flipped: four at once).
+  auto rows = [&](size_t r0, size_t r1) {
+    for (size_t r = r0; r < r1; ++r) {
+      const size_t block = r / kBlock, i = r % kBlock;
+      const uint8_t* row = w.row(r);
+      uint8_t* dst = &il.codes[block * quads * 64 + 4 * i];
+      for (size_t b = 0; b < nb; ++b) {
+        const uint8_t* q8 = row + b * kQ8Bytes;
+        uint16_t half = 0;
+        std::memcpy(&half, q8, sizeof(half));
+        il.scales[(block * nb + b) * kBlock + i] = gguf::fp16_to_fp32(half);
+        for (size_t j = 0; j < kQ8 / 4; ++j) {
+          uint32_t four;
+          std::memcpy(&four, q8 + 2 + 4 * j, 4);
+          four ^= 0x80808080u;
+          std::memcpy(&dst[(b * kQ8 / 4 + j) * 64], &four, 4);
+        }
       }
     }
+  };
+  // Split by whole blocks of 16 rows: a block's rows share each 64-byte quad, so no two threads
+  // write the same cache line.
+  if (pool != nullptr && pool->size() > 1) {
+    pool->parallel_for(blocks, 1, [&](size_t b0, size_t b1) { rows(b0 * kBlock, std::min(w.rows, b1 * kBlock)); });
+  } else {
+    rows(0, w.rows);
   }
   return il;
 }

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kestrel/base/thread_pool.h"
 #include "kestrel/kernels/int8_isa.h"
 #include "kestrel/kernels/matmul.h"
 
@@ -31,8 +32,9 @@ struct Q8Interleaved {
   size_t padded_rows() const { return (rows + 15) / 16 * 16; }
 };
 
-/// The interleaved copy of `w` (kQ8_0, cols a multiple of 32; throws kestrel::Error otherwise).
-Q8Interleaved interleave_q8_0(const Matrix& w);
+/// The interleaved copy of `w` (kQ8_0, cols a multiple of 32; throws kestrel::Error otherwise);
+/// blocks of 16 rows split over `pool`'s threads when one is given.
+Q8Interleaved interleave_q8_0(const Matrix& w, ThreadPool* pool = nullptr);
 
 /// Activations quantized per block of 32 as the header describes: per token, `cols` int8 values,
 /// cols / 32 float32 scales and cols / 32 sums 128 * sum(q) (int32).

@@ -334,8 +334,96 @@ KESTREL_AVX2_TARGET void block8_avx2(const W4Int8Interleaved& il, size_t block, 
   for (size_t t = 0; t < NT; ++t) _mm256_storeu_ps(&out[t][8 * h], _mm256_add_ps(acc[t], macc[t]));
 }
 
+// AVX2, both halves of block `block` in one pass (16 rows: two 256-bit registers per token), for
+// NT tokens (1..4) from t0 into out[t][0..16): block8_avx2's arithmetic, each activation
+// broadcast once for the 16 rows instead of once per half.
+template <size_t NT, bool kParams8>
+KESTREL_AVX2_TARGET void block16_avx2(const W4Int8Interleaved& il, size_t block, const Activations& a, size_t t0,
+                                      float (*out)[kBlock]) {
+  const size_t G = il.group_size, n_groups = il.cols / G, octets = il.cols / 8;
+  const size_t blocks_per_group = G / kXBlock;
+  const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  const uint8_t* codes = &il.codes[block * octets * 64];
+  const TokenRows<NT> rows(a, t0, il.cols);
+  const auto& xq = rows.q;
+  const auto& xd = rows.d;
+  const auto& xs = rows.sx;
+  __m256 acc[NT][2], macc[NT][2];
+  for (size_t t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = macc[t][0] = macc[t][1] = _mm256_setzero_ps();
+  __m256 row_d[2] = {}, neg_row_m[2] = {};
+  if constexpr (kParams8) {
+    for (size_t h = 0; h < 2; ++h) {
+      row_d[h] = _mm256_loadu_ps(&il.row_d[block * kBlock + 8 * h]);
+      neg_row_m[h] = _mm256_xor_ps(_mm256_loadu_ps(&il.row_m[block * kBlock + 8 * h]), _mm256_set1_ps(-0.0f));
+    }
+  }
+  for (size_t g = 0; g < n_groups; ++g) {
+    const size_t at = (block * n_groups + g) * kBlock;
+    __m256 d[2], m[2];
+    for (size_t h = 0; h < 2; ++h) {
+      if constexpr (kParams8) {
+        d[h] = _mm256_mul_ps(row_d[h], u8x8_avx2(&il.scales8[at + 8 * h]));
+        m[h] = il.mins8.empty() ? _mm256_mul_ps(d[h], _mm256_set1_ps(-8.0f))
+                                : _mm256_mul_ps(neg_row_m[h], u8x8_avx2(&il.mins8[at + 8 * h]));
+      } else {
+        d[h] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(&il.scales[at + 8 * h])));
+        m[h] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(&il.mins[at + 8 * h])));
+      }
+    }
+    for (size_t k = 0; k < blocks_per_group; ++k) {
+      const size_t b = g * blocks_per_group + k;
+      __m256i dot[NT][2];
+      for (size_t t = 0; t < NT; ++t) dot[t][0] = dot[t][1] = _mm256_setzero_si256();
+#pragma GCC unroll 1
+      for (size_t oi = 0; oi < kXBlock / 8; ++oi) {
+        const size_t o = b * (kXBlock / 8) + oi;
+        _mm_prefetch(reinterpret_cast<const char*>(codes + 64 * o + kPrefetchBytes), _MM_HINT_T0);
+        const __m256i bytes0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + 64 * o));
+        const __m256i bytes1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + 64 * o + 32));
+        const __m256i lo0 = _mm256_and_si256(bytes0, low), hi0 = _mm256_and_si256(_mm256_srli_epi16(bytes0, 4), low);
+        const __m256i lo1 = _mm256_and_si256(bytes1, low), hi1 = _mm256_and_si256(_mm256_srli_epi16(bytes1, 4), low);
+        for (size_t t = 0; t < NT; ++t) {
+          const __m256i x0 = broadcast4_avx2(xq[t] + 8 * o), x1 = broadcast4_avx2(xq[t] + 8 * o + 4);
+          dot[t][0] = _mm256_add_epi16(dot[t][0], _mm256_maddubs_epi16(lo0, x0));
+          dot[t][1] = _mm256_add_epi16(dot[t][1], _mm256_maddubs_epi16(lo1, x0));
+          dot[t][0] = _mm256_add_epi16(dot[t][0], _mm256_maddubs_epi16(hi0, x1));
+          dot[t][1] = _mm256_add_epi16(dot[t][1], _mm256_maddubs_epi16(hi1, x1));
+        }
+      }
+      for (size_t t = 0; t < NT; ++t) {
+        const __m256 dx = _mm256_set1_ps(xd[t][b]), sx = _mm256_set1_ps(xs[t][b]);
+        for (size_t h = 0; h < 2; ++h) {
+          const __m256i sum = _mm256_madd_epi16(dot[t][h], ones);
+          acc[t][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(d[h], dx), acc[t][h]);
+          macc[t][h] = _mm256_fmadd_ps(m[h], sx, macc[t][h]);
+        }
+      }
+    }
+  }
+  for (size_t t = 0; t < NT; ++t) {
+    for (size_t h = 0; h < 2; ++h) _mm256_storeu_ps(&out[t][8 * h], _mm256_add_ps(acc[t][h], macc[t][h]));
+  }
+}
+
 void block_tokens_avx2(const W4Int8Interleaved& il, size_t block, const Activations& a, size_t t0, size_t n,
                        float (*out)[kBlock]) {
+  static const int exp16 = std::getenv("KESTREL_EXP16") ? std::atoi(std::getenv("KESTREL_EXP16")) : 0;
+  if (exp16 > 0 && n >= static_cast<size_t>(exp16)) {
+    if (il.params8()) {
+      switch (n) {
+        case 4: return block16_avx2<4, true>(il, block, a, t0, out);
+        case 3: return block16_avx2<3, true>(il, block, a, t0, out);
+        case 2: return block16_avx2<2, true>(il, block, a, t0, out);
+        default: return block16_avx2<1, true>(il, block, a, t0, out);
+      }
+    }
+    switch (n) {
+      case 4: return block16_avx2<4, false>(il, block, a, t0, out);
+      case 3: return block16_avx2<3, false>(il, block, a, t0, out);
+      case 2: return block16_avx2<2, false>(il, block, a, t0, out);
+      default: return block16_avx2<1, false>(il, block, a, t0, out);
+    }
+  }
   for (size_t h = 0; h < 2; ++h) {
     if (il.params8()) {
       switch (n) {
@@ -421,7 +509,7 @@ bool w4_int8_supported(const Matrix& w) {
          w.group_size % kXBlock == 0 && w.cols % w.group_size == 0;
 }
 
-W4Int8Interleaved interleave_w4_int8(const Matrix& w) {
+W4Int8Interleaved interleave_w4_int8(const Matrix& w, ThreadPool* pool) {
   if (!w4_int8_supported(w)) {
     throw Error("interleave_w4_int8: not an INT4 matrix with rows a multiple of 16 and groups a multiple of 32");
   }
@@ -430,7 +518,7 @@ W4Int8Interleaved interleave_w4_int8(const Matrix& w) {
   il.rows = w.rows;
   il.cols = w.cols;
   il.group_size = G;
-  il.codes.assign(il.rows / kBlock * octets * 64, 0);
+  il.codes.resize(il.rows / kBlock * octets * 64);
   const bool params8 = w.scales == nullptr;
   if (params8) {
     il.scales8.resize(il.rows * n_groups);
@@ -441,34 +529,62 @@ W4Int8Interleaved interleave_w4_int8(const Matrix& w) {
     il.scales.resize(il.rows * n_groups);
     il.mins.resize(il.rows * n_groups);
   }
-  for (size_t r = 0; r < il.rows; ++r) {
-    const size_t block = r / kBlock, i = r % kBlock;
-    const uint8_t* row = w.row(r);
-    for (size_t c = 0; c < w.cols; ++c) {
-      // Row-major: a group's byte j holds weight j (low nibble) and j + G / 2 (high) (matmul.h).
-      const size_t g = c / G, within = c % G;
-      const uint8_t src = row[g * half + within % half];
-      const uint8_t q = within >= half ? src >> 4 : src & 0x0F;
-      const size_t e = c % 8;
-      il.codes[(block * octets + c / 8) * 64 + code_byte(i, e)] |= e >= 4 ? static_cast<uint8_t>(q << 4) : q;
-    }
-    if (params8) {
-      il.row_d[r] = gguf::fp16_to_fp32(w.row_scales[2 * r]);
-      il.row_m[r] = gguf::fp16_to_fp32(w.row_scales[2 * r + 1]);
-      for (size_t g = 0; g < n_groups; ++g) {
-        const size_t at = (block * n_groups + g) * kBlock + i;
-        il.scales8[at] = w.scales8[r * n_groups + g];
-        if (w.mins8 != nullptr) il.mins8[at] = w.mins8[r * n_groups + g];
+  // Blocks [b0, b1) of 16 rows. Row-major source: a group's byte j holds weight j (low nibble)
+  // and j + G / 2 (high) (matmul.h); each row's codes are unpacked to one byte per weight, then
+  // packed as code_byte() places them: byte 4 i + e of octet o holds row i's columns 8 o + e
+  // (low nibble) and 8 o + e + 4 (high), e < 4.
+  auto blocks = [&](size_t b0, size_t b1) {
+    std::vector<uint8_t> codes(w.cols);
+    // Locals, not the captures: byte stores may alias anything, so the compiler would reload
+    // captured sizes and pointers after each one.
+    uint8_t* q = codes.data();
+    const size_t n_half = half, group = G;
+    for (size_t block = b0; block < b1; ++block) {
+      for (size_t i = 0; i < kBlock; ++i) {
+        const size_t r = block * kBlock + i;
+        const uint8_t* row = w.row(r);
+        for (size_t g = 0; g < n_groups; ++g) {
+          const uint8_t* src = row + g * n_half;
+          uint8_t* low = q + g * group;
+          uint8_t* high = low + n_half;
+          for (size_t j = 0; j < n_half; ++j) {
+            low[j] = src[j] & 0x0F;
+            high[j] = src[j] >> 4;
+          }
+        }
+        uint8_t* dst = &il.codes[block * octets * 64 + 4 * i];
+        for (size_t o = 0; o < octets; ++o) {
+          // Four bytes at once: codes are < 16, so the shift moves each into its byte's high nibble.
+          uint32_t low4, high4;
+          std::memcpy(&low4, &q[8 * o], 4);
+          std::memcpy(&high4, &q[8 * o + 4], 4);
+          const uint32_t packed = low4 | (high4 << 4);
+          std::memcpy(&dst[o * 64], &packed, 4);
+        }
+        if (params8) {
+          il.row_d[r] = gguf::fp16_to_fp32(w.row_scales[2 * r]);
+          il.row_m[r] = gguf::fp16_to_fp32(w.row_scales[2 * r + 1]);
+        }
+        for (size_t g = 0; g < n_groups; ++g) {
+          const size_t at = (block * n_groups + g) * kBlock + i;
+          if (params8) {
+            il.scales8[at] = w.scales8[r * n_groups + g];
+            if (w.mins8 != nullptr) il.mins8[at] = w.mins8[r * n_groups + g];
+            continue;
+          }
+          const uint16_t d = w.scales[r * n_groups + g];
+          il.scales[at] = d;
+          // Symmetric groups: m = -8 d, exact in fp16 (a power-of-two multiple).
+          il.mins[at] = w.mins != nullptr ? w.mins[r * n_groups + g] : gguf::fp32_to_fp16(-8.0f * gguf::fp16_to_fp32(d));
+        }
       }
-      continue;
     }
-    for (size_t g = 0; g < n_groups; ++g) {
-      const size_t at = (block * n_groups + g) * kBlock + i;
-      const uint16_t d = w.scales[r * n_groups + g];
-      il.scales[at] = d;
-      // Symmetric groups: m = -8 d, exact in fp16 (a power-of-two multiple).
-      il.mins[at] = w.mins != nullptr ? w.mins[r * n_groups + g] : gguf::fp32_to_fp16(-8.0f * gguf::fp16_to_fp32(d));
-    }
+  };
+  const size_t n_blocks = il.rows / kBlock;
+  if (pool != nullptr && pool->size() > 1) {
+    pool->parallel_for(n_blocks, 1, blocks);
+  } else {
+    blocks(0, n_blocks);
   }
   return il;
 }

@@ -41,6 +41,7 @@
 #include <string>
 #include <vector>
 
+#include "kestrel/base/thread_pool.h"
 #include "kestrel/kernels/int8_isa.h"
 #include "kestrel/kernels/matmul.h"
 
@@ -85,8 +86,9 @@ DecodeActivations parse_decode_activations(const std::string& name);
 /// has SIMD int8 does not matter: gemv_w4_int8 falls back to the portable path.)
 bool w4_int8_supported(const Matrix& w);
 
-/// The int8-activation copy of `w` (throws kestrel::Error unless w4_int8_supported(w)).
-W4Int8Interleaved interleave_w4_int8(const Matrix& w);
+/// The int8-activation copy of `w` (throws kestrel::Error unless w4_int8_supported(w)); blocks of
+/// 16 rows split over `pool`'s threads when one is given.
+W4Int8Interleaved interleave_w4_int8(const Matrix& w, ThreadPool* pool = nullptr);
 
 /// y[t * y_stride + r] for t < n_tokens (any count >= 1), r in [row_begin, row_end)
 /// (at most il.rows): the header's formula with x[t * x_stride + i] (float32) quantized here,

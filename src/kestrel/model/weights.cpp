@@ -117,7 +117,7 @@ kernels::Matrix WeightStore::with_int8_head(kernels::Matrix head) {
   if (in_effect != Precision::kAuto && in_effect != Precision::kW4A16) return head;
   if (head.type == kernels::WeightType::kQ8_0 && head.cols % 32 == 0 &&
       kernels::w4_int8_chosen(options_.decode_activations) && kernels::int8_simd_available()) {
-    head.interleaved_q8 = &owned_interleaved_q8_.emplace_back(kernels::interleave_q8_0(head));
+    head.interleaved_q8 = &owned_interleaved_q8_.emplace_back(kernels::interleave_q8_0(head, pool_));
   }
   return head;
 }
@@ -126,7 +126,7 @@ kernels::Matrix WeightStore::with_interleaved(kernels::Matrix m) {
   if (m.type == kernels::WeightType::kQ8_0) return with_int8_head(m);
   // int8 activations in the decode kernel, in place of the bf16 one, where the options ask.
   if (kernels::w4_int8_chosen(options_.decode_activations) && kernels::w4_int8_supported(m)) {
-    m.interleaved_int8 = &owned_interleaved_int8_.emplace_back(kernels::interleave_w4_int8(m));
+    m.interleaved_int8 = &owned_interleaved_int8_.emplace_back(kernels::interleave_w4_int8(m, pool_));
     return m;
   }
   if (!kernels::w4_interleavable(m)) return m;
