@@ -451,7 +451,7 @@ def test_json_reports_the_int8_path():
     # `run --json` says which products ran on int8 activations and on which kernel (a fresh user
     # could not tell whether --decode-act auto had chosen int8 on their CPU).
     def run(act, env=None):
-        r = kestrel("run", "-p", "x", "-n", 1, "--precision", "w4a16", "--decode-act", act, "--json", "-t", 2,
+        r = kestrel("run", "-p", "x", "-n", 1, "--precision", "auto", "--decode-act", act, "--json", "-t", 2,
                     env=env)
         assert r.returncode == 0, r.stderr
         return json.loads(r.stdout)
@@ -460,7 +460,7 @@ def test_json_reports_the_int8_path():
     flags = Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").exists() else []
     best = "avx512vnni" if "avx512_vnni" in flags else "avx2" if "avx2" in flags else "portable"
     j = run("int8")
-    # Gemma 3 270M: 18 layers x 7 INT4 matrices (q, k, v, o, gate, up, down).
+    # Gemma 3 270M in its auto form: 18 layers x 7 INT4 or Q8_0 matrices (q, k, v, o, gate, up, down), and the Q8_0 head.
     assert j["int8_matrices"] >= 18 * 7 and j["int8_kernel"] == best, j
     j = run("int8", env={**os.environ, "KESTREL_NO_AVX2": "1", "KESTREL_NO_VNNI": "1"})
     assert j["int8_matrices"] >= 18 * 7 and j["int8_kernel"] == "portable", j
