@@ -190,5 +190,41 @@ TEST(ThreadCount, LogitsDoNotDependOnThreads) {
   }
 }
 
+// Decode steps give the same bits whatever the thread count (the README's promise): decode
+// attention over a long range used to be cut into one slice per thread, so that greedy tokens
+// changed with -t (found by a fresh-user trial, 2026-12-03). The GGUF's auto form as `kestrel run
+// -m` loads it; a prompt long enough that every layer's range spans several 128-position slices.
+TEST(ThreadCount, DecodeStepsDoNotDependOnThreads) {
+  KESTREL_DEFAULT_MODEL_OR_SKIP(path)
+  std::vector<TokenId> prompt;
+  const auto& items = reference("f32");
+  for (size_t i = 0; prompt.size() < 300; ++i) {
+    const auto t = items.at(i % items.size()).at("tokens").get<std::vector<TokenId>>();
+    prompt.insert(prompt.end(), t.begin(), t.end());
+  }
+  std::vector<std::vector<float>> results;
+  std::vector<std::vector<TokenId>> greedy;
+  for (int threads : {1, 2, 3}) {
+    EngineOptions o{threads, 512, {}};
+    o.load.precision = quant::Precision::kAuto;
+    Engine engine(path, o);
+    std::span<float> logits = engine.eval(prompt);
+    std::vector<float> all;
+    std::vector<TokenId> tokens;
+    for (int step = 0; step < 12; ++step) {
+      const TokenId next[1] = {argmax(logits)};
+      tokens.push_back(next[0]);
+      logits = engine.eval(next);
+      all.insert(all.end(), logits.begin(), logits.end());
+    }
+    results.push_back(std::move(all));
+    greedy.push_back(std::move(tokens));
+  }
+  for (size_t r = 1; r < results.size(); ++r) {
+    EXPECT_EQ(greedy[r], greedy[0]) << "threads run " << r;
+    EXPECT_TRUE(results[r] == results[0]) << "threads run " << r << ": decode logits differ";
+  }
+}
+
 }  // namespace
 }  // namespace kestrel::runtime

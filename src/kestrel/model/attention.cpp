@@ -30,6 +30,11 @@ struct Merge {
   size_t row, g, first, n;
 };
 
+// Positions per slice of a long visible range (cached_attention_rows): enough work per item to
+// outweigh its merge (group x head_dim floats), and items for every thread from a few hundred
+// positions on.
+constexpr size_t kSlice = 128;
+
 struct RowsScratch {
   std::vector<Unit> units;
   std::vector<Merge> merges;
@@ -42,10 +47,10 @@ struct RowsScratch {
 void cached_attention_rows(const AttentionShape& s, std::span<const AttentionRow> rows, ThreadPool& pool) {
   if (rows.empty()) return;
   const size_t hd = s.head_dim, group = s.n_heads / s.n_kv_heads;
-  const size_t threads = static_cast<size_t>(pool.size());
-  // A row's plan is what a one-row call has always done: with at least as many KV heads as
-  // threads, one item per KV head over the whole range; with fewer (decode of a model with one
-  // KV head), the range cut into one slice per thread and the slices' softmaxes merged.
+  // A row's plan depends on its visible range only, never on the thread count, so that its
+  // result does not either: a range of at most kSlice positions is one item per KV head; a
+  // longer one is cut into slices of kSlice positions (from its first), whose softmaxes are
+  // merged in order. (Cutting it into one slice per thread made greedy tokens depend on -t.)
   thread_local RowsScratch scratch;
   auto& units = scratch.units;
   auto& merges = scratch.merges;
@@ -55,17 +60,16 @@ void cached_attention_rows(const AttentionShape& s, std::span<const AttentionRow
   for (size_t r = 0; r < rows.size(); ++r) {
     const auto [begin, end] = visible(s, rows[r].pos);
     longest = std::max(longest, end - begin);
-    if (s.n_kv_heads >= threads) {
+    if (end - begin <= kSlice) {
       for (size_t g = 0; g < s.n_kv_heads; ++g) units.push_back({r, g, begin, end, kWhole});
       continue;
     }
-    const size_t slice = (end - begin + threads - 1) / threads;
-    const size_t n_parts = (end - begin + slice - 1) / slice;
+    const size_t n_parts = (end - begin + kSlice - 1) / kSlice;
     for (size_t g = 0; g < s.n_kv_heads; ++g) {
       merges.push_back({r, g, n_parts_total, n_parts});
       for (size_t p = 0; p < n_parts; ++p) {
-        const size_t s0 = begin + p * slice;
-        units.push_back({r, g, s0, std::min(end, s0 + slice), n_parts_total++});
+        const size_t s0 = begin + p * kSlice;
+        units.push_back({r, g, s0, std::min(end, s0 + kSlice), n_parts_total++});
       }
     }
   }
@@ -127,11 +131,11 @@ void cached_attention(const AttentionShape& s, const float* q, size_t n, size_t 
     return;
   }
   const size_t group = s.n_heads / s.n_kv_heads;
-  const size_t threads = static_cast<size_t>(pool.size());
   const uint16_t* kc = lc.k.data();
   const uint16_t* vc = lc.v.data();
   const size_t n_items = n * s.n_kv_heads;
-  if (n_items >= threads && group <= kernels::kMaxBlockQueries && hd % 16 == 0) {
+  // Never chosen by the thread count (the results must not depend on it).
+  if (group <= kernels::kMaxBlockQueries && hd % 16 == 0) {
     // Prefill: a tile of consecutive tokens times the heads of one KV head reads each K/V row once.
     const size_t tile_tokens = std::max<size_t>(1, kernels::kMaxBlockQueries / group);
     const size_t n_tiles = (n + tile_tokens - 1) / tile_tokens;
@@ -159,8 +163,7 @@ void cached_attention(const AttentionShape& s, const float* q, size_t n, size_t 
     });
     return;
   }
-  // A chunk of kTileMinTokens or more with fewer KV-head items than threads cannot happen with
-  // fewer than kTileMinTokens threads; with more, each (token, KV head) item whole.
+  // Groups or head sizes the tiles do not take: each (token, KV head) item whole.
   pool.parallel_for(n_items, 1, [&](size_t b, size_t e) {
     std::vector<float> scores(group * (std::min(pos0 + n, lc.capacity) + 1));
     for (size_t item = b; item < e; ++item) {
