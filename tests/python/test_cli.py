@@ -462,6 +462,7 @@ def test_json_reports_the_int8_path():
     j = run("int8")
     # Gemma 3 270M in its auto form: 18 layers x 7 INT4 or Q8_0 matrices (q, k, v, o, gate, up, down), and the Q8_0 head.
     assert j["int8_matrices"] >= 18 * 7 and j["int8_kernel"] == best, j
-    j = run("int8", env={**os.environ, "KESTREL_NO_AVX2": "1", "KESTREL_NO_VNNI": "1"})
+    # Any value but empty or exactly "0" turns a path off ("00" did not: only its first character was read).
+    j = run("int8", env={**os.environ, "KESTREL_NO_AVX2": "00", "KESTREL_NO_VNNI": "1"})
     # Without SIMD int8 only the INT4 matrices take the (portable) int8 path; Q8_0 ones stay float.
     assert 0 < j["int8_matrices"] < 18 * 7 and j["int8_kernel"] == "portable", j

@@ -1,13 +1,15 @@
 #include "kestrel/kernels/int8_isa.h"
 
 #include <cstdlib>
+#include <cstring>
 
 namespace kestrel::kernels {
 namespace {
 
 [[maybe_unused]] bool turned_off(const char* variable) {
   const char* v = std::getenv(variable);
-  return v != nullptr && *v != '\0' && *v != '0';
+  // Set to anything but empty or exactly "0" (docs/quantization.md): "00" or "0x" turn it off too.
+  return v != nullptr && *v != '\0' && std::strcmp(v, "0") != 0;
 }
 
 }  // namespace
