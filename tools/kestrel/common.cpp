@@ -46,10 +46,10 @@ void ModelOptions::add_to(CLI::App& cmd) {
 void add_decode_act_option(CLI::App& cmd, const std::string& name, std::string& value, const std::string& whose) {
   cmd.add_option(name, value,
                  (whose.empty() ? std::string() : whose + ": ") +
-                     "INT4 layers' activations, decode and prefill alike: rounded to bf16 or int8; with int8, Q8_0 "
+                     "INT4 layers' activations, decode and prefill alike: rounded to bf16 or int8; with int8 on AVX2 or VNNI, Q8_0 "
                      "layers and a dense Q8_0 head take int8 activations too (docs/quantization.md); auto: "
                      "$KESTREL_W4_INT8 when set (0: bf16, 1: int8), else int8 where the CPU has AVX512-VNNI or "
-                     "AVX2. No effect on BF16/FP16 images or --precision source")
+                     "AVX2. No effect on BF16/FP16 images or a GGUF's float32 source form (--precision source)")
       ->check(CLI::IsMember({"auto", "bf16", "int8"}))
       ->capture_default_str();
 }
