@@ -202,7 +202,7 @@ Q8Interleaved interleave_q8_0(const Matrix& w, ThreadPool* pool) {
   };
   // Split by whole blocks of 16 rows: a block's rows share each 64-byte quad, so no two threads
   // write the same cache line.
-  if (pool != nullptr && pool->size() > 1) {
+  if (pool != nullptr) {
     pool->parallel_for(blocks, 1, [&](size_t b0, size_t b1) { rows(b0 * kBlock, std::min(w.rows, b1 * kBlock)); });
   } else {
     rows(0, w.rows);

@@ -493,7 +493,7 @@ W4Int8Interleaved interleave_w4_int8(const Matrix& w, ThreadPool* pool) {
     }
   };
   const size_t n_blocks = il.rows / kBlock;
-  if (pool != nullptr && pool->size() > 1) {
+  if (pool != nullptr) {
     pool->parallel_for(n_blocks, 1, blocks);
   } else {
     blocks(0, n_blocks);
