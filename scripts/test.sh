@@ -11,6 +11,10 @@ cd "$(dirname "$0")/.."
 # Paths under the checkout hash as relative ones, so that a second clone (CI's, in a folder of
 # its own) reuses the compiler cache of the first.
 export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$(pwd)}"
+# Debug builds (-g: the sanitizer build) too: by default ccache hashes the working directory
+# into any compile with debug information, so a clone in another folder rebuilt all of
+# build-asan/ from scratch (~10 minutes of CI on 2 cores).
+export CCACHE_NOHASHDIR="${CCACHE_NOHASHDIR:-1}"
 scripts/install_deps.sh
 
 echo "== Release build (-Werror)"

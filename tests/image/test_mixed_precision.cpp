@@ -24,6 +24,7 @@
 #include "kestrel/runtime/calibration.h"
 #include "kestrel/runtime/engine.h"
 #include "image_dir.h"
+#include "source_dir.h"
 
 namespace kestrel {
 namespace {
@@ -201,7 +202,7 @@ struct Q8Accuracy {
 };
 
 Q8Accuracy q8_accuracy(const fs::path& q8_image, const fs::path& bf16_image, kernels::DecodeActivations act) {
-  std::ifstream in(fs::path(KESTREL_SOURCE_DIR) / "tests/goldens/model_llamacpp.json");
+  std::ifstream in(::kestrel::testing::source_dir() / "tests/goldens/model_llamacpp.json");
   const auto goldens = nlohmann::json::parse(in);
   const auto spread_ids = goldens.at("spread_ids").get<std::vector<size_t>>();
   runtime::EngineOptions o{2, 256, {}};

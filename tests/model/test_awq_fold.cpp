@@ -30,6 +30,7 @@
 #include "kestrel/runtime/model_path.h"
 #include "kestrel/text/tokenizer.h"
 #include "test_models.h"
+#include "source_dir.h"
 
 namespace kestrel::image {
 namespace {
@@ -154,7 +155,7 @@ void expect_fold_is_exact(const fs::path& source, const std::set<int>& layers, c
 TEST(AwqFold, Gemma4TinyLogitsUnchanged) {
   for (const char* name : {"e2b_tiny", "e4b_tiny"}) {
     SCOPED_TRACE(name);
-    const fs::path path = fs::path(KESTREL_SOURCE_DIR) / "tests/data/gemma4" / name / "model.gguf";
+    const fs::path path = ::kestrel::testing::source_dir() / "tests/data/gemma4" / name / "model.gguf";
     expect_fold_is_exact(path, {}, {2, 17, 99, 250, 311, 7, 45, 400, 12, 3}, 6);
   }
 }

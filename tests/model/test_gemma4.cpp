@@ -22,6 +22,7 @@
 #include "kestrel/model/gemma_config.h"
 #include "kestrel/model/model.h"
 #include "kestrel/text/tokenizer.h"
+#include "source_dir.h"
 
 namespace kestrel::model {
 namespace {
@@ -41,11 +42,11 @@ struct Goldens {
 };
 
 fs::path data_dir(const std::string& name) {
-  return fs::path(KESTREL_SOURCE_DIR) / "tests/data/gemma4" / name;
+  return ::kestrel::testing::source_dir() / "tests/data/gemma4" / name;
 }
 
 Goldens read_goldens(const std::string& name) {
-  const fs::path dir = fs::path(KESTREL_SOURCE_DIR) / "tests/goldens";
+  const fs::path dir = ::kestrel::testing::source_dir() / "tests/goldens";
   std::ifstream in(dir / ("gemma4_" + name + ".json"));
   const nlohmann::json j = nlohmann::json::parse(in);
   Goldens g;

@@ -29,6 +29,7 @@
 #include "kestrel/runtime/model_path.h"
 #include "test_models.h"
 #include "default_engine.h"
+#include "source_dir.h"
 
 namespace kestrel::runtime {
 namespace {
@@ -39,7 +40,7 @@ constexpr float kNearTie = 0.05f;
 
 const nlohmann::json& goldens() {
   static const nlohmann::json j = [] {
-    std::ifstream in(std::filesystem::path(KESTREL_SOURCE_DIR) / "tests/goldens/model_llamacpp.json");
+    std::ifstream in(::kestrel::testing::source_dir() / "tests/goldens/model_llamacpp.json");
     return nlohmann::json::parse(in);
   }();
   return j;

@@ -10,6 +10,7 @@
 
 #include "kestrel/model/kv_cache.h"
 #include "kestrel/runtime/model_path.h"
+#include "source_dir.h"
 
 // In a test body: declares `var` as the default model's file (runtime::default_model_path()),
 // or skips the test with the reason it is missing.
@@ -25,7 +26,7 @@ namespace kestrel::model {
 
 /// tests/data/gemma4/NAME/model.gguf ("e2b_tiny", "e4b_tiny").
 inline std::filesystem::path tiny_gemma4(const char* name) {
-  return std::filesystem::path(KESTREL_SOURCE_DIR) / "tests/data/gemma4" / name / "model.gguf";
+  return ::kestrel::testing::source_dir() / "tests/data/gemma4" / name / "model.gguf";
 }
 
 /// n ids drawn uniformly from 3 .. min(n_vocab, 4096) - 1 (no BOS/EOS/pad), seeded.

@@ -33,6 +33,7 @@
 #include "kestrel/model/gemma_decoder.h"
 #include "kestrel/model/model.h"
 #include "kestrel/model/mtp_assistant.h"
+#include "source_dir.h"
 
 namespace kestrel::model {
 namespace {
@@ -65,10 +66,10 @@ struct Goldens {
   std::vector<Case> cases;
 };
 
-fs::path data_dir(const std::string& name) { return fs::path(KESTREL_SOURCE_DIR) / "tests/data/gemma4" / name; }
+fs::path data_dir(const std::string& name) { return ::kestrel::testing::source_dir() / "tests/data/gemma4" / name; }
 
 Goldens read_goldens(const std::string& name) {
-  const fs::path dir = fs::path(KESTREL_SOURCE_DIR) / "tests/goldens";
+  const fs::path dir = ::kestrel::testing::source_dir() / "tests/goldens";
   std::ifstream in(dir / ("gemma4_" + name + "_assistant.json"));
   const nlohmann::json j = nlohmann::json::parse(in);
   Goldens g;

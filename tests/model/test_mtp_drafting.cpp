@@ -14,6 +14,7 @@
 #include "kestrel/runtime/engine.h"
 #include "kestrel/runtime/session.h"
 #include "test_models.h"
+#include "source_dir.h"
 
 namespace kestrel::runtime {
 namespace {
@@ -34,7 +35,7 @@ GenerateOptions options(size_t n, DraftMode draft, float temperature) {
 TEST(MtpDrafting, AutoDraftsWithTheAssistantAndKeepsTheTokens) {
   for (const std::string name : {"e2b_tiny", "e4b_tiny"}) {
     SCOPED_TRACE(name);
-    const fs::path dir = fs::path(KESTREL_SOURCE_DIR) / "tests/data/gemma4" / name;
+    const fs::path dir = ::kestrel::testing::source_dir() / "tests/data/gemma4" / name;
     const fs::path path = fs::temp_directory_path() / ("kestrel_test_mtp_drafting_" + name + ".gguf");
     image::write_hf_gemma4_gguf(dir / "hf", path, {}, dir / "assistant");
     EngineOptions o;

@@ -20,6 +20,7 @@
 #include "kestrel/runtime/model_path.h"
 #include "default_engine.h"
 #include "kestrel/runtime/perplexity.h"
+#include "source_dir.h"
 
 namespace kestrel::runtime {
 namespace {
@@ -29,7 +30,7 @@ constexpr size_t kCtx = 256;
 constexpr size_t kChunks = 2;
 
 const std::filesystem::path kWikiText =
-    std::filesystem::path(KESTREL_SOURCE_DIR "/../shared/data/wikitext2/wiki.test.raw");
+    ::kestrel::testing::source_dir() / "../shared/data/wikitext2/wiki.test.raw";
 
 // perplexity() makes its own caches, so the engine's context can be 1.
 class Perplexity : public WithDefaultEngine<1> {};
@@ -87,7 +88,7 @@ TEST_F(Perplexity, ClearErrors) {
 
 TEST_F(Perplexity, MatchesLlamaCppOnWikiText2) {
   if (!std::filesystem::exists(kWikiText)) GTEST_SKIP() << kWikiText << " is missing";
-  std::ifstream gin(std::filesystem::path(KESTREL_SOURCE_DIR) / "tests/goldens/perplexity.json");
+  std::ifstream gin(::kestrel::testing::source_dir() / "tests/goldens/perplexity.json");
   ASSERT_TRUE(gin) << "tests/goldens/perplexity.json is missing";
   const nlohmann::json golden = nlohmann::json::parse(gin);
 

@@ -28,6 +28,7 @@
 #include "kestrel/formats/gguf_writer.h"
 #include "kestrel/runtime/session.h"
 #include "test_models.h"
+#include "source_dir.h"
 
 namespace kestrel::runtime {
 namespace {
@@ -66,7 +67,7 @@ GenerateResult same_tokens(Engine& e, const std::vector<TokenId>& prompt, size_t
 class Speculative : public WithDefaultEngine<1024, quant::Precision::kAuto> {};
 
 TEST_F(Speculative, ParityPromptsGiveTheSameTokens) {
-  std::ifstream in(std::filesystem::path(KESTREL_SOURCE_DIR) / "tests/goldens/model_llamacpp.json");
+  std::ifstream in(::kestrel::testing::source_dir() / "tests/goldens/model_llamacpp.json");
   const auto goldens = nlohmann::json::parse(in);
   size_t drafted = 0;
   const auto& refs = goldens["references"]["q4_k_m"];
@@ -118,7 +119,7 @@ TEST(SpeculativeGemma4, TinyModelsGiveTheSameTokens) {
 // ---- Draft models ----
 
 std::vector<std::vector<TokenId>> parity_prompts() {
-  std::ifstream in(fs::path(KESTREL_SOURCE_DIR) / "tests/goldens/model_llamacpp.json");
+  std::ifstream in(::kestrel::testing::source_dir() / "tests/goldens/model_llamacpp.json");
   const auto goldens = nlohmann::json::parse(in);
   std::vector<std::vector<TokenId>> out;
   for (const auto& r : goldens["references"]["q4_k_m"]) out.push_back(r["tokens"].get<std::vector<TokenId>>());

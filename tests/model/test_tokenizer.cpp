@@ -16,6 +16,7 @@
 #include "kestrel/formats/gguf.h"
 #include "kestrel/runtime/model_path.h"
 #include "kestrel/text/tokenizer.h"
+#include "source_dir.h"
 
 namespace kestrel::text {
 namespace {
@@ -39,7 +40,7 @@ std::string from_hex(const std::string& hex) {
 
 const std::vector<Golden>& goldens() {
   static const std::vector<Golden> cases = [] {
-    std::ifstream in(std::filesystem::path(KESTREL_SOURCE_DIR) / "tests/goldens/tokenizer.json");
+    std::ifstream in(::kestrel::testing::source_dir() / "tests/goldens/tokenizer.json");
     const nlohmann::json j = nlohmann::json::parse(in);
     std::vector<Golden> out;
     for (const auto& c : j.at("cases")) {

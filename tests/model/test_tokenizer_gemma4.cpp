@@ -14,6 +14,7 @@
 #include "kestrel/base/error.h"
 #include "kestrel/formats/gguf.h"
 #include "kestrel/text/tokenizer.h"
+#include "source_dir.h"
 
 namespace kestrel::text {
 namespace {
@@ -23,7 +24,7 @@ namespace fs = std::filesystem;
 class Gemma4Tokenizer : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    file_ = new gguf::File(gguf::File::open(fs::path(KESTREL_SOURCE_DIR) / "tests/data/gemma4/e2b_tiny/model.gguf"));
+    file_ = new gguf::File(gguf::File::open(::kestrel::testing::source_dir() / "tests/data/gemma4/e2b_tiny/model.gguf"));
     tok_ = new Tokenizer(Tokenizer::from_gguf(*file_));
   }
   static void TearDownTestSuite() {
@@ -37,7 +38,7 @@ gguf::File* Gemma4Tokenizer::file_ = nullptr;
 Tokenizer* Gemma4Tokenizer::tok_ = nullptr;
 
 TEST_F(Gemma4Tokenizer, MatchesHfTokenizersOnEveryGoldenString) {
-  std::ifstream in(fs::path(KESTREL_SOURCE_DIR) / "tests/goldens/gemma4_tokenizer.json");
+  std::ifstream in(::kestrel::testing::source_dir() / "tests/goldens/gemma4_tokenizer.json");
   const nlohmann::json j = nlohmann::json::parse(in);
   size_t n = 0, roundtrips = 0;
   for (const auto& c : j.at("cases")) {

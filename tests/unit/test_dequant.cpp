@@ -14,13 +14,14 @@
 #include <vector>
 
 #include "kestrel/formats/dequant.h"
+#include "source_dir.h"
 
 namespace kestrel::gguf {
 namespace {
 
 const nlohmann::json& goldens() {
   static const nlohmann::json json = [] {
-    std::ifstream in(KESTREL_SOURCE_DIR "/tests/goldens/dequant.json");
+    std::ifstream in(::kestrel::testing::source_dir() / "tests/goldens/dequant.json");
     EXPECT_TRUE(in.good()) << "missing tests/goldens/dequant.json";
     return in.good() ? nlohmann::json::parse(in) : nlohmann::json::object();
   }();

@@ -16,6 +16,7 @@
 #include "kestrel/formats/dequant.h"
 #include "kestrel/kernels/matmul.h"
 #include "kestrel/quant/gguf_convert.h"
+#include "source_dir.h"
 
 namespace kestrel::quant {
 namespace {
@@ -30,7 +31,7 @@ struct Case {
 };
 
 std::vector<Case> golden_cases() {
-  std::ifstream in(KESTREL_SOURCE_DIR "/tests/goldens/dequant.json");
+  std::ifstream in(::kestrel::testing::source_dir() / "tests/goldens/dequant.json");
   EXPECT_TRUE(in.good()) << "missing tests/goldens/dequant.json";
   std::vector<Case> cases;
   if (!in.good()) return cases;

@@ -56,10 +56,31 @@ struct Affine {
   uint16_t d, m;
 };
 
+// A quantizing thread's code buffers for one group (reused: no allocation per group).
+struct GroupCodes {
+  std::vector<uint8_t> q, prev, best, scratch;
+};
+GroupCodes& group_codes(size_t n) {
+  thread_local GroupCodes codes;
+  for (auto* v : {&codes.q, &codes.prev, &codes.best, &codes.scratch}) v->assign(n, 0);
+  return codes;
+}
+
 // Packs a group's n codes (one per byte) into n / 2 bytes: byte j holds code j in its low
 // nibble and code j + n / 2 in its high one (the kW4 layout, kernels/matmul.h).
 void pack_group(const uint8_t* codes, size_t n, uint8_t* out) {
   for (size_t j = 0; j < n / 2; ++j) out[j] = static_cast<uint8_t>(codes[j] | (codes[j + n / 2] << 4));
+}
+
+// std::clamp(std::nearbyint(x), 0.0f, 15.0f), bit for bit, without a call: the bounds being
+// integers, clamping first gives the same code, and for 0 <= x <= 15 adding and subtracting
+// 1.5 * 2^23 rounds to the nearest integer, ties to even, as nearbyint does in the default
+// rounding mode (the baseline x86-64 build has no SSE4.1 `roundss`: nearbyintf was a libm call
+// per weight per try).
+inline float round_code(float x) {
+  constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23
+  const float c = std::clamp(x, 0.0f, 15.0f);
+  return (c + kMagic) - kMagic;
 }
 
 // Squared error of the group with stored (fp16) d and m; writes the codes to q.
@@ -68,7 +89,7 @@ double affine_error(const float* w, const float* importance, size_t n, float d, 
   const float inv_d = d != 0.0f ? 1.0f / d : 0.0f;
   double err = 0.0;
   for (size_t i = 0; i < n; ++i) {
-    const float code = std::clamp(std::nearbyint((w[i] - m) * inv_d), 0.0f, 15.0f);
+    const float code = round_code((w[i] - m) * inv_d);
     q[i] = static_cast<uint8_t>(code);
     const double e = static_cast<double>(w[i] - (d * code + m));
     err += (importance ? importance[i] : 1.0f) * e * e;
@@ -103,7 +124,8 @@ Affine quantize_group_affine(const float* w, const float* importance, size_t n, 
     lo = std::min(lo, w[i]);
     hi = std::max(hi, w[i]);
   }
-  std::vector<uint8_t> q(n), best_q(n);
+  GroupCodes& codes = group_codes(n);
+  uint8_t *q = codes.q.data(), *prev = codes.prev.data(), *best_q = codes.best.data();
   Affine best{gguf::fp32_to_fp16((hi - lo) / 15.0f), gguf::fp32_to_fp16(lo)};
   double best_err = INFINITY;
   // Several starting grids (the range over 14..17 steps, as make_qkx2_quants' rdelta search),
@@ -115,20 +137,24 @@ Affine quantize_group_affine(const float* w, const float* importance, size_t n, 
   for (int iter = 0; iter < 4; ++iter) {
     const Affine stored{gguf::fp32_to_fp16(d), gguf::fp32_to_fp16(m)};
     const double err = affine_error(w, importance, n, gguf::fp16_to_fp32(stored.d),
-                                    gguf::fp16_to_fp32(stored.m), q.data());
+                                    gguf::fp16_to_fp32(stored.m), q);
     if (err < best_err) {
       best_err = err;
       best = stored;
-      best_q = q;
+      std::copy(q, q + n, best_q);
     }
-    // Weighted least squares of w ~ d * q + m for the current codes.
-    const auto fit = least_squares_fit(w, importance, q.data(), n);
+    // The same codes as the last iteration: the fit below gives the (d, m) this iteration
+    // started from, so every later iteration repeats this one. Stop (the result is unchanged).
+    if (iter > 0 && std::equal(q, q + n, prev)) break;
+    std::swap(q, prev);
+    // Weighted least squares of w ~ d * q + m for the current codes (now in prev).
+    const auto fit = least_squares_fit(w, importance, prev, n);
     if (!fit) break;
     d = static_cast<float>(fit->d);
     m = static_cast<float>(fit->m);
   }
   }
-  pack_group(best_q.data(), n, out);
+  pack_group(best_q, n, out);
   return best;
 }
 
@@ -141,11 +167,13 @@ Affine quantize_group_int_zero(const float* w, const float* importance, size_t n
     lo = std::min(lo, w[i]);
     hi = std::max(hi, w[i]);
   }
-  std::vector<uint8_t> q(n, 0), best_q(n, 0), scratch(n, 0);
+  GroupCodes& codes = group_codes(n);
+  uint8_t *q = codes.q.data(), *prev = codes.prev.data(), *best_q = codes.best.data(),
+          *scratch = codes.scratch.data();
   Affine best{0, 0};
   double best_err = INFINITY;
   if (hi == 0.0f && lo == 0.0f) {  // an all-zero group: d = 0, z = 0
-    pack_group(best_q.data(), n, out);
+    pack_group(best_q, n, out);
     return best;
   }
   auto clamp_z = [](double z) { return static_cast<unsigned>(std::clamp(std::nearbyint(z), 0.0, 15.0)); };
@@ -159,16 +187,20 @@ Affine quantize_group_int_zero(const float* w, const float* importance, size_t n
       const float df = gguf::fp16_to_fp32(d16);
       if (!(df > 0.0f) || !std::isfinite(df)) break;
       const uint16_t m16 = integer_zero_point_min(d16, z);
-      const double err = affine_error(w, importance, n, df, gguf::fp16_to_fp32(m16), q.data());
+      const double err = affine_error(w, importance, n, df, gguf::fp16_to_fp32(m16), q);
       if (err < best_err) {
         best_err = err;
         best = {d16, m16};
-        best_q = q;
+        std::copy(q, q + n, best_q);
       }
+      // The same codes as the last iteration: the next (d, z) below, a function of the codes,
+      // is the one this iteration started from, so every later iteration repeats this one.
+      if (iter > 0 && std::equal(q, q + n, prev)) break;
+      std::swap(q, prev);  // the codes are in prev from here on
       // Unconstrained weighted least squares of w ~ d * q + m gives z = round(-m / d); for it
       // and its two neighbours, the least-squares d of w ~ d * (q - z) is tried on the current
       // codes, and the best (re-rounded) pair is the next iterate.
-      const auto fit = least_squares_fit(w, importance, q.data(), n);
+      const auto fit = least_squares_fit(w, importance, prev, n);
       if (!fit) break;
       const double d_free = fit->d, m_free = fit->m;
       if (!(d_free > 0)) break;
@@ -179,14 +211,14 @@ Affine quantize_group_int_zero(const float* w, const float* importance, size_t n
         if (zc > 15) continue;  // (z0 - 1 wraps for z0 = 0)
         double num = 0, den = 0;
         for (size_t i = 0; i < n; ++i) {
-          const double a = importance ? importance[i] : 1.0, c = static_cast<double>(q[i]) - zc;
+          const double a = importance ? importance[i] : 1.0, c = static_cast<double>(prev[i]) - zc;
           num += a * c * w[i];
           den += a * c * c;
         }
         if (den <= 0 || !(num / den > 0)) continue;
         const uint16_t dc16 = gguf::fp32_to_fp16(static_cast<float>(num / den));
         const double e = affine_error(w, importance, n, gguf::fp16_to_fp32(dc16),
-                                      gguf::fp16_to_fp32(integer_zero_point_min(dc16, zc)), scratch.data());
+                                      gguf::fp16_to_fp32(integer_zero_point_min(dc16, zc)), scratch);
         if (e < next_err) {
           next_err = e;
           next_d = num / den;
@@ -195,7 +227,7 @@ Affine quantize_group_int_zero(const float* w, const float* importance, size_t n
         if (e < best_err) {  // a candidate in its own right
           best_err = e;
           best = {dc16, integer_zero_point_min(dc16, zc)};
-          best_q = scratch;
+          std::copy(scratch, scratch + n, best_q);
         }
       }
       if (!(next_d > 0)) break;
@@ -203,7 +235,7 @@ Affine quantize_group_int_zero(const float* w, const float* importance, size_t n
       z = next_z;
     }
   }
-  pack_group(best_q.data(), n, out);
+  pack_group(best_q, n, out);
   return best;
 }
 

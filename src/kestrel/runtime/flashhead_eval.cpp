@@ -6,6 +6,7 @@
 #include <unordered_map>
 
 #include "kestrel/base/error.h"
+#include "kestrel/kernels/matmul.h"
 
 namespace kestrel::runtime {
 namespace {
@@ -56,7 +57,9 @@ FlashHeadEvalResult evaluate_flashhead(Engine& engine, std::span<const TokenId> 
   const size_t positions = std::min(options.max_positions, tokens.size() - 1);
   const size_t n_chunks = (positions + options.n_ctx - 2) / (options.n_ctx - 1);
   model::KvCache cache = model.new_cache(std::min(options.n_ctx, model.info().context_length));
-  std::vector<float> hidden, dense(v);
+  // Positions the dense head scores per call (FlashHeadEvalOptions::time_dense_head).
+  const size_t dense_rows = options.time_dense_head ? 1 : kernels::kTileMinTokens - 1;
+  std::vector<float> hidden, dense_block(dense_rows * v);
   head::Candidates cand;
   std::vector<double> dense_ms;
   std::vector<std::vector<double>> flash_ms(probes.size());
@@ -74,14 +77,18 @@ FlashHeadEvalResult evaluate_flashhead(Engine& engine, std::span<const TokenId> 
     model.forward_hidden(tokens.subspan(begin, n), cache, model::Logits::kAll, hidden.data(), engine.pool());
     for (size_t i = 0; i + 1 < n && done < positions; ++i, ++done) {
       const float* h = &hidden[i * d];
-      const auto t0 = Clock::now();
-      head::dense_logits(head, h, 1, dense.data(), engine.pool());
-      dense_ms.push_back(ms_between(t0, Clock::now()));
-      const TokenId best = argmax(std::span<const float>(dense));
+      if (i % dense_rows == 0) {
+        const size_t rows = std::min({dense_rows, n - 1 - i, positions - done});
+        const auto t0 = Clock::now();
+        head::dense_logits(head, h, rows, dense_block.data(), engine.pool());
+        if (options.time_dense_head) dense_ms.push_back(ms_between(t0, Clock::now()));
+      }
+      const std::span<const float> dense(&dense_block[(i % dense_rows) * v], v);
+      const TokenId best = argmax(dense);
       const auto history = tokens.subspan(0, begin + i + 1);
       std::vector<std::pair<TokenId, double>> dense_dist;
       if (compare_sampling) {
-        std::vector<float> copy = dense;
+        std::vector<float> copy(dense.begin(), dense.end());
         Sampler s(options.sampler);
         dense_dist = s.distribution(TokenScores{copy, {}}, history);
       }

@@ -18,6 +18,11 @@ struct FlashHeadEvalOptions {
   /// Sampling settings whose distributions are compared (total-variation distance); a
   /// temperature <= 0 skips the comparison.
   SamplerConfig sampler;
+  /// true: the dense head scores each position alone and is timed (dense_head_ms). false: it
+  /// scores up to kernels::kTileMinTokens - 1 positions per call, reading its weights once for
+  /// all of them; the logits are the same, bit for bit (the matmuls compute each row of so few
+  /// as they compute a row alone), and dense_head_ms is 0. For tests that need the agreement only.
+  bool time_dense_head = true;
 };
 
 struct ProbeResult {
