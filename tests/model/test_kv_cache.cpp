@@ -48,6 +48,17 @@ struct Loaded {
   std::vector<float> scratch;
 };
 
+// Truncates `cache` (which holds `a` and then other tokens) to n, re-feeds what of a[0, n) it
+// could not keep, then `b`; returns (positions kept, logits of b).
+std::pair<size_t, std::vector<float>> rollback_and_feed(Loaded& m, KvCache cache, const std::vector<TokenId>& a,
+                                                        size_t n, const std::vector<TokenId>& b) {
+  const size_t kept = cache.truncate(n);
+  EXPECT_EQ(cache.n_past, kept);
+  EXPECT_EQ(cache.tokens().size(), kept);
+  if (kept < n) m.model->forward_hidden(std::span(a).subspan(kept, n - kept), cache, Logits::kLast, m.nullptr_hidden(), m.pool);
+  return {kept, m.logits(b, cache)};
+}
+
 // Feeds `a` then `junk`, truncates to n, feeds `b`; returns (positions kept, logits of b).
 // split_at_n: `a` goes in two chunks, its first n tokens and the rest, so that those n are
 // computed as a fresh prefill of them is (a chunk of fewer than kernels::kTileMinTokens tokens
@@ -65,11 +76,7 @@ std::pair<size_t, std::vector<float>> after_rollback(Loaded& m, const std::vecto
   }
   m.model->forward_hidden(junk, cache, Logits::kLast, m.nullptr_hidden(), m.pool);
   EXPECT_EQ(cache.tokens().size(), a.size() + junk.size());
-  const size_t kept = cache.truncate(n);
-  EXPECT_EQ(cache.n_past, kept);
-  EXPECT_EQ(cache.tokens().size(), kept);
-  if (kept < n) m.model->forward_hidden(std::span(a).subspan(kept, n - kept), cache, Logits::kLast, m.nullptr_hidden(), m.pool);
-  return {kept, m.logits(b, cache)};
+  return rollback_and_feed(m, std::move(cache), a, n, b);
 }
 
 // The ring edge: after P positions, a ring of C slots holds P - C .. P - 1; a query at n needs
@@ -82,22 +89,25 @@ void check_ring_edges(Loaded& m, size_t window, size_t ring, size_t n_a, size_t 
   const size_t edge = floor + window - 1;  // the smallest n that is still exact
   ASSERT_LT(edge, n_a);
 
+  // a then junk, fed once; each case rolls back a copy (CI time).
+  KvCache fed = m.model->new_cache(n_ctx);
+  m.model->forward_hidden(a, fed, Logits::kLast, m.nullptr_hidden(), m.pool);
+  m.model->forward_hidden(junk, fed, Logits::kLast, m.nullptr_hidden(), m.pool);
+  ASSERT_EQ(fed.tokens().size(), n_a + n_junk);
   for (const size_t n : {n_a, edge}) {
-    const auto [kept, logits] = after_rollback(m, a, junk, n, b, n_ctx);
+    const auto [kept, logits] = rollback_and_feed(m, fed, a, n, b);
     EXPECT_EQ(kept, n) << "truncate(" << n << ")";
     EXPECT_EQ(logits, m.fresh(first(a, n), b, n_ctx)) << "truncate(" << n << ") then feeding is not bit-identical";
   }
   // One position before the edge the ring has lost position edge - W: truncate keeps nothing,
   // and re-feeding from 0 is exact again.
-  const auto [kept, logits] = after_rollback(m, a, junk, edge - 1, b, n_ctx);
+  const auto [kept, logits] = rollback_and_feed(m, fed, a, edge - 1, b);
   EXPECT_EQ(kept, 0u);
   EXPECT_EQ(logits, m.fresh(first(a, edge - 1), b, n_ctx));
 
   // Bypassing the rule (pretending the ring still holds the window) would change the logits:
   // the rule is needed, not just cautious.
-  KvCache cache = m.model->new_cache(n_ctx);
-  m.model->forward_hidden(a, cache, Logits::kLast, m.nullptr_hidden(), m.pool);
-  m.model->forward_hidden(junk, cache, Logits::kLast, m.nullptr_hidden(), m.pool);
+  KvCache cache = fed;
   cache.n_past = edge - 1;
   EXPECT_NE(m.logits(b, cache), m.fresh(first(a, edge - 1), b, n_ctx));
 }
