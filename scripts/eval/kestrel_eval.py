@@ -50,7 +50,9 @@ def parse_args(argv=None):
     p.add_argument("--kestrel", type=Path, default=Path(os.environ.get("KESTREL_BIN", ROOT / "build" / "kestrel")))
     p.add_argument("--ppl-file", type=Path, default=DATA / "wikitext2" / "wiki.test.raw",
                    help="text for perplexity, KL and same-top-1 against the baseline")
-    p.add_argument("--ppl-chunks", type=int, default=8, help="512-token chunks for perplexity (0: skip)")
+    p.add_argument("--ppl-chunks", type=int, default=8, help="chunks of --ppl-ctx tokens for perplexity (0: skip)")
+    p.add_argument("--ppl-ctx", type=int, default=512,
+                   help="tokens per perplexity chunk, the second half of each scored (llama-perplexity's -c; at least 4)")
     p.add_argument("--resamples", type=int, default=10_000, help="bootstrap resamples")
     a = p.parse_args(argv)
     a.images = []
@@ -82,6 +84,8 @@ def parse_args(argv=None):
         p.error("--threads must be 0 (every core) or more")
     if not os.access(a.kestrel, os.X_OK):
         p.error(f"--kestrel {a.kestrel}: not an executable (build first: scripts/build.sh)")
+    if a.ppl_ctx < 4:
+        p.error(f"--ppl-ctx {a.ppl_ctx}: at least 4 tokens")
     if a.ppl_chunks > 0 and len(a.images) > 1 and not a.ppl_file.is_file():
         p.error(f"--ppl-file {a.ppl_file}: no such file (or --ppl-chunks 0)")
     if a.out.exists() and not a.out.is_dir():
@@ -211,7 +215,7 @@ def perplexity(a) -> dict:
             out[label] = by_path[path]
             continue
         cmd = [str(a.kestrel), "perplexity", "-m", str(path), "-f", str(a.ppl_file), "--chunks",
-               str(a.ppl_chunks), "--json"] + (["-t", str(a.threads)] if a.threads else [])
+               str(a.ppl_chunks), "-c", str(a.ppl_ctx), "--json"] + (["-t", str(a.threads)] if a.threads else [])
         if not is_base:
             # The baseline as it runs: a GGUF in its auto form, as -m loads it (an image is used
             # as built either way), so that two identical entries give KL 0.

@@ -153,7 +153,7 @@ def test_two_identical_images_end_to_end(tmp_path):
     cmd = [sys.executable, str(ROOT / "scripts" / "eval" / "kestrel_eval.py"), "--kestrel", str(KESTREL),
            "--image", f"base={model}", "--image", f"copy={model}", "--limit", "2", "--max-tokens", "8",
            "--gsm8k-shots", "1", "--out", str(tmp_path), "--threads", "2", "--ppl-chunks", "1",
-           "--resamples", "200"]
+           "--ppl-ctx", "64", "--resamples", "200"]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
     for s in ("gsm8k", "ifeval"):
@@ -170,7 +170,7 @@ def test_two_identical_images_end_to_end(tmp_path):
     assert rep["perplexity"]["copy"]["same_top1_pct"] == 100
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and "every item already answered" in again.stdout
-    bad = subprocess.run(cmd[:-8] + ["--limit", "3", "--out", str(tmp_path)], capture_output=True, text=True)
+    bad = subprocess.run(cmd[:-10] + ["--limit", "3", "--out", str(tmp_path)], capture_output=True, text=True)
     assert bad.returncode != 0 and "use another --out" in bad.stderr
 
 

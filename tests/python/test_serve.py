@@ -241,6 +241,20 @@ def test_shutdown_mid_stream_ends_the_stream_with_an_error():
         assert s.stop() == 0
 
 
+def test_sigterm_does_not_wait_for_an_idle_keep_alive_connection():
+    """The openai client keeps its connection open between requests; SIGTERM used to wait for
+    it for cpp-httplib's default keep-alive of 5 s. Now at most kKeepAliveSeconds (1 s)."""
+    s = Server()
+    c = openai.OpenAI(base_url=s.base + "/v1", api_key="unused", max_retries=0)
+    try:
+        assert c.models.list().data
+        t = time.monotonic()
+        assert s.stop() == 0
+        assert time.monotonic() - t < 3.0
+    finally:
+        c.close()
+
+
 def test_seed_reproducibility(client, model_id):
     def sample(seed):
         return client.completions.create(model=model_id, prompt="Once upon a time", max_tokens=24,

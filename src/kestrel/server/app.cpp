@@ -108,6 +108,10 @@ void App::post(const std::string& pattern, PostHandler handler) {
 
 void App::install_routes() {
   http_.set_payload_max_length(options_.max_body_bytes);
+  // An idle keep-alive connection holds an HTTP thread, and cpp-httplib 0.11 looks for a stop
+  // only between a connection's requests: with its default of 5 s, SIGTERM waited 5 s for any
+  // client whose connection pool kept a connection open (the openai client's, a browser's).
+  http_.set_keep_alive_timeout(kKeepAliveSeconds);
   // Enough threads that /health and /metrics are answered while every admitted request (running
   // or waiting, each holding its connection's thread) streams: http_thread_count.
   http_.new_task_queue = [n = http_thread_count(options_)] { return new httplib::ThreadPool(n); };

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <ctime>
 #include <functional>
 #include <memory>
 #include <string>
@@ -29,6 +30,9 @@ struct ServerOptions {
 /// connection thread until its response ends. Threads beyond those answer /health, /metrics,
 /// /v1/models and the 429s while the queue is full; at least this many must be left.
 inline constexpr size_t kMinSpareHttpThreads = 2;
+/// Seconds an idle keep-alive connection stays open between its requests (it holds a connection
+/// thread meanwhile); also the longest SIGINT/SIGTERM waits for such a connection to close.
+inline constexpr time_t kKeepAliveSeconds = 1;
 /// The connection threads: options.http_threads, or by default max_queue + parallel + 4 (spare
 /// threads for the other endpoints, 429s and idle keep-alive connections).
 size_t http_thread_count(const ServerOptions& options);
