@@ -37,7 +37,9 @@ ThreadPool& pool() {
 
 // rows x cols = state.range(0) x cols (640: Gemma 3 270M's d_model, so 2048 x 640 is its
 // ffn_gate); tokens = state.range(1).
-void Run(benchmark::State& state, k::WeightType type, size_t cols = 640) {
+// int8_rows: a Q8_0 matrix computed with int8 activations from its rows as stored
+// (k::Matrix::q8_int8_rows: a FlashHead image's head).
+void Run(benchmark::State& state, k::WeightType type, size_t cols = 640, bool int8_rows = false) {
   const size_t rows = static_cast<size_t>(state.range(0));
   const size_t n = static_cast<size_t>(state.range(1));
   const auto w = gaussian(rows * cols);
@@ -67,6 +69,7 @@ void Run(benchmark::State& state, k::WeightType type, size_t cols = 640) {
         for (int i = 0; i < 32; ++i) q8.push_back(static_cast<uint8_t>(static_cast<int8_t>(w[b * 32 + i] * 40)));
       }
       m.data = q8.data();
+      m.q8_int8_rows = int8_rows;
       break;
   }
   for (auto _ : state) {
@@ -83,6 +86,7 @@ void F32(benchmark::State& s) { Run(s, k::WeightType::kF32); }
 void W4(benchmark::State& s) { Run(s, k::WeightType::kW4); }
 void BF16(benchmark::State& s) { Run(s, k::WeightType::kBF16); }
 void Q8_0(benchmark::State& s) { Run(s, k::WeightType::kQ8_0); }
+void Q8_0Int8Rows(benchmark::State& s) { Run(s, k::WeightType::kQ8_0, 640, true); }
 void W4Cols(benchmark::State& s) { Run(s, k::WeightType::kW4, static_cast<size_t>(s.range(2))); }
 
 // Decode: one token over a large matrix (head-like 65536 rows) and a layer matrix.
@@ -93,6 +97,7 @@ BENCHMARK(W4)->Name("Decode/W4")->Args({2048, 1})->Args({65536, 1})->UseRealTime
 BENCHMARK(W4Cols)->Name("Decode/W4")->Args({10240, 1, 2560})->Args({2560, 1, 10240})->Args({40960, 1, 2560})->UseRealTime();
 BENCHMARK(BF16)->Name("Decode/BF16")->Args({2048, 1})->Args({65536, 1})->UseRealTime();
 BENCHMARK(Q8_0)->Name("Decode/Q8_0")->Args({2048, 1})->Args({65536, 1})->UseRealTime();
+BENCHMARK(Q8_0Int8Rows)->Name("Decode/Q8_0Int8Rows")->Args({2048, 1})->Args({65536, 1})->UseRealTime();
 // A decode step of several sequences (continuous batching) or a verification of drafted tokens:
 // the layer GEMV over 2-7 tokens, and FlashHead's stage 1 (16384 Q8_0 centroids) over 1-4 rows.
 BENCHMARK(W4)->Name("Batch/W4")->Args({2048, 1})->Args({2048, 2})->Args({2048, 4})->Args({2048, 7})->UseRealTime();

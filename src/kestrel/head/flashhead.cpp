@@ -8,6 +8,7 @@
 #include "kestrel/base/error.h"
 #include "kestrel/head/best_clusters.h"
 #include "kestrel/head/flashhead_format.h"
+#include "kestrel/kernels/gemv_q8_rows.h"
 
 namespace kestrel::head {
 
@@ -133,6 +134,7 @@ inline void copy_small(const T* src, size_t n, T* dst) {
 
 struct Scratch {
   std::vector<float> x, scores;
+  kernels::Q8Activations xq;  // x rounded to int8 for stage 2, where the head takes int8 activations
   std::vector<std::vector<uint32_t>> probed;
   std::vector<Piece> pieces, run, merged;
   std::vector<Group> groups;
@@ -232,6 +234,11 @@ void FlashHead::search_batch(std::span<const float* const> hidden, size_t probes
   // they become free rather than taking fixed halves.
   constexpr size_t kGroupsPerClaim = 32;
   const size_t row_bytes = head_->weight.row_bytes();
+  // A head that takes int8 activations (its dense products do too: kernels::Matrix::q8_int8_rows)
+  // scores each piece from the rows as stored, the hidden states rounded once for all pieces.
+  const bool int8 = head_->weight.q8_int8_rows;
+  auto& xq = scratch.xq;
+  if (int8) kernels::quantize_q8_activations(x.data(), n_rows, d, d, xq);
   pool.parallel_for_dynamic(groups.size(), kGroupsPerClaim, [&](size_t b, size_t e) {
     thread_local std::vector<float> xs, ys;
     for (size_t g = b; g < e; ++g) {
@@ -244,6 +251,17 @@ void FlashHead::search_batch(std::span<const float* const> hidden, size_t probes
       const Piece& first = pieces[group.first];
       const size_t count = first.count;
       const kernels::Matrix slice = kernels::row_slice(head_->weight, first.head_row, count);
+      if (int8) {  // each piece alone: the group's rows stay in L1 for the next
+        for (size_t j = 0; j < group.n; ++j) {
+          const Piece& piece = pieces[group.first + j];
+          Candidates& c = *out[piece.row];
+          float* y = &c.logits[piece.at];
+          kernels::gemv_q8_rows(slice, xq, piece.row, piece.row + 1, y, count, 0, count);
+          apply_softcap(y, count, head_->final_softcap);
+          copy_small(&head_->row_tokens[piece.head_row], count, &c.ids[piece.at]);
+        }
+        continue;
+      }
       // One row alone reads its hidden state in place; several are gathered.
       const float* in = &x[first.row * d];
       if (group.n > 1) {

@@ -11,6 +11,7 @@
 #include "kestrel/formats/dequant.h"
 #include "kestrel/kernels/gemm_bf16.h"
 #include "kestrel/kernels/gemv_q8_interleaved.h"
+#include "kestrel/kernels/gemv_q8_rows.h"
 #include "kestrel/kernels/gemv_w4_bf16.h"
 #include "kestrel/kernels/gemv_w4_int8.h"
 #include "kestrel/kernels/gemv_w4_interleaved.h"
@@ -507,6 +508,11 @@ void MatmulRows(const Matrix& w, const float* x, size_t n_tokens, size_t x_strid
         quantize_q8_activations(x, n_tokens, x_stride, w.cols, q);
         return gemv_q8_interleaved(*w.interleaved_q8, q, y, y_stride, row_begin, row_end);
       }
+      if (w.q8_int8_rows) {
+        thread_local Q8Activations q;
+        quantize_q8_activations(x, n_tokens, x_stride, w.cols, q);
+        return gemv_q8_rows(w, q, 0, n_tokens, y, y_stride, row_begin, row_end);
+      }
       return MatmulQ8_0Rows(w, x, n_tokens, x_stride, y, y_stride, row_begin, row_end);
   }
 }
@@ -557,7 +563,7 @@ constexpr size_t kInt8PrefillChunk = 64;
 
 /// Below 4 tokens a thread (the kernel's tile) the rows are split, as in decode.
 bool splits_tokens(const Matrix& w, size_t n_tokens, const ThreadPool& pool) {
-  return (w.interleaved_int8 != nullptr || w.interleaved_q8 != nullptr) && n_tokens >= kTileMinTokens &&
+  return (w.interleaved_int8 != nullptr || w.interleaved_q8 != nullptr || w.q8_int8_rows) && n_tokens >= kTileMinTokens &&
          n_tokens >= 4 * static_cast<size_t>(pool.size());
 }
 

@@ -109,9 +109,12 @@ GemmaDecoder::GemmaDecoder(const gguf::File& file, const LoadOptions& options, T
   tied_ = !store_.has("output.weight");
   head_.weight = tied_ ? embedding_ : store_.source_matrix("output.weight", c.n_vocab, c.d_model);
   // Without FlashHead the dense head computes every step's logits: its Q8_0 products take int8
-  // activations where those are chosen (~190 MB more memory for Gemma 3's 262,144 rows). A
-  // FlashHead image keeps the dense head for perplexity and --head dense, on the float32 path.
-  if (file.find_tensor(head::kCentroidsTensor) == nullptr) head_.weight = store_.with_int8_head(head_.weight);
+  // activations where those are chosen, on an interleaved copy (~190 MB more memory for Gemma
+  // 3's 262,144 rows). A FlashHead image reads a few clusters of rows per step (stage 2) and
+  // keeps the dense head for perplexity and --head dense: the same int8 activations and bits,
+  // from the rows as stored (no copy).
+  head_.weight = file.find_tensor(head::kCentroidsTensor) == nullptr ? store_.with_int8_head(head_.weight)
+                                                                     : store_.with_int8_head_rows(head_.weight);
   head_.final_softcap = c.final_softcap;
   if (const auto order = head::find_row_order(file)) head_.set_row_order(*order);
   output_norm_ = store_.vector("output_norm.weight", c.d_model);

@@ -47,13 +47,21 @@ class WeightStore {
   /// where options and CPU choose int8 activations, it is Q8_0 (gemv_q8_interleaved.h) and the
   /// layers are quantized (a GGUF's auto form, W4A16); else as it is.
   kernels::Matrix with_int8_head(kernels::Matrix head);
+  /// The same choice for a FlashHead image's head, without the copy (~190 MB for Gemma 3's
+  /// 262,144 rows): its products, FlashHead's stage 2 and the dense head alike, run on the rows
+  /// as stored (kernels::Matrix::q8_int8_rows, gemv_q8_rows.h), with the copy's bits.
+  kernels::Matrix with_int8_head_rows(kernels::Matrix head);
   bool has(const std::string& name) const { return file_->find_tensor(name) != nullptr; }
   /// Parameters seen so far.
   size_t n_params() const { return n_params_; }
   /// Matrices given an int8-activation copy so far (INT4 and Q8_0).
-  size_t int8_matrices() const { return owned_interleaved_int8_.size() + owned_interleaved_q8_.size(); }
+  size_t int8_matrices() const {
+    return owned_interleaved_int8_.size() + owned_interleaved_q8_.size() + int8_row_matrices_;
+  }
 
  private:
+  // Whether `head` takes int8 activations: with_int8_head's condition.
+  bool int8_head_chosen(const kernels::Matrix& head) const;
   const gguf::TensorInfo& checked(const std::string& name, std::vector<uint64_t> shape);
   const float* dequantized(const gguf::TensorInfo& info);
   // A checked GGUF tensor as stored where a kernel takes it (F32, Q8_0, F16, BF16), else float32.
@@ -80,6 +88,7 @@ class WeightStore {
   std::deque<kernels::W4Interleaved> owned_interleaved_;
   std::deque<kernels::W4Int8Interleaved> owned_interleaved_int8_;
   std::deque<kernels::Q8Interleaved> owned_interleaved_q8_;
+  size_t int8_row_matrices_ = 0;  // heads given q8_int8_rows (with_int8_head_rows)
   size_t n_params_ = 0;
 };
 

@@ -1,0 +1,37 @@
+// Products of a Q8_0 matrix, its rows as stored (ggml blocks of 32: an fp16 scale and 32 int8
+// codes), with int8-quantized activations (quantize_q8_activations): the numbers
+// gemv_q8_interleaved computes from its interleaved copy, bit for bit, without that copy. For a
+// FlashHead image's head (head/flashhead.h): stage 2 scores a few scattered clusters of rows per
+// token, and the dense head is seldom run, so the ~190 MB interleaved copy of Gemma 3's head
+// would cost more memory than it saves time.
+//
+// Per row r and token t, in block order b (float32, fused multiply-add), as gemv_q8_interleaved.h
+// states it:
+//   y = fma(float(sum_{i in b} w_ri * q_ti), s_rb * d_tb, y),   y starting at 0,
+// the integer sums exact. AVX2 path (also taken on AVX512-VNNI CPUs): 8 rows at a time, each
+// block's 8 integer sums reduced into one register (lane = row) so that the float32 steps are
+// the interleaved kernel's; `vpmaddubsw` takes |w| against sign(q, w), as there.
+#pragma once
+
+#include <cstddef>
+
+#include "kestrel/kernels/gemv_q8_interleaved.h"
+#include "kestrel/kernels/int8_isa.h"
+#include "kestrel/kernels/matmul.h"
+
+namespace kestrel::kernels {
+
+/// y[(t - t_begin) * y_stride + r] for the tokens t in [t_begin, t_end) of `x` and the rows r in
+/// [row_begin, row_end) of `w` (kQ8_0, w.cols == x.cols), computed as the header says on the
+/// fastest path this CPU has (AVX2 where best_int8_isa() is AVX2 or AVX512-VNNI, else portable).
+/// Throws kestrel::Error for a matrix that is not Q8_0, column counts that differ, or ranges past
+/// the matrix or the activations.
+void gemv_q8_rows(const Matrix& w, const Q8Activations& x, size_t t_begin, size_t t_end, float* y,
+                  size_t y_stride, size_t row_begin, size_t row_end);
+
+/// gemv_q8_rows on the path of `isa` (throws kestrel::Error where int8_isa_available(isa) is
+/// false). For tests and benchmarks.
+void gemv_q8_rows_on(Int8Isa isa, const Matrix& w, const Q8Activations& x, size_t t_begin, size_t t_end,
+                     float* y, size_t y_stride, size_t row_begin, size_t row_end);
+
+}  // namespace kestrel::kernels

@@ -1,0 +1,119 @@
+// The row-major int8 kernel for Q8_0 matrices (kernels/gemv_q8_rows.h): every path this CPU
+// runs writes, for every token range and row range, exactly the bits of gemv_q8_interleaved's
+// portable path on an interleaved copy of the same matrix (whose own test checks it against a
+// float64 sum of the formula); the float64 sum is checked here too.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "kestrel/base/error.h"
+#include "kestrel/formats/dequant.h"
+#include "kestrel/kernels/gemv_q8_interleaved.h"
+#include "kestrel/kernels/gemv_q8_rows.h"
+#include "random_q8.h"
+
+namespace k = kestrel::kernels;
+
+namespace {
+
+using kestrel::testing::random_q8_0;
+
+k::Matrix view(const std::vector<uint8_t>& bytes, size_t rows, size_t cols) {
+  k::Matrix m;
+  m.type = k::WeightType::kQ8_0;
+  m.data = bytes.data();
+  m.rows = rows;
+  m.cols = cols;
+  return m;
+}
+
+// Gaussian activations with a block of zeros and one large outlier (as the interleaved test).
+std::vector<float> activations(size_t n_tokens, size_t cols, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> g;
+  std::vector<float> x(n_tokens * cols);
+  for (auto& v : x) v = g(rng);
+  for (size_t t = 0; t < n_tokens; ++t) {
+    for (size_t i = 0; i < 32; ++i) x[t * cols + i] = 0.0f;
+    if (cols >= 64) x[t * cols + 40] = 300.0f;
+  }
+  return x;
+}
+
+TEST(Q8Rows, EveryPathWritesTheInterleavedKernelsBits) {
+  for (auto [rows, cols] : std::vector<std::pair<size_t, size_t>>{{8, 32}, {16, 640}, {37, 64}, {64, 2560}}) {
+    SCOPED_TRACE(std::to_string(rows) + "x" + std::to_string(cols));
+    const auto bytes = random_q8_0(rows, cols, 7 * rows + cols);
+    const k::Matrix m = view(bytes, rows, cols);
+    const size_t n = 5, nb = cols / 32;
+    const auto x = activations(n, cols, rows);
+    k::Q8Activations xq;
+    k::quantize_q8_activations(x.data(), n, cols, cols, xq);
+    std::vector<float> expected(n * rows);
+    k::gemv_q8_interleaved_scalar(k::interleave_q8_0(m), xq, expected.data(), rows, 0, rows);
+    // float64 sum of the formula: sum_b (sum_i w q) * s * d.
+    for (size_t t = 0; t < n; ++t) {
+      for (size_t r = 0; r < rows; ++r) {
+        double ref = 0, magnitude = 0;
+        for (size_t b = 0; b < nb; ++b) {
+          const uint8_t* blk = m.row(r) + b * 34;
+          uint16_t h = 0;
+          std::memcpy(&h, blk, 2);
+          int64_t dot = 0;
+          for (size_t i = 0; i < 32; ++i) dot += static_cast<int8_t>(blk[2 + i]) * xq.q[t * cols + b * 32 + i];
+          const double term = static_cast<double>(dot) * kestrel::gguf::fp16_to_fp32(h) * xq.scale[t * nb + b];
+          ref += term;
+          magnitude += std::fabs(term);
+        }
+        ASSERT_NEAR(expected[t * rows + r], ref, 1e-5 * magnitude + 1e-30) << "r=" << r;
+      }
+    }
+    for (k::Int8Isa isa : k::int8_isas_available()) {
+      SCOPED_TRACE(k::int8_isa_name(isa));
+      // Row ranges that cut the 8-row passes, token ranges that skip the first tokens.
+      for (auto [r0, r1] : std::vector<std::pair<size_t, size_t>>{{0, rows}, {3, rows}, {1, rows - 1}, {rows - 1, rows}}) {
+        for (auto [t0, t1] : std::vector<std::pair<size_t, size_t>>{{0, n}, {2, 3}, {4, 5}}) {
+          std::vector<float> y((t1 - t0) * rows, -1.0f);
+          k::gemv_q8_rows_on(isa, m, xq, t0, t1, y.data(), rows, r0, r1);
+          for (size_t t = t0; t < t1; ++t) {
+            for (size_t r = 0; r < rows; ++r) {
+              const float got = y[(t - t0) * rows + r];
+              if (r < r0 || r >= r1) {
+                ASSERT_EQ(got, -1.0f) << "wrote outside its rows";
+              } else {
+                ASSERT_EQ(got, expected[t * rows + r]) << "t=" << t << " r=" << r << " rows " << r0 << ".." << r1;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  if (k::int8_isas_available().size() == 1) GTEST_SKIP() << "checked the portable path only: no AVX2 or AVX512-VNNI";
+}
+
+TEST(Q8Rows, BadArgumentsAreErrors) {
+  const auto bytes = random_q8_0(16, 64, 3);
+  const k::Matrix m = view(bytes, 16, 64);
+  k::Q8Activations xq;
+  k::quantize_q8_activations(std::vector<float>(64, 1.0f).data(), 1, 64, 64, xq);
+  std::vector<float> y(32);
+  EXPECT_NO_THROW(k::gemv_q8_rows(m, xq, 0, 1, y.data(), 16, 0, 16));
+  EXPECT_THROW(k::gemv_q8_rows(m, xq, 0, 1, y.data(), 16, 0, 17), kestrel::Error);  // past the rows
+  EXPECT_THROW(k::gemv_q8_rows(m, xq, 0, 2, y.data(), 16, 0, 16), kestrel::Error);  // past the tokens
+  k::Q8Activations narrow;
+  k::quantize_q8_activations(std::vector<float>(32, 1.0f).data(), 1, 32, 32, narrow);
+  EXPECT_THROW(k::gemv_q8_rows(m, narrow, 0, 1, y.data(), 16, 0, 16), kestrel::Error);  // 32 vs 64 columns
+  k::Matrix f32 = m;
+  f32.type = k::WeightType::kF32;
+  EXPECT_THROW(k::gemv_q8_rows(f32, xq, 0, 1, y.data(), 16, 0, 16), kestrel::Error);
+  for (k::Int8Isa isa : {k::Int8Isa::kAvx2, k::Int8Isa::kAvx512Vnni}) {
+    if (k::int8_isa_available(isa)) continue;
+    EXPECT_THROW(k::gemv_q8_rows_on(isa, m, xq, 0, 1, y.data(), 16, 0, 16), kestrel::Error) << k::int8_isa_name(isa);
+  }
+}
+
+}  // namespace
