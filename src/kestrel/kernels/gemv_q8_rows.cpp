@@ -102,7 +102,7 @@ void gemv_q8_rows_on(Int8Isa isa, const Matrix& w, const Q8Activations& x, size_
                      float* y, size_t y_stride, size_t row_begin, size_t row_end) {
   if (!int8_isa_available(isa)) throw Error(std::string("gemv_q8_rows: ") + int8_isa_name(isa) + " is not available");
   check(w, x, t_begin, t_end, row_begin, row_end);
-  const size_t nb = w.cols / kQ8, row_bytes = w.row_bytes();
+  const size_t nb = w.cols / kQ8;
   for (size_t t = t_begin; t < t_end; ++t) {
     const int8_t* q = &x.q[t * x.cols];
     const float* xd = &x.scale[t * nb];
@@ -112,7 +112,7 @@ void gemv_q8_rows_on(Int8Isa isa, const Matrix& w, const Q8Activations& x, size_
     if (isa != Int8Isa::kPortable) {  // AVX2, or AVX512-VNNI (whose CPUs all have AVX2)
       for (; r + kRows <= row_end; r += kRows) {
         const uint8_t* ahead = r + 2 * kRows <= row_end ? w.row(r + kRows) : nullptr;
-        rows8_avx2(w.row(r), row_bytes, nb, q, xd, yt + r, ahead);
+        rows8_avx2(w.row(r), w.row_bytes(), nb, q, xd, yt + r, ahead);
       }
     }
 #endif
