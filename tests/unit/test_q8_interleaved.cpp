@@ -20,35 +20,15 @@ namespace k = kestrel::kernels;
 namespace {
 
 using kestrel::testing::random_q8_0;
-
-k::Matrix view(const std::vector<uint8_t>& bytes, size_t rows, size_t cols) {
-  k::Matrix m;
-  m.type = k::WeightType::kQ8_0;
-  m.data = bytes.data();
-  m.rows = rows;
-  m.cols = cols;
-  return m;
-}
-
-// Activations with a block of zeros and a block with one large outlier.
-std::vector<float> activations(size_t n_tokens, size_t cols, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> g;
-  std::vector<float> x(n_tokens * cols);
-  for (auto& v : x) v = g(rng);
-  for (size_t t = 0; t < n_tokens; ++t) {
-    for (size_t i = 0; i < 32; ++i) x[t * cols + i] = 0.0f;
-    if (cols >= 64) x[t * cols + 40] = 300.0f;
-  }
-  return x;
-}
+using kestrel::testing::edge_activations;
+using kestrel::testing::q8_0_view;
 
 TEST(Q8Interleaved, InterleavingOverAThreadPoolGivesTheSameCopy) {
   kestrel::ThreadPool pool(3);
   for (auto [rows, cols] : std::vector<std::pair<size_t, size_t>>{{16, 32}, {37, 64}, {64, 640}, {1000, 96}}) {
     const auto bytes = random_q8_0(rows, cols, 5 * rows + cols);
-    const k::Q8Interleaved one = k::interleave_q8_0(view(bytes, rows, cols));
-    const k::Q8Interleaved three = k::interleave_q8_0(view(bytes, rows, cols), &pool);
+    const k::Q8Interleaved one = k::interleave_q8_0(q8_0_view(bytes, rows, cols));
+    const k::Q8Interleaved three = k::interleave_q8_0(q8_0_view(bytes, rows, cols), &pool);
     EXPECT_EQ(one.codes, three.codes);
     EXPECT_EQ(one.scales, three.scales);
   }
@@ -57,10 +37,10 @@ TEST(Q8Interleaved, InterleavingOverAThreadPoolGivesTheSameCopy) {
 TEST(Q8Interleaved, VnniAndPortablePathsAgreeAndEqualTheStatedFormula) {
   for (auto [rows, cols] : std::vector<std::pair<size_t, size_t>>{{16, 32}, {37, 64}, {64, 640}, {48, 2560}}) {
     const auto bytes = random_q8_0(rows, cols, rows + cols);
-    const k::Matrix m = view(bytes, rows, cols);
+    const k::Matrix m = q8_0_view(bytes, rows, cols);
     const k::Q8Interleaved il = k::interleave_q8_0(m);
     const size_t n_max = 7;
-    const auto x = activations(n_max, cols, 3 * rows);
+    const auto x = edge_activations(n_max, cols, 3 * rows);
     k::Q8Activations xq;
     k::quantize_q8_activations(x.data(), n_max, cols, cols, xq);
     // The quantization, recomputed here: d = max|x| / 127, q = round-half-even(x / d).
@@ -86,17 +66,8 @@ TEST(Q8Interleaved, VnniAndPortablePathsAgreeAndEqualTheStatedFormula) {
     k::gemv_q8_interleaved_scalar(il, xq, portable.data(), rows, 0, rows);
     for (size_t t = 0; t < n_max; ++t) {
       for (size_t r = 0; r < rows; ++r) {
-        double ref = 0, magnitude = 0;
-        for (size_t b = 0; b < nb; ++b) {
-          const uint8_t* blk = m.row(r) + b * 34;
-          uint16_t h = 0;
-          std::memcpy(&h, blk, 2);
-          int64_t dot = 0;
-          for (size_t i = 0; i < 32; ++i) dot += static_cast<int8_t>(blk[2 + i]) * xq.q[t * cols + b * 32 + i];
-          const double term = static_cast<double>(dot) * kestrel::gguf::fp16_to_fp32(h) * xq.scale[t * nb + b];
-          ref += term;
-          magnitude += std::fabs(term);
-        }
+        double magnitude = 0;
+        const double ref = kestrel::testing::q8_0_reference(m, xq, t, r, &magnitude);
         ASSERT_NEAR(portable[t * rows + r], ref, 1e-5 * magnitude + 1e-30) << rows << "x" << cols << " r=" << r;
       }
     }
@@ -135,7 +106,7 @@ TEST(Q8Interleaved, VnniAndPortablePathsAgreeAndEqualTheStatedFormula) {
 
 TEST(Q8Interleaved, PathsUnavailableHereAreErrors) {
   const auto bytes = random_q8_0(16, 64, 4);
-  const k::Q8Interleaved il = k::interleave_q8_0(view(bytes, 16, 64));
+  const k::Q8Interleaved il = k::interleave_q8_0(q8_0_view(bytes, 16, 64));
   k::Q8Activations xq;
   k::quantize_q8_activations(std::vector<float>(64, 1.0f).data(), 1, 64, 64, xq);
   std::vector<float> y(16);
@@ -148,7 +119,7 @@ TEST(Q8Interleaved, PathsUnavailableHereAreErrors) {
 
 TEST(Q8Interleaved, BadShapesAreErrors) {
   const auto bytes = random_q8_0(16, 64, 1);
-  const k::Q8Interleaved il = k::interleave_q8_0(view(bytes, 16, 64));
+  const k::Q8Interleaved il = k::interleave_q8_0(q8_0_view(bytes, 16, 64));
   k::Q8Activations xq;
   const std::vector<float> x(32, 1.0f);
   k::quantize_q8_activations(x.data(), 1, 32, 32, xq);

@@ -20,36 +20,16 @@ namespace k = kestrel::kernels;
 namespace {
 
 using kestrel::testing::random_q8_0;
-
-k::Matrix view(const std::vector<uint8_t>& bytes, size_t rows, size_t cols) {
-  k::Matrix m;
-  m.type = k::WeightType::kQ8_0;
-  m.data = bytes.data();
-  m.rows = rows;
-  m.cols = cols;
-  return m;
-}
-
-// Gaussian activations with a block of zeros and one large outlier (as the interleaved test).
-std::vector<float> activations(size_t n_tokens, size_t cols, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> g;
-  std::vector<float> x(n_tokens * cols);
-  for (auto& v : x) v = g(rng);
-  for (size_t t = 0; t < n_tokens; ++t) {
-    for (size_t i = 0; i < 32; ++i) x[t * cols + i] = 0.0f;
-    if (cols >= 64) x[t * cols + 40] = 300.0f;
-  }
-  return x;
-}
+using kestrel::testing::edge_activations;
+using kestrel::testing::q8_0_view;
 
 TEST(Q8Rows, EveryPathWritesTheInterleavedKernelsBits) {
   for (auto [rows, cols] : std::vector<std::pair<size_t, size_t>>{{8, 32}, {16, 640}, {37, 64}, {64, 2560}}) {
     SCOPED_TRACE(std::to_string(rows) + "x" + std::to_string(cols));
     const auto bytes = random_q8_0(rows, cols, 7 * rows + cols);
-    const k::Matrix m = view(bytes, rows, cols);
-    const size_t n = 5, nb = cols / 32;
-    const auto x = activations(n, cols, rows);
+    const k::Matrix m = q8_0_view(bytes, rows, cols);
+    const size_t n = 5;
+    const auto x = edge_activations(n, cols, rows);
     k::Q8Activations xq;
     k::quantize_q8_activations(x.data(), n, cols, cols, xq);
     std::vector<float> expected(n * rows);
@@ -57,17 +37,8 @@ TEST(Q8Rows, EveryPathWritesTheInterleavedKernelsBits) {
     // float64 sum of the formula: sum_b (sum_i w q) * s * d.
     for (size_t t = 0; t < n; ++t) {
       for (size_t r = 0; r < rows; ++r) {
-        double ref = 0, magnitude = 0;
-        for (size_t b = 0; b < nb; ++b) {
-          const uint8_t* blk = m.row(r) + b * 34;
-          uint16_t h = 0;
-          std::memcpy(&h, blk, 2);
-          int64_t dot = 0;
-          for (size_t i = 0; i < 32; ++i) dot += static_cast<int8_t>(blk[2 + i]) * xq.q[t * cols + b * 32 + i];
-          const double term = static_cast<double>(dot) * kestrel::gguf::fp16_to_fp32(h) * xq.scale[t * nb + b];
-          ref += term;
-          magnitude += std::fabs(term);
-        }
+        double magnitude = 0;
+        const double ref = kestrel::testing::q8_0_reference(m, xq, t, r, &magnitude);
         ASSERT_NEAR(expected[t * rows + r], ref, 1e-5 * magnitude + 1e-30) << "r=" << r;
       }
     }
@@ -97,7 +68,7 @@ TEST(Q8Rows, EveryPathWritesTheInterleavedKernelsBits) {
 
 TEST(Q8Rows, BadArgumentsAreErrors) {
   const auto bytes = random_q8_0(16, 64, 3);
-  const k::Matrix m = view(bytes, 16, 64);
+  const k::Matrix m = q8_0_view(bytes, 16, 64);
   k::Q8Activations xq;
   k::quantize_q8_activations(std::vector<float>(64, 1.0f).data(), 1, 64, 64, xq);
   std::vector<float> y(32);

@@ -19,6 +19,7 @@
 #include "kestrel/formats/dequant.h"
 #include "kestrel/kernels/gemv_q8_interleaved.h"
 #include "kestrel/kernels/gemv_w4_int8.h"
+#include "random_q8.h"
 
 namespace k = kestrel::kernels;
 
@@ -95,13 +96,8 @@ struct RandomW4 {
 // Activations with a block of zeros, a block with one large outlier, a tiny block and a block of
 // ties.
 std::vector<float> activations(size_t n_tokens, size_t cols, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> g;
-  std::vector<float> x(n_tokens * cols);
-  for (auto& v : x) v = g(rng);
+  std::vector<float> x = kestrel::testing::edge_activations(n_tokens, cols, seed);
   for (size_t t = 0; t < n_tokens; ++t) {
-    for (size_t i = 0; i < 32; ++i) x[t * cols + i] = 0.0f;
-    if (cols >= 64) x[t * cols + 40] = 300.0f;
     if (cols >= 96) {
       for (size_t i = 64; i < 96; ++i) x[t * cols + i] *= 1e-6f;
     }
