@@ -110,6 +110,12 @@ TEST_F(FlashHeadImage, AllProbesEqualTheDenseHeadBitForBit) {
   }
 }
 
+TEST_F(FlashHeadImage, ProbesPastTheClustersAreAnOptionMismatch) {
+  EXPECT_NO_THROW(engine(dir_ / "fh.kimg", runtime::HeadMode::kFlash, 16384));
+  EXPECT_THROW(engine(dir_ / "fh.kimg", runtime::HeadMode::kFlash, 16385), runtime::OptionMismatch);
+  EXPECT_THROW(engine(dir_ / "w4.kimg", runtime::HeadMode::kAuto, 4), runtime::OptionMismatch);
+}
+
 TEST_F(FlashHeadImage, SpecialTokensAreAlwaysScored) {
   auto flash = engine(dir_ / "fh.kimg", runtime::HeadMode::kFlash, 1);
   const auto s = flash.step(kPrompt);

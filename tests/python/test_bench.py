@@ -237,5 +237,5 @@ def test_the_default_context_is_clamped_to_the_models_maximum(tmp_path):
     assert r.returncode == 0, r.stderr
     assert json.loads(out.read_text())["variants"][0]["n_ctx"] == 512
     r = kestrel("bench", "-m", tiny, *TINY, "--suite", "decode", "-c", 1024)
-    assert r.returncode == 1, r.stderr
+    assert r.returncode == 2, r.stderr  # a usage error (runtime::OptionMismatch)
     assert "context size 1024 exceeds this model's maximum context of 512 tokens" in r.stderr

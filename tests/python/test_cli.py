@@ -231,6 +231,11 @@ def check_default_prefers_the_cached_image(tmp_path, image, args, from_image, in
     at_load = kestrel(*args, "--precision", "w4a16", "--group-size", 64, env=env)
     assert json.loads(at_load.stdout)["tokens"] == in_memory
     assert "--as-default" not in at_load.stderr  # the GGUF is converted, not run as stored: no hint
+    # An option that does not fit the cached image is the user's error, not a broken image: no
+    # "does not load", no run of the GGUF (it would not take the option either), usage status 2.
+    bad = kestrel(*args, "--probes", 4, env=env)
+    assert bad.returncode == 2 and "--probes applies to images built with --flashhead only" in bad.stderr, bad.stderr
+    assert "does not load" not in bad.stderr
     cached.unlink()
     with open(image, "rb") as f:
         cached.write_bytes(f.read(100_000))  # an image that does not load

@@ -125,6 +125,8 @@ runtime::Engine ModelOptions::load() const {
   if (!m.default_image) return runtime::Engine(m.path, engine_options());
   try {
     return runtime::Engine(m.path, engine_options());
+  } catch (const runtime::OptionMismatch&) {
+    throw;  // the options' fault: the GGUF would not take them either
   } catch (const Error& e) {
     warn_default_image(e);
   }
@@ -137,6 +139,8 @@ std::unique_ptr<runtime::Engine> ModelOptions::load_unique() const {
   if (!m.default_image) return std::make_unique<runtime::Engine>(m.path, engine_options());
   try {
     return std::make_unique<runtime::Engine>(m.path, engine_options());
+  } catch (const runtime::OptionMismatch&) {
+    throw;  // the options' fault: the GGUF would not take them either
   } catch (const Error& e) {
     warn_default_image(e);
   }

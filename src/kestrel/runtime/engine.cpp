@@ -119,26 +119,26 @@ Engine::Engine(const std::filesystem::path& model_path, const EngineOptions& opt
                                              : *options.n_ctx;
   n_ctx_ = n_ctx;
   if (n_ctx_ > max_ctx && max_ctx > 0) {
-    throw Error("context size " + std::to_string(n_ctx_) + " exceeds this model's maximum context of " +
+    throw OptionMismatch("context size " + std::to_string(n_ctx_) + " exceeds this model's maximum context of " +
                 std::to_string(max_ctx) + " tokens (lower --ctx, or 0 for the maximum)");
   }
   if (n_ctx_ == 0 || n_ctx_ > max_ctx) {
-    throw Error("context size " + std::to_string(n_ctx_) + " is outside 1.." + std::to_string(max_ctx) +
+    throw OptionMismatch("context size " + std::to_string(n_ctx_) + " is outside 1.." + std::to_string(max_ctx) +
                 " for this model");
   }
   const bool has_flash = head::FlashHead::present(file_);
   if (options.head == HeadMode::kFlash && !has_flash) {
-    throw Error("this model has no FlashHead; build an image with `kestrel build --flashhead`");
+    throw OptionMismatch("this model has no FlashHead; build an image with `kestrel build --flashhead`");
   }
   if (options.head != HeadMode::kDense && has_flash) {
     flash_ = std::make_unique<head::FlashHead>(file_, model_->output_head());
     probes_ = options.probes ? options.probes : flash_->default_probes();
     if (probes_ > flash_->n_clusters()) {
-      throw Error("--probes " + std::to_string(probes_) + " exceeds the image's " +
+      throw OptionMismatch("--probes " + std::to_string(probes_) + " exceeds the image's " +
                   std::to_string(flash_->n_clusters()) + " FlashHead clusters");
     }
   } else if (options.probes != 0) {
-    throw Error(options.head == HeadMode::kDense ? "--probes applies to FlashHead, not to --head dense"
+    throw OptionMismatch(options.head == HeadMode::kDense ? "--probes applies to FlashHead, not to --head dense"
                                                  : "--probes applies to images built with --flashhead only");
   }
   if (model::MtpAssistant::in_file(file_)) {

@@ -40,6 +40,15 @@ class VocabularyMismatch : public Error {
   using Error::Error;
 };
 
+/// Options that do not fit the model (`--probes` past its FlashHead clusters or without a
+/// FlashHead, `--head flash` on a model without one, a context past its maximum): the user's
+/// choice, not a damaged file, so the CLI neither falls back to another model for it nor
+/// reports a broken image (a usage error, status 2).
+class OptionMismatch : public Error {
+ public:
+  using Error::Error;
+};
+
 /// Throws VocabularyMismatch unless `draft` has `target`'s vocabulary: the same number of
 /// tokens (tokenizer and output head) and the same piece at every id. `draft_name` names the
 /// draft model in the message.
