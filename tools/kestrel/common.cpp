@@ -119,32 +119,39 @@ bool ModelOptions::hint_wanted(const runtime::RunnableModel& m) const {
   return m.default_gguf && precision == "auto" && isatty(STDERR_FILENO) != 0;
 }
 
-runtime::Engine ModelOptions::load() const {
-  const runtime::RunnableModel m = resolve();
-  if (hint_wanted(m)) hint_default_image();
-  if (!m.default_image) return runtime::Engine(m.path, engine_options());
+namespace {
+
+// make(path) for the resolved model; a default image that fails to load for a reason of its own
+// (an older format, a damaged file) is passed over for the default GGUF, with a warning. An
+// option that does not fit the model (runtime::OptionMismatch) is the user's error: rethrown,
+// as the GGUF would not take it either.
+template <class Make>
+auto load_resolved(const runtime::RunnableModel& m, Make make) -> decltype(make(m.path)) {
+  if (!m.default_image) return make(m.path);
   try {
-    return runtime::Engine(m.path, engine_options());
+    return make(m.path);
   } catch (const runtime::OptionMismatch&) {
-    throw;  // the options' fault: the GGUF would not take them either
+    throw;
   } catch (const Error& e) {
     warn_default_image(e);
   }
-  return runtime::Engine(runtime::default_model_path(), engine_options());
+  return make(runtime::default_model_path());
+}
+
+}  // namespace
+
+runtime::Engine ModelOptions::load() const {
+  const runtime::RunnableModel m = resolve();
+  if (hint_wanted(m)) hint_default_image();
+  return load_resolved(m, [&](const std::filesystem::path& p) { return runtime::Engine(p, engine_options()); });
 }
 
 std::unique_ptr<runtime::Engine> ModelOptions::load_unique() const {
   const runtime::RunnableModel m = resolve();
   if (hint_wanted(m)) hint_default_image();
-  if (!m.default_image) return std::make_unique<runtime::Engine>(m.path, engine_options());
-  try {
-    return std::make_unique<runtime::Engine>(m.path, engine_options());
-  } catch (const runtime::OptionMismatch&) {
-    throw;  // the options' fault: the GGUF would not take them either
-  } catch (const Error& e) {
-    warn_default_image(e);
-  }
-  return std::make_unique<runtime::Engine>(runtime::default_model_path(), engine_options());
+  return load_resolved(m, [&](const std::filesystem::path& p) {
+    return std::make_unique<runtime::Engine>(p, engine_options());
+  });
 }
 
 void SamplingOptions::add_to(CLI::App& cmd) {

@@ -48,14 +48,10 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     std::fprintf(stderr, "kestrel: error: %s\n", e.what());
     return 2;
-  } catch (const kestrel::runtime::VocabularyMismatch& e) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "kestrel: error: %s\n", e.what());
-    return 2;  // a usage error: the --draft model does not fit the model
   } catch (const kestrel::runtime::OptionMismatch& e) {
     std::fflush(stdout);
     std::fprintf(stderr, "kestrel: error: %s\n", e.what());
-    return 2;  // a usage error: an option does not fit the model
+    return 2;  // a usage error: an option (--probes, --ctx, --draft's model ...) does not fit the model
   } catch (const std::bad_alloc&) {
     // (what() would only say "std::bad_alloc")
     std::fflush(stdout);

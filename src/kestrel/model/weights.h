@@ -54,7 +54,7 @@ class WeightStore {
   bool has(const std::string& name) const { return file_->find_tensor(name) != nullptr; }
   /// Parameters seen so far.
   size_t n_params() const { return n_params_; }
-  /// Matrices given an int8-activation copy so far (INT4 and Q8_0).
+  /// Matrices given int8 activations so far: an int8 copy (INT4 and Q8_0) or q8_int8_rows.
   size_t int8_matrices() const {
     return owned_interleaved_int8_.size() + owned_interleaved_q8_.size() + int8_row_matrices_;
   }

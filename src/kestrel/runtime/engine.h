@@ -33,13 +33,6 @@ enum class HeadMode {
   kFlash,  // FlashHead (kestrel::Error if the image has none)
 };
 
-/// A draft model whose vocabulary is not the target's (Engine::load_draft_model): a usage
-/// error (the CLI exits with status 2).
-class VocabularyMismatch : public Error {
- public:
-  using Error::Error;
-};
-
 /// Options that do not fit the model (`--probes` past its FlashHead clusters or without a
 /// FlashHead, `--head flash` on a model without one, a context past its maximum): the user's
 /// choice, not a damaged file, so the CLI neither falls back to another model for it nor
@@ -47,6 +40,13 @@ class VocabularyMismatch : public Error {
 class OptionMismatch : public Error {
  public:
   using Error::Error;
+};
+
+/// A draft model whose vocabulary is not the target's (Engine::load_draft_model): the --draft
+/// option does not fit the model.
+class VocabularyMismatch : public OptionMismatch {
+ public:
+  using OptionMismatch::OptionMismatch;
 };
 
 /// Throws VocabularyMismatch unless `draft` has `target`'s vocabulary: the same number of
