@@ -8,6 +8,16 @@ for measuring build size, memory and speed. ~8 G parameters, ~16 GB; tensors are
 written one at a time (gguf-py's streaming writer), so memory stays near one tensor.
 
     python3 scripts/bench/make_e4b_shaped_gguf.py /tmp/e4b/e4b-bf16.gguf
+    python3 scripts/bench/make_e4b_shaped_gguf.py --layers 12 /tmp/e4b12/e4b-bf16.gguf
+
+--layers N (a multiple of 6) keeps every layer's shape and the sliding / global pattern (every
+sixth layer global) but stacks N layers; the first 6 * round(N * 24 / 42 / 6) own their KV cache
+and the rest share it, so that the last owning layer is a global one as in E4B (llama.cpp and
+ik_llama.cpp take the shared layers' cache from the last two owning layers, sliding then
+global, and crash on other counts): the same per-layer prefill and
+decode work at a fraction of the disk and build time (~5 GB for 12 layers), for comparing
+engines layer for layer. Rates per token then differ from the full model's; ratios between
+engines on the same file are what such a file is for.
 """
 from __future__ import annotations
 
@@ -17,10 +27,14 @@ import sys
 import numpy as np
 
 L, D, H, HKV, HD, GHD, FF, P, V, SHARED, WINDOW = 42, 2560, 8, 2, 256, 512, 10240, 256, 262144, 18, 512
-SLIDING = [(i + 1) % 6 != 0 for i in range(L)]
 
 
-def tensors():
+def sliding_pattern(n_layers: int) -> list[bool]:
+    """True for a sliding-window layer: five of every six, as in E4B."""
+    return [(i + 1) % 6 != 0 for i in range(n_layers)]
+
+
+def tensors(L: int = L, SHARED: int = SHARED):
     """(name, GGUF shape {ne0, ne1} or {n}, std) in file order; 1-D tensors are F32."""
     yield "rope_freqs.weight", (GHD // 2,), None
     yield "token_embd.weight", (D, V), 0.5
@@ -28,8 +42,9 @@ def tensors():
     yield "per_layer_model_proj.weight", (D, L * P), D ** -0.5
     yield "per_layer_proj_norm.weight", (P,), 1.0
     yield "output_norm.weight", (D,), 1.0
+    sliding = sliding_pattern(L)
     for i in range(L):
-        hd = HD if SLIDING[i] else GHD
+        hd = HD if sliding[i] else GHD
         b = f"blk.{i}."
         yield b + "attn_norm.weight", (D,), 1.0
         yield b + "attn_q.weight", (D, H * hd), D ** -0.5
@@ -60,13 +75,18 @@ def main():
     import gguf
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out")
+    ap.add_argument("--layers", type=int, default=L, help=f"decoder layers (default {L}, E4B's)")
     args = ap.parse_args()
+    if args.layers < 6 or args.layers % 6 != 0:
+        ap.error("--layers must be a positive multiple of 6 (the sliding / global period)")
+    n_layers = args.layers
+    n_shared = n_layers - 6 * max(1, round(n_layers * (L - SHARED) / L / 6))
     rng = np.random.default_rng(4)
     w = gguf.GGUFWriter(args.out, "gemma4")
     w.add_name("gemma4-e4b-shaped-random")
     w.add_context_length(131072)
     w.add_embedding_length(D)
-    w.add_block_count(L)
+    w.add_block_count(n_layers)
     w.add_feed_forward_length(FF)
     w.add_head_count(H)
     w.add_head_count_kv(HKV)
@@ -80,8 +100,8 @@ def main():
     w.add_rope_dimension_count(GHD)
     w.add_rope_dimension_count_swa(HD)
     w.add_sliding_window(WINDOW)
-    w.add_sliding_window_pattern(SLIDING)
-    w.add_shared_kv_layers(SHARED)
+    w.add_sliding_window_pattern(sliding_pattern(n_layers))
+    w.add_shared_kv_layers(n_shared)
     w.add_embedding_length_per_layer_input(P)
     w.add_final_logit_softcapping(30.0)
     # A vocabulary of the real size and layout: specials, byte tokens, then filler pieces.
@@ -98,7 +118,7 @@ def main():
     w.add_eos_token_id(1)
     w.add_add_space_prefix(False)
     w.add_add_bos_token(True)
-    plan = list(tensors())
+    plan = list(tensors(n_layers, n_shared))
     for name, shape, _ in plan:
         n = int(np.prod(shape))
         if len(shape) == 1:
