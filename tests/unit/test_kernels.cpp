@@ -6,6 +6,7 @@
 #include <random>
 #include <vector>
 
+#include "kestrel/base/error.h"
 #include "kestrel/formats/dequant.h"
 #include "kestrel/kernels/matmul.h"
 #include "kestrel/kernels/ops.h"
@@ -124,6 +125,34 @@ TEST(Kernels, GeluTanhKnownValues) {
   k::gelu_tanh_mul(gate, up, y, 2);
   EXPECT_NEAR(y[0], 0.8411920f, 1e-6);
   EXPECT_NEAR(y[1], 2 * -0.0454023f, 1e-6);
+}
+
+TEST(Kernels, SoftcapIsCapTimesTanhWhateverThePositionOnEveryTarget) {
+  // z = cap * tanh(z / cap) against std::tanh (float64), for logits from -400 to 400 (past
+  // the cap both ways) and the edge values 0 and +-inf; and each value's bits must be the same
+  // alone (n = 1: the tail path) as inside a long run, so that rescoring one token equals the
+  // dense logits (head::token_logits).
+  std::vector<float> z;
+  for (int i = -4000; i <= 4000; i += 7) z.push_back(0.1f * static_cast<float>(i));
+  z.insert(z.end(), {0.0f, -0.0f, 1e-30f, INFINITY, -INFINITY});
+  const float cap = 30.0f;
+  const auto targets = hwy::SupportedAndGeneratedTargets();
+  ASSERT_FALSE(targets.empty());
+  for (int64_t target : targets) {
+    hwy::SetSupportedTargetsForTest(target);
+    std::vector<float> all = z;
+    k::softcap(all.data(), all.size(), cap);
+    for (size_t i = 0; i < z.size(); ++i) {
+      const double want = cap * std::tanh(static_cast<double>(z[i]) / cap);
+      ASSERT_NEAR(all[i], want, 4e-6 * cap) << hwy::TargetName(target) << " z=" << z[i];
+      float one = z[i];
+      k::softcap(&one, 1, cap);
+      ASSERT_EQ(std::memcmp(&one, &all[i], sizeof one), 0) << hwy::TargetName(target) << " z=" << z[i];
+    }
+  }
+  hwy::SetSupportedTargetsForTest(0);
+  float x = 1.0f;
+  EXPECT_THROW(k::softcap(&x, 1, 0.0f), kestrel::Error);
 }
 
 TEST(Kernels, RopeRotatesPairsHalfApart) {

@@ -6,6 +6,7 @@
 #include "kestrel/base/error.h"
 #include "kestrel/kernels/gemv_q8_interleaved.h"
 #include "kestrel/kernels/gemv_q8_rows.h"
+#include "kestrel/kernels/ops.h"
 
 namespace kestrel::head {
 
@@ -28,8 +29,7 @@ void OutputHead::set_row_order(std::span<const TokenId> order) {
 }
 
 void apply_softcap(float* z, size_t n, float cap) {
-  if (cap <= 0.0f) return;
-  for (size_t i = 0; i < n; ++i) z[i] = cap * std::tanh(z[i] / cap);
+  if (cap > 0.0f) kernels::softcap(z, n, cap);
 }
 
 void dense_logits(const OutputHead& head, const float* hidden, size_t n_rows, float* logits,
@@ -46,8 +46,9 @@ void dense_logits(const OutputHead& head, const float* hidden, size_t n_rows, fl
       }
     }
   }
-  pool.parallel_for(n_rows, 1, [&](size_t b, size_t e) {
-    apply_softcap(logits + b * v, (e - b) * v, head.final_softcap);
+  // Over the logits, not the rows: a decode step's one row of 262,144 is the whole job.
+  pool.parallel_for(n_rows * v, 1 << 14, [&](size_t b, size_t e) {
+    apply_softcap(logits + b, e - b, head.final_softcap);
   });
 }
 

@@ -261,6 +261,21 @@ void GeluTanhMul(const float* gate, const float* up, float* y, size_t n) {
   }
 }
 
+void Softcap(float* z, size_t n, float cap) {
+  const hn::ScalableTag<float> d;
+  const size_t N = hn::Lanes(d);
+  const auto vcap = hn::Set(d, cap), inv = hn::Set(d, 1.0f / cap);
+  const auto capped = [&](auto v) { return hn::Mul(vcap, hn::Tanh(d, hn::Mul(v, inv))); };
+  size_t i = 0;
+  for (; i + N <= n; i += N) hn::StoreU(capped(hn::LoadU(d, z + i)), d, z + i);
+  if (i < n) {  // the tail through the same vector code, so its bits match a full vector's
+    float tail[HWY_MAX_BYTES / sizeof(float)] = {};
+    std::copy(z + i, z + n, tail);
+    hn::StoreU(capped(hn::LoadU(d, tail)), d, tail);
+    std::copy(tail, tail + (n - i), z + i);
+  }
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace kestrel::kernels
 HWY_AFTER_NAMESPACE();
@@ -272,6 +287,7 @@ HWY_EXPORT(SumSquares);
 HWY_EXPORT(AttendGroup);
 HWY_EXPORT(AttendBlock);
 HWY_EXPORT(GeluTanhMul);
+HWY_EXPORT(Softcap);
 
 void rms_norm(const float* x, const float* weight, float* y, size_t n, float eps) {
   const float mean = HWY_DYNAMIC_DISPATCH(SumSquares)(x, n) / static_cast<float>(n);
@@ -287,6 +303,11 @@ void rms_norm_unweighted(const float* x, float* y, size_t n, float eps) {
 
 void gelu_tanh_mul(const float* gate, const float* up, float* y, size_t n) {
   HWY_DYNAMIC_DISPATCH(GeluTanhMul)(gate, up, y, n);
+}
+
+void softcap(float* z, size_t n, float cap) {
+  if (!(cap > 0.0f)) throw Error("softcap: the cap must be positive");
+  HWY_DYNAMIC_DISPATCH(Softcap)(z, n, cap);
 }
 
 void add_inplace(float* y, const float* x, size_t n) {

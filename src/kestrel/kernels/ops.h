@@ -17,6 +17,12 @@ void rms_norm_unweighted(const float* x, float* y, size_t n, float eps);
 /// (Hendrycks & Gimpel 2016; HF "gelu_pytorch_tanh"). y may alias gate or up.
 void gelu_tanh_mul(const float* gate, const float* up, float* y, size_t n);
 
+/// In place: z = cap * tanh(z / cap) over n elements (Gemma's final logit soft-capping; Gemma 2
+/// paper, arXiv 2408.00118, sec. 2). Vectorized (Highway's Tanh, within a few ulp of
+/// std::tanh); every element takes the same vector path, the last partial vector included, so a
+/// value's result does not depend on its position or on n. cap must be positive.
+void softcap(float* z, size_t n, float cap);
+
 /// y += x over n elements.
 void add_inplace(float* y, const float* x, size_t n);
 
