@@ -37,8 +37,8 @@ ThreadPool& pool() {
 
 // rows x cols = state.range(0) x cols (640: Gemma 3 270M's d_model, so 2048 x 640 is its
 // ffn_gate); tokens = state.range(1).
-// int8_rows: a Q8_0 matrix computed with int8 activations from its rows as stored
-// (k::Matrix::q8_int8_rows: a FlashHead image's head).
+// int8_rows: a Q8_0 or INT4 matrix computed with int8 activations from its rows as stored
+// (k::Matrix::int8_rows: a FlashHead image's head, an INT4 head).
 void Run(benchmark::State& state, k::WeightType type, size_t cols = 640, bool int8_rows = false) {
   const size_t rows = static_cast<size_t>(state.range(0));
   const size_t n = static_cast<size_t>(state.range(1));
@@ -54,6 +54,7 @@ void Run(benchmark::State& state, k::WeightType type, size_t cols = 640, bool in
     case k::WeightType::kW4:
       q4 = kestrel::quant::quantize_w4(w.data(), rows, cols, 32, nullptr, true, pool());
       m = q4.view();
+      m.int8_rows = int8_rows;
       break;
     case k::WeightType::kF16:
     case k::WeightType::kBF16:
@@ -69,7 +70,7 @@ void Run(benchmark::State& state, k::WeightType type, size_t cols = 640, bool in
         for (int i = 0; i < 32; ++i) q8.push_back(static_cast<uint8_t>(static_cast<int8_t>(w[b * 32 + i] * 40)));
       }
       m.data = q8.data();
-      m.q8_int8_rows = int8_rows;
+      m.int8_rows = int8_rows;
       break;
   }
   for (auto _ : state) {
@@ -88,6 +89,7 @@ void BF16(benchmark::State& s) { Run(s, k::WeightType::kBF16); }
 void Q8_0(benchmark::State& s) { Run(s, k::WeightType::kQ8_0); }
 void Q8_0Int8Rows(benchmark::State& s) { Run(s, k::WeightType::kQ8_0, 640, true); }
 void W4Cols(benchmark::State& s) { Run(s, k::WeightType::kW4, static_cast<size_t>(s.range(2))); }
+void W4Int8Rows(benchmark::State& s) { Run(s, k::WeightType::kW4, static_cast<size_t>(s.range(2)), true); }
 
 // Decode: one token over a large matrix (head-like 65536 rows) and a layer matrix.
 BENCHMARK(F32)->Name("Decode/F32")->Args({2048, 1})->Args({65536, 1})->UseRealTime();
@@ -98,6 +100,10 @@ BENCHMARK(W4Cols)->Name("Decode/W4")->Args({10240, 1, 2560})->Args({2560, 1, 102
 BENCHMARK(BF16)->Name("Decode/BF16")->Args({2048, 1})->Args({65536, 1})->UseRealTime();
 BENCHMARK(Q8_0)->Name("Decode/Q8_0")->Args({2048, 1})->Args({65536, 1})->UseRealTime();
 BENCHMARK(Q8_0Int8Rows)->Name("Decode/Q8_0Int8Rows")->Args({2048, 1})->Args({65536, 1})->UseRealTime();
+// An INT4 head (--embedding int4) of Gemma 4's width, one token and a perplexity chunk's 8:
+// float32 row-major kernel against int8 activations from the rows as stored.
+BENCHMARK(W4Cols)->Name("Head/W4")->Args({65536, 1, 2560})->Args({65536, 8, 2560})->UseRealTime();
+BENCHMARK(W4Int8Rows)->Name("Head/W4Int8Rows")->Args({65536, 1, 2560})->Args({65536, 8, 2560})->UseRealTime();
 // A decode step of several sequences (continuous batching) or a verification of drafted tokens:
 // the layer GEMV over 2-7 tokens, and FlashHead's stage 1 (16384 Q8_0 centroids) over 1-4 rows.
 BENCHMARK(W4)->Name("Batch/W4")->Args({2048, 1})->Args({2048, 2})->Args({2048, 4})->Args({2048, 7})->UseRealTime();

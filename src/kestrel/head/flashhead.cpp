@@ -8,7 +8,7 @@
 #include "kestrel/base/error.h"
 #include "kestrel/head/best_clusters.h"
 #include "kestrel/head/flashhead_format.h"
-#include "kestrel/kernels/gemv_q8_rows.h"
+#include "kestrel/kernels/gemv_w4_rows.h"
 
 namespace kestrel::head {
 
@@ -234,9 +234,9 @@ void FlashHead::search_batch(std::span<const float* const> hidden, size_t probes
   // they become free rather than taking fixed halves.
   constexpr size_t kGroupsPerClaim = 32;
   const size_t row_bytes = head_->weight.row_bytes();
-  // A head that takes int8 activations (its dense products do too: kernels::Matrix::q8_int8_rows)
+  // A head that takes int8 activations (its dense products do too: kernels::Matrix::int8_rows)
   // scores each piece from the rows as stored, the hidden states rounded once for all pieces.
-  const bool int8 = head_->weight.q8_int8_rows;
+  const bool int8 = head_->weight.int8_rows;
   auto& xq = scratch.xq;
   if (int8) kernels::quantize_q8_activations(x.data(), n_rows, d, d, xq);
   pool.parallel_for_dynamic(groups.size(), kGroupsPerClaim, [&](size_t b, size_t e) {
@@ -256,7 +256,7 @@ void FlashHead::search_batch(std::span<const float* const> hidden, size_t probes
           const Piece& piece = pieces[group.first + j];
           Candidates& c = *out[piece.row];
           float* y = &c.logits[piece.at];
-          kernels::gemv_q8_rows(slice, xq, piece.row, piece.row + 1, y, count, 0, count);
+          kernels::gemv_int8_rows(slice, xq, piece.row, piece.row + 1, y, count, 0, count);
           apply_softcap(y, count, head_->final_softcap);
           copy_small(&head_->row_tokens[piece.head_row], count, &c.ids[piece.at]);
         }

@@ -5,7 +5,7 @@
 
 #include "kestrel/base/error.h"
 #include "kestrel/kernels/gemv_q8_interleaved.h"
-#include "kestrel/kernels/gemv_q8_rows.h"
+#include "kestrel/kernels/gemv_w4_rows.h"
 #include "kestrel/kernels/ops.h"
 
 namespace kestrel::head {
@@ -64,12 +64,12 @@ void token_logits(const OutputHead& head, const float* hidden, std::span<const T
       for (size_t i = b; i < e; ++i) {
         logits[i] = kernels::gemv_q8_interleaved_row(*head.weight.interleaved_q8, xq, 0, head.row_of(tokens[i]));
       }
-    } else if (head.weight.q8_int8_rows) {  // the same, from the rows as stored (gemv_q8_rows.h)
+    } else if (head.weight.int8_rows) {  // the same, from the rows as stored (gemv_w4_rows.h)
       thread_local kernels::Q8Activations xq;
       kernels::quantize_q8_activations(hidden, 1, d, d, xq);
       for (size_t i = b; i < e; ++i) {
         const kernels::Matrix one = kernels::row_slice(head.weight, head.row_of(tokens[i]), 1);
-        kernels::gemv_q8_rows(one, xq, 0, 1, &logits[i], 1, 0, 1);
+        kernels::gemv_int8_rows(one, xq, 0, 1, &logits[i], 1, 0, 1);
       }
     } else {
       for (size_t i = b; i < e; ++i) {

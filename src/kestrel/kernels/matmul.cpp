@@ -15,6 +15,7 @@
 #include "kestrel/kernels/gemv_w4_bf16.h"
 #include "kestrel/kernels/gemv_w4_int8.h"
 #include "kestrel/kernels/gemv_w4_interleaved.h"
+#include "kestrel/kernels/gemv_w4_rows.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kestrel/kernels/matmul.cpp"
@@ -335,6 +336,12 @@ void MatmulW4Rows(const Matrix& w, const float* x, size_t n_tokens, size_t x_str
     gemv_w4_int8(*w.interleaved_int8, x, n_tokens, x_stride, y, y_stride, row_begin, row_end);
     return;
   }
+  if (w.int8_rows) {  // the same bits from the rows as stored (gemv_w4_rows.h)
+    thread_local Q8Activations q;
+    quantize_q8_activations(x, n_tokens, x_stride, w.cols, q);
+    gemv_w4_rows(w, q, 0, n_tokens, y, y_stride, row_begin, row_end);
+    return;
+  }
   const size_t n_groups = w.cols / w.group_size;
   constexpr size_t kRowBlock = 16;
   std::vector<float> scales(kRowBlock * n_groups), offsets(kRowBlock * n_groups);
@@ -508,7 +515,7 @@ void MatmulRows(const Matrix& w, const float* x, size_t n_tokens, size_t x_strid
         quantize_q8_activations(x, n_tokens, x_stride, w.cols, q);
         return gemv_q8_interleaved(*w.interleaved_q8, q, y, y_stride, row_begin, row_end);
       }
-      if (w.q8_int8_rows) {
+      if (w.int8_rows) {
         thread_local Q8Activations q;
         quantize_q8_activations(x, n_tokens, x_stride, w.cols, q);
         return gemv_q8_rows(w, q, 0, n_tokens, y, y_stride, row_begin, row_end);
@@ -563,7 +570,7 @@ constexpr size_t kInt8PrefillChunk = 64;
 
 /// Below 4 tokens a thread (the kernel's tile) the rows are split, as in decode.
 bool splits_tokens(const Matrix& w, size_t n_tokens, const ThreadPool& pool) {
-  return (w.interleaved_int8 != nullptr || w.interleaved_q8 != nullptr || w.q8_int8_rows) && n_tokens >= kTileMinTokens &&
+  return (w.interleaved_int8 != nullptr || w.interleaved_q8 != nullptr || w.int8_rows) && n_tokens >= kTileMinTokens &&
          n_tokens >= 4 * static_cast<size_t>(pool.size());
 }
 

@@ -57,10 +57,11 @@ struct Matrix {
   /// (gemv_q8_interleaved.h) that then computes every product (activations rounded to int8 per
   /// block of 32, as llama.cpp rounds them for its Q8_0 products); prefill split by tokens.
   const Q8Interleaved* interleaved_q8 = nullptr;
-  /// kQ8_0, where int8 activations are chosen but no interleaved copy is kept (a FlashHead
-  /// image's head): every product from the rows as stored (gemv_q8_rows.h), the bits the
-  /// interleaved kernel would give. Kept by row_slice (its rows stay as stored).
-  bool q8_int8_rows = false;
+  /// kQ8_0 or kW4, where int8 activations are chosen but no copy is kept (an output head: a
+  /// FlashHead image's, or an INT4 one): every product from the rows as stored (gemv_q8_rows.h,
+  /// gemv_w4_rows.h), the bits the interleaved copy's kernel would give. Kept by row_slice (its
+  /// rows stay as stored).
+  bool int8_rows = false;
   size_t row_bytes() const;
   const uint8_t* row(size_t r) const { return static_cast<const uint8_t*>(data) + r * row_bytes(); }
 };

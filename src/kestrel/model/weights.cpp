@@ -2,6 +2,7 @@
 
 #include "kestrel/base/error.h"
 #include "kestrel/formats/dequant.h"
+#include "kestrel/kernels/gemv_w4_rows.h"
 #include "kestrel/quant/gguf_convert.h"
 
 namespace kestrel::model {
@@ -115,20 +116,20 @@ bool WeightStore::int8_head_chosen(const kernels::Matrix& head) const {
   // float32 parity path, BF16/FP16 the unquantized baseline.
   const Precision in_effect = image_ ? image_->precision : options_.precision;
   if (in_effect != Precision::kAuto && in_effect != Precision::kW4A16) return false;
-  return head.type == kernels::WeightType::kQ8_0 && head.cols % 32 == 0 &&
-         kernels::w4_int8_chosen(options_.decode_activations) && kernels::int8_simd_available();
+  const bool shape = (head.type == kernels::WeightType::kQ8_0 && head.cols % 32 == 0) || kernels::w4_rows_supported(head);
+  return shape && kernels::w4_int8_chosen(options_.decode_activations) && kernels::int8_simd_available();
 }
 
 kernels::Matrix WeightStore::with_int8_head(kernels::Matrix head) {
-  if (int8_head_chosen(head)) {
-    head.interleaved_q8 = &owned_interleaved_q8_.emplace_back(kernels::interleave_q8_0(head, pool_));
-  }
+  if (!int8_head_chosen(head)) return head;
+  if (head.type == kernels::WeightType::kW4) return with_int8_head_rows(head);
+  head.interleaved_q8 = &owned_interleaved_q8_.emplace_back(kernels::interleave_q8_0(head, pool_));
   return head;
 }
 
 kernels::Matrix WeightStore::with_int8_head_rows(kernels::Matrix head) {
   if (int8_head_chosen(head)) {
-    head.q8_int8_rows = true;
+    head.int8_rows = true;
     ++int8_row_matrices_;
   }
   return head;

@@ -43,18 +43,20 @@ class WeightStore {
   kernels::Matrix source_matrix(const std::string& name, size_t rows, size_t cols);
   /// The 1-D tensor `name` of n elements, as float32.
   const float* vector(const std::string& name, size_t n);
-  /// `head` (the output head's matrix) with the int8-activation copy its products then run on,
-  /// where options and CPU choose int8 activations, it is Q8_0 (gemv_q8_interleaved.h) and the
-  /// layers are quantized (a GGUF's auto form, W4A16); else as it is.
+  /// `head` (the output head's matrix) with int8 activations where options and CPU choose them
+  /// and the layers are quantized (a GGUF's auto form, W4A16): a Q8_0 head on an interleaved
+  /// copy (gemv_q8_interleaved.h), an INT4 one (an image built with --embedding int4) from its
+  /// rows as stored (gemv_w4_rows.h: its copy would be 335 MB for Gemma 4's head); else as it is.
   kernels::Matrix with_int8_head(kernels::Matrix head);
-  /// The same choice for a FlashHead image's head, without the copy (~190 MB for Gemma 3's
-  /// 262,144 rows): its products, FlashHead's stage 2 and the dense head alike, run on the rows
-  /// as stored (kernels::Matrix::q8_int8_rows, gemv_q8_rows.h), with the copy's bits.
+  /// The same choice for a FlashHead image's head, without a copy (~190 MB for Gemma 3's Q8_0
+  /// head of 262,144 rows): its products, FlashHead's stage 2 and the dense head alike, run on
+  /// the rows as stored (kernels::Matrix::int8_rows: gemv_q8_rows.h, gemv_w4_rows.h), with the
+  /// copy's bits.
   kernels::Matrix with_int8_head_rows(kernels::Matrix head);
   bool has(const std::string& name) const { return file_->find_tensor(name) != nullptr; }
   /// Parameters seen so far.
   size_t n_params() const { return n_params_; }
-  /// Matrices given int8 activations so far: an int8 copy (INT4 and Q8_0) or q8_int8_rows.
+  /// Matrices given int8 activations so far: an int8 copy (INT4 and Q8_0) or int8_rows.
   size_t int8_matrices() const {
     return owned_interleaved_int8_.size() + owned_interleaved_q8_.size() + int8_row_matrices_;
   }
@@ -88,7 +90,7 @@ class WeightStore {
   std::deque<kernels::W4Interleaved> owned_interleaved_;
   std::deque<kernels::W4Int8Interleaved> owned_interleaved_int8_;
   std::deque<kernels::Q8Interleaved> owned_interleaved_q8_;
-  size_t int8_row_matrices_ = 0;  // heads given q8_int8_rows (with_int8_head_rows)
+  size_t int8_row_matrices_ = 0;  // heads given int8_rows (with_int8_head_rows)
   size_t n_params_ = 0;
 };
 
