@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "kestrel/base/error.h"
 #include "kestrel/formats/dequant.h"
@@ -78,11 +79,49 @@ KESTREL_AVX2_TARGET inline __m256i block_codes(const uint8_t* group, size_t k, s
   return k < half ? _mm256_and_si256(bytes, low) : _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low);
 }
 
-// Rows r0 .. r0 + 7 for one token into out[0..8). `ahead` (null: none): the next pass's rows,
-// whose lines are requested a few per block (8 rows side by side are 8 streams, which the
-// hardware prefetcher follows poorly).
-KESTREL_AVX2_TARGET void rows8_avx2(const Matrix& w, size_t r0, const int8_t* q, const float* xd,
-                                    const int32_t* sum128, float* out, const uint8_t* ahead) {
+// Rows r0 .. r0 + 7's group parameters, d and m per group as 8 lanes (lane = row), into
+// d[g * 8 ..] and m[g * 8 ..]: group_params' float32 numbers, with the hardware's fp16
+// conversion (exact either way) and once per pass, not per token.
+// 8 rows' fp16 values base[(r0 + i) * stride] as float32 lanes.
+KESTREL_AVX2_TARGET inline __m256 halves8(const uint16_t* base, size_t r0, size_t stride) {
+  alignas(16) uint16_t h[kRows];
+  for (size_t i = 0; i < kRows; ++i) h[i] = base[(r0 + i) * stride];
+  return _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(h)));
+}
+
+// 8 rows' bytes base[(r0 + i) * stride] as float32 lanes.
+KESTREL_AVX2_TARGET inline __m256 bytes8(const uint8_t* base, size_t r0, size_t stride) {
+  alignas(16) uint8_t b[16] = {};
+  for (size_t i = 0; i < kRows; ++i) b[i] = base[(r0 + i) * stride];
+  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b))));
+}
+
+KESTREL_AVX2_TARGET void pass_params(const Matrix& w, size_t r0, float* d, float* m) {
+  const size_t n_groups = w.cols / w.group_size;
+  const __m256 minus8 = _mm256_set1_ps(-8.0f);
+  if (w.scales8 != nullptr) {
+    const __m256 row_d = halves8(w.row_scales, r0, 2);
+    const __m256 neg_row_m = _mm256_xor_ps(halves8(w.row_scales + 1, r0, 2), _mm256_set1_ps(-0.0f));
+    for (size_t g = 0; g < n_groups; ++g) {
+      const __m256 dg = _mm256_mul_ps(row_d, bytes8(w.scales8 + g, r0, n_groups));
+      _mm256_storeu_ps(d + g * kRows, dg);
+      _mm256_storeu_ps(m + g * kRows, w.mins8 == nullptr ? _mm256_mul_ps(dg, minus8)
+                                                        : _mm256_mul_ps(neg_row_m, bytes8(w.mins8 + g, r0, n_groups)));
+    }
+    return;
+  }
+  for (size_t g = 0; g < n_groups; ++g) {
+    const __m256 dg = halves8(w.scales + g, r0, n_groups);
+    _mm256_storeu_ps(d + g * kRows, dg);
+    _mm256_storeu_ps(m + g * kRows, w.mins == nullptr ? _mm256_mul_ps(dg, minus8) : halves8(w.mins + g, r0, n_groups));
+  }
+}
+
+// Rows r0 .. r0 + 7 for one token into out[0..8), with their parameters from pass_params.
+// `ahead` (null: none): the next pass's rows, whose lines are requested a few per block (8 rows
+// side by side are 8 streams, which the hardware prefetcher follows poorly).
+KESTREL_AVX2_TARGET void rows8_avx2(const Matrix& w, size_t r0, const float* pd, const float* pm, const int8_t* q,
+                                    const float* xd, const int32_t* sum128, float* out, const uint8_t* ahead) {
   const size_t G = w.group_size, n_groups = w.cols / G, blocks_per_group = G / kXBlock, nb = w.cols / kXBlock;
   const size_t row_bytes = w.row_bytes();
   const size_t lines = ahead != nullptr ? (kRows * row_bytes + 63) / 64 : 0;
@@ -91,13 +130,7 @@ KESTREL_AVX2_TARGET void rows8_avx2(const Matrix& w, size_t r0, const int8_t* q,
   for (size_t i = 0; i < kRows; ++i) rows[i] = w.row(r0 + i);
   __m256 acc = _mm256_setzero_ps(), macc = _mm256_setzero_ps();
   for (size_t g = 0; g < n_groups; ++g) {
-    alignas(32) float dv[kRows], mv[kRows];
-    for (size_t i = 0; i < kRows; ++i) {
-      const GroupParams p = group_params(w, r0 + i, g, n_groups);
-      dv[i] = p.d;
-      mv[i] = p.m;
-    }
-    const __m256 d = _mm256_load_ps(dv), m = _mm256_load_ps(mv);
+    const __m256 d = _mm256_loadu_ps(pd + g * kRows), m = _mm256_loadu_ps(pm + g * kRows);
     for (size_t k = 0; k < blocks_per_group; ++k) {
       const size_t b = g * blocks_per_group + k;
       for (size_t l = b * lines_per_block; l < std::min(lines, (b + 1) * lines_per_block); ++l) {
@@ -165,11 +198,16 @@ void gemv_w4_rows_on(Int8Isa isa, const Matrix& w, const Q8Activations& x, size_
   size_t r = row_begin;
 #ifdef KESTREL_HAVE_AVX2_PATH
   if (isa != Int8Isa::kPortable) {  // AVX2, or AVX512-VNNI (whose CPUs all have AVX2)
+    thread_local std::vector<float> pd, pm;
+    const size_t n_params = w.cols / w.group_size * kRows;
+    if (pd.size() < n_params) pd.resize(n_params), pm.resize(n_params);
     for (; r + kRows <= row_end; r += kRows) {
       const uint8_t* ahead = r + 2 * kRows <= row_end ? w.row(r + kRows) : nullptr;
+      pass_params(w, r, pd.data(), pm.data());
       for (size_t t = t_begin; t < t_end; ++t) {
         const auto [q, xd, sum128] = token(t);
-        rows8_avx2(w, r, q, xd, sum128, y + (t - t_begin) * y_stride + r, t == t_begin ? ahead : nullptr);
+        rows8_avx2(w, r, pd.data(), pm.data(), q, xd, sum128, y + (t - t_begin) * y_stride + r,
+                   t == t_begin ? ahead : nullptr);
       }
     }
   }
