@@ -22,21 +22,6 @@ namespace {
 
 constexpr size_t kXBlock = 32;  // columns per activation block
 
-// Row r's parameters of group g as gemv_w4_int8 forms them: d, and m (symmetric groups: d * -8,
-// which the interleaved copy stores as fp16, exactly so for |d| < 8188).
-struct GroupParams {
-  float d, m;
-};
-GroupParams group_params(const Matrix& w, size_t r, size_t g, size_t n_groups) {
-  if (w.scales8 != nullptr) {
-    const float d = gguf::fp16_to_fp32(w.row_scales[2 * r]) * static_cast<float>(w.scales8[r * n_groups + g]);
-    if (w.mins8 == nullptr) return {d, d * -8.0f};
-    return {d, -gguf::fp16_to_fp32(w.row_scales[2 * r + 1]) * static_cast<float>(w.mins8[r * n_groups + g])};
-  }
-  const float d = gguf::fp16_to_fp32(w.scales[r * n_groups + g]);
-  return {d, w.mins != nullptr ? gguf::fp16_to_fp32(w.mins[r * n_groups + g]) : d * -8.0f};
-}
-
 // Code of column c of a row (matmul.h: a group's byte j holds weight j low, j + G/2 high).
 inline int32_t code(const uint8_t* row, size_t c, size_t group_size) {
   const size_t g = c / group_size, j = c % group_size, half = group_size / 2;
@@ -48,13 +33,17 @@ inline int32_t code(const uint8_t* row, size_t c, size_t group_size) {
 float row_token(const Matrix& w, size_t r, const int8_t* q, const float* xd, const int32_t* sum128) {
   const size_t G = w.group_size, n_groups = w.cols / G, nb = w.cols / kXBlock;
   const uint8_t* row = w.row(r);
+  thread_local std::vector<float> d, m;  // the row's group parameters (w4_group_params: gemv_w4_int8's)
+  d.resize(n_groups);
+  m.resize(n_groups);
+  w4_group_params(w, r, d.data(), m.data());
   float acc = 0.0f, macc = 0.0f;
   for (size_t b = 0; b < nb; ++b) {
-    const GroupParams p = group_params(w, r, b * kXBlock / G, n_groups);
+    const size_t g = b * kXBlock / G;
     int32_t dot = 0;
     for (size_t c = b * kXBlock; c < (b + 1) * kXBlock; ++c) dot += code(row, c, G) * q[c];
-    acc = std::fma(static_cast<float>(dot), p.d * xd[b], acc);
-    macc = std::fma(p.m, static_cast<float>(sum128[b] / 128) * xd[b], macc);
+    acc = std::fma(static_cast<float>(dot), d[g] * xd[b], acc);
+    macc = std::fma(m[g], static_cast<float>(sum128[b] / 128) * xd[b], macc);
   }
   return acc + macc;
 }
@@ -80,7 +69,7 @@ KESTREL_AVX2_TARGET inline __m256i block_codes(const uint8_t* group, size_t k, s
 }
 
 // Rows r0 .. r0 + 7's group parameters, d and m per group as 8 lanes (lane = row), into
-// d[g * 8 ..] and m[g * 8 ..]: group_params' float32 numbers, with the hardware's fp16
+// d[g * 8 ..] and m[g * 8 ..]: w4_group_params' float32 numbers, with the hardware's fp16
 // conversion (exact either way) and once per pass, not per token.
 // 8 rows' fp16 values base[(r0 + i) * stride] as float32 lanes.
 KESTREL_AVX2_TARGET inline __m256 halves8(const uint16_t* base, size_t r0, size_t stride) {

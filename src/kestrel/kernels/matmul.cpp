@@ -663,7 +663,7 @@ void w4_group_params(const Matrix& w, size_t r, float* d, float* m) {
     const float m_row = gguf::fp16_to_fp32(w.row_scales[2 * r + 1]);
     for (size_t g = 0; g < n_groups; ++g) {
       d[g] = d_row * static_cast<float>(w.scales8[r * n_groups + g]);
-      m[g] = -m_row * static_cast<float>(w.mins8[r * n_groups + g]);
+      m[g] = w.mins8 != nullptr ? -m_row * static_cast<float>(w.mins8[r * n_groups + g]) : -8.0f * d[g];
     }
     return;
   }

@@ -103,7 +103,7 @@ void matmul_rows(const Matrix& w, const float* x, size_t n_tokens, size_t x_stri
 Matrix row_slice(const Matrix& w, size_t begin, size_t count);
 
 /// Row r's INT4 group parameters as float32 [cols / group_size]: w = d[g] * q + m[g] (for
-/// symmetric groups m[g] = -8 d[g]). W must be kW4.
+/// symmetric groups, 16- or 8-bit, m[g] = -8 d[g]). W must be kW4.
 void w4_group_params(const Matrix& w, size_t r, float* d, float* m);
 
 /// Row r of W as float32 [cols] (dequantized for quantized types).
