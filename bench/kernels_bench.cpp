@@ -174,6 +174,9 @@ void ReadBandwidth(benchmark::State& state) {
 BENCHMARK(ReadBandwidth)->Name("Memory/ReadBandwidth")->UseRealTime()->Iterations(5);
 
 #if defined(__x86_64__) && defined(__GNUC__)
+// GCC 12 warns inside _mm512_setzero_si512 (as in src/kestrel/kernels/gemv_q8_interleaved.cpp).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
 
 // The peak bfloat16 multiply-accumulate rate: 12 independent chains of vdpbf16ps (32 MACs each)
@@ -215,6 +218,56 @@ void PeakBf16Dot(benchmark::State& state) {
   state.counters["threads"] = static_cast<double>(threads);
 }
 BENCHMARK(PeakBf16Dot)->Name("Compute/PeakBf16Dot")->UseRealTime();
+
+// The peak int8 multiply-accumulate rate of AVX512-VNNI: 12 independent chains of vpdpbusd
+// (64 MACs each: 16 lanes x 4 u8 x s8 products) per thread, on registers only; with `fmas`,
+// each step also issues that many float32 FMA chains (16 lanes each), to show whether the
+// int8 kernels' float32 epilogue (a multiply and two FMAs per 8 vpdpbusd in gemv_w4_int8)
+// shares the pipes that run vpdpbusd.
+template <int kFmas>
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) double int8_dot_chains(size_t n) {
+  __m512i acc[12];
+  __m512 facc[kFmas > 0 ? kFmas : 1];
+  for (auto& a : acc) a = _mm512_setzero_si512();
+  for (auto& f : facc) f = _mm512_setzero_ps();
+  const __m512i a = _mm512_set1_epi8(1), b = _mm512_set1_epi8(2);
+  const __m512 fa = _mm512_set1_ps(1e-9f), fb = _mm512_set1_ps(1.0f);
+  for (size_t i = 0; i < n; ++i) {
+    for (auto& x : acc) x = _mm512_dpbusd_epi32(x, a, b);
+    for (int k = 0; k < kFmas; ++k) facc[k] = _mm512_fmadd_ps(fa, fb, facc[k]);
+    __asm__ volatile("" : "+v"(acc[0]));  // keep the loop from being collapsed
+  }
+  alignas(64) int32_t lanes[16];
+  double sum = 0;
+  for (const auto& x : acc) {
+    _mm512_store_si512(lanes, x);
+    for (int32_t l : lanes) sum += l;
+  }
+  for (const auto& f : facc) sum += _mm512_reduce_add_ps(f);
+  return sum;
+}
+
+template <int kFmas>
+void PeakInt8Dot(benchmark::State& state) {
+  if (!__builtin_cpu_supports("avx512vnni") || !__builtin_cpu_supports("avx512bw")) {
+    state.SkipWithError("this CPU has no AVX512-VNNI");
+    return;
+  }
+  constexpr size_t kIters = 1 << 22;
+  const size_t threads = static_cast<size_t>(pool().size());
+  std::vector<double> sink(threads);
+  for (auto _ : state) {
+    pool().parallel_for(threads, 1, [&](size_t b, size_t e) {
+      for (size_t t = b; t < e; ++t) sink[t] = int8_dot_chains<kFmas>(kIters);
+    });
+    benchmark::DoNotOptimize(sink.data());
+  }
+  state.counters["GMAC/s"] = benchmark::Counter(static_cast<double>(threads * kIters * 12 * 64) * 1e-9,
+                                                benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["threads"] = static_cast<double>(threads);
+}
+BENCHMARK(PeakInt8Dot<0>)->Name("Compute/PeakInt8Dot")->UseRealTime();
+BENCHMARK(PeakInt8Dot<4>)->Name("Compute/PeakInt8Dot+4Fma")->UseRealTime();
 #endif
 
 }  // namespace
