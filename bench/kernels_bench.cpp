@@ -235,7 +235,6 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) double int8_dot_chains(si
   for (size_t i = 0; i < n; ++i) {
     for (auto& x : acc) x = _mm512_dpbusd_epi32(x, a, b);
     for (int k = 0; k < kFmas; ++k) facc[k] = _mm512_fmadd_ps(fa, fb, facc[k]);
-    __asm__ volatile("" : "+v"(acc[0]));  // keep the loop from being collapsed
   }
   alignas(64) int32_t lanes[16];
   double sum = 0;

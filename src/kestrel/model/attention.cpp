@@ -35,6 +35,10 @@ struct Merge {
 // positions on.
 constexpr size_t kSlice = 128;
 
+// Prefill tiles (tokens x one KV head's query heads) a thread takes at a time: few enough that
+// the last ones, the costliest of a causal layer, end close together on every thread.
+constexpr size_t kPrefillTilesPerGrab = 2;
+
 struct RowsScratch {
   std::vector<Unit> units;
   std::vector<Merge> merges;
@@ -139,8 +143,13 @@ void cached_attention(const AttentionShape& s, const float* q, size_t n, size_t 
     // Prefill: a tile of consecutive tokens times the heads of one KV head reads each K/V row once.
     const size_t tile_tokens = std::max<size_t>(1, kernels::kMaxBlockQueries / group);
     const size_t n_tiles = (n + tile_tokens - 1) / tile_tokens;
-    pool.parallel_for(n_tiles * s.n_kv_heads, 1, [&](size_t b, size_t e) {
-      std::vector<float> scores(kernels::kMaxBlockQueries * (std::min(pos0 + n, lc.capacity) + tile_tokens));
+    // Causal tiles cost in proportion to the positions they see (later tokens see more), so
+    // the tiles are handed out as threads become free: static halves left one thread with
+    // three quarters of a global layer's work.
+    pool.parallel_for_dynamic(n_tiles * s.n_kv_heads, kPrefillTilesPerGrab, [&](size_t b, size_t e) {
+      thread_local std::vector<float> scores;
+      const size_t need = kernels::kMaxBlockQueries * (std::min(pos0 + n, lc.capacity) + tile_tokens);
+      if (scores.size() < need) scores.resize(need);
       for (size_t item = b; item < e; ++item) {
         const size_t tile = item / s.n_kv_heads, g = item % s.n_kv_heads;
         const size_t t0 = tile * tile_tokens, t1 = std::min(n, t0 + tile_tokens);
