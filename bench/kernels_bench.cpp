@@ -8,6 +8,7 @@
 
 #include "kestrel/formats/dequant.h"
 #include "kestrel/kernels/gemm_bf16.h"
+#include "kestrel/kernels/int8_isa.h"
 #include "kestrel/kernels/matmul.h"
 #include "kestrel/model/attention.h"
 #include "kestrel/quant/w4.h"
@@ -199,28 +200,35 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) double bf16_dot_chains(si
   return sum;
 }
 
+// Runs chains(kPeakIters) on every thread of the pool and reports GMAC/s, given the MACs one
+// call does per iteration (the Compute/Peak* benchmarks).
+constexpr size_t kPeakIters = 1 << 22;
+template <class Chains>
+void RunPeak(benchmark::State& state, Chains chains, size_t macs_per_iter) {
+  const size_t threads = static_cast<size_t>(pool().size());
+  std::vector<double> sink(threads);
+  for (auto _ : state) {
+    pool().parallel_for(threads, 1, [&](size_t b, size_t e) {
+      for (size_t t = b; t < e; ++t) sink[t] = chains(kPeakIters);
+    });
+    benchmark::DoNotOptimize(sink.data());
+  }
+  state.counters["GMAC/s"] = benchmark::Counter(static_cast<double>(threads * kPeakIters * macs_per_iter) * 1e-9,
+                                                benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["threads"] = static_cast<double>(threads);
+}
+
 void PeakBf16Dot(benchmark::State& state) {
   if (!k::bf16_dot_available()) {
     state.SkipWithError("this CPU has no AVX512-BF16");
     return;
   }
-  constexpr size_t kIters = 1 << 22;
-  const size_t threads = static_cast<size_t>(pool().size());
-  std::vector<double> sink(threads);
-  for (auto _ : state) {
-    pool().parallel_for(threads, 1, [&](size_t b, size_t e) {
-      for (size_t t = b; t < e; ++t) sink[t] = bf16_dot_chains(kIters);
-    });
-    benchmark::DoNotOptimize(sink.data());
-  }
-  state.counters["GMAC/s"] = benchmark::Counter(static_cast<double>(threads * kIters * 12 * 32) * 1e-9,
-                                                benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["threads"] = static_cast<double>(threads);
+  RunPeak(state, bf16_dot_chains, 12 * 32);
 }
 BENCHMARK(PeakBf16Dot)->Name("Compute/PeakBf16Dot")->UseRealTime();
 
 // The peak int8 multiply-accumulate rate of AVX512-VNNI: 12 independent chains of vpdpbusd
-// (64 MACs each: 16 lanes x 4 u8 x s8 products) per thread, on registers only; with `fmas`,
+// (64 MACs each: 16 lanes x 4 u8 x s8 products) per thread, on registers only; with kFmas > 0,
 // each step also issues that many float32 FMA chains (16 lanes each), to show whether the
 // int8 kernels' float32 epilogue (a multiply and two FMAs per 8 vpdpbusd in gemv_w4_int8)
 // shares the pipes that run vpdpbusd.
@@ -248,22 +256,11 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) double int8_dot_chains(si
 
 template <int kFmas>
 void PeakInt8Dot(benchmark::State& state) {
-  if (!__builtin_cpu_supports("avx512vnni") || !__builtin_cpu_supports("avx512bw")) {
-    state.SkipWithError("this CPU has no AVX512-VNNI");
+  if (!k::int8_isa_available(k::Int8Isa::kAvx512Vnni)) {
+    state.SkipWithError("this CPU has no AVX512-VNNI (or KESTREL_NO_VNNI is set)");
     return;
   }
-  constexpr size_t kIters = 1 << 22;
-  const size_t threads = static_cast<size_t>(pool().size());
-  std::vector<double> sink(threads);
-  for (auto _ : state) {
-    pool().parallel_for(threads, 1, [&](size_t b, size_t e) {
-      for (size_t t = b; t < e; ++t) sink[t] = int8_dot_chains<kFmas>(kIters);
-    });
-    benchmark::DoNotOptimize(sink.data());
-  }
-  state.counters["GMAC/s"] = benchmark::Counter(static_cast<double>(threads * kIters * 12 * 64) * 1e-9,
-                                                benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["threads"] = static_cast<double>(threads);
+  RunPeak(state, int8_dot_chains<kFmas>, 12 * 64);
 }
 BENCHMARK(PeakInt8Dot<0>)->Name("Compute/PeakInt8Dot")->UseRealTime();
 BENCHMARK(PeakInt8Dot<4>)->Name("Compute/PeakInt8Dot+4Fma")->UseRealTime();
