@@ -180,6 +180,26 @@ TEST(ReplyParser, Gemma3CallsAndBrokenCallsStayContent) {
   EXPECT_EQ(ev[0].kind, ReplyEvent::Kind::kContent);
 }
 
+TEST(ReplyParser, Gemma3ClosingTagInsideAStringArgument) {
+  // A free-form string argument may hold the closing tag (found in CI: a forced call of a
+  // function without parameters); the call ends at the tag after its JSON body, in any chunking.
+  const std::string reply =
+      "<tool_call>{\"name\": \"ping\", \"arguments\": {\"desc\": \"a \\\"q\\\" </tool_call>\", "
+      "\"n\": {}}}</tool_call> after";
+  for (size_t step : {1, 2, 5, 1000}) {
+    const auto ev = feed_in_pieces(ReplyFormat::kGemma3, reply, step);
+    ASSERT_EQ(ev.size(), 2u) << step;
+    EXPECT_EQ(ev[0].kind, ReplyEvent::Kind::kToolCall);
+    EXPECT_EQ(ev[0].call.name, "ping");
+    EXPECT_EQ(ev[0].call.arguments, json::parse(R"({"desc": "a \"q\" </tool_call>", "n": {}})"));
+    EXPECT_EQ(ev[1].text, " after");
+  }
+  // An unterminated string holds the call open to the end, then it is content, verbatim.
+  const auto ev = parse_reply(ReplyFormat::kGemma3, true, "<tool_call>{\"name\": \"f</tool_call> b");
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0].text, "<tool_call>{\"name\": \"f</tool_call> b");
+}
+
 TEST(ReplyParser, HoldsBackOnlyPossibleMarkers) {
   ReplyParser p(ReplyFormat::kGemma3, true);
   auto ev = p.feed("abc <tool");

@@ -13,6 +13,28 @@ size_t partial_suffix(std::string_view text, std::string_view marker) {
   return 0;
 }
 
+// The first `marker` in `text` that is not inside a JSON string ("..." with backslash escapes):
+// a Gemma 3 call's arguments may hold the closing tag as text (a free-form string argument),
+// and the call ends only at the tag after its JSON body.
+size_t find_outside_json_strings(std::string_view text, std::string_view marker) {
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (text.substr(i, marker.size()) == marker) {
+      return i;
+    }
+  }
+  return std::string_view::npos;
+}
+
 }  // namespace
 
 ReplyParser::ReplyParser(ReplyFormat format, bool parse_tools) : format_(format), parse_tools_(parse_tools) {
@@ -118,8 +140,10 @@ void ReplyParser::drain(std::vector<ReplyEvent>& out, bool final) {
       state_ = State::kText;
       continue;
     }
-    // kTool: the whole call is needed before anything can be said about it.
-    const size_t at = buffer_.find(tool_close_);
+    // kTool: the whole call is needed before anything can be said about it. (Gemma 4's strings
+    // cannot hold its closing tag, a control token; Gemma 3's JSON strings can.)
+    const size_t at = format_ == ReplyFormat::kGemma3 ? find_outside_json_strings(buffer_, tool_close_)
+                                                      : buffer_.find(tool_close_);
     if (at == std::string::npos && !final) return;
     const std::string body = buffer_.substr(0, at);
     ToolCall call;
