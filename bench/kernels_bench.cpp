@@ -151,6 +151,37 @@ BENCHMARK_CAPTURE(DecodeAttention, E4B_global, kestrel::model::AttentionShape{8,
 BENCHMARK_CAPTURE(DecodeAttention, Gemma3_270M, kestrel::model::AttentionShape{4, 1, 256, 0})
     ->Name("Decode/Attention/Gemma3-270M")->Arg(100)->Arg(3072)->UseRealTime();
 
+// Prefill attention of state.range(0) tokens from position 0 over a global (causal) layer:
+// the tiles of cached_attention, over a cache already holding their K and V. GMAC/s counts
+// the multiply-adds of QK^T and PV over the visible positions (n (n + 1) / 2 per head each);
+// the float32 FMA peak (Compute/PeakFma) is their ceiling.
+void PrefillAttention(benchmark::State& state, kestrel::model::AttentionShape shape) {
+  const size_t n = static_cast<size_t>(state.range(0));
+  kestrel::model::LayerCache c;
+  c.capacity = n;
+  c.stride = shape.n_kv_heads * shape.head_dim;
+  c.k.resize(c.capacity * c.stride);
+  c.v.resize(c.capacity * c.stride);
+  const auto values = gaussian(4096);
+  for (size_t i = 0; i < c.k.size(); ++i) {
+    c.k[i] = kestrel::gguf::fp32_to_fp16(0.05f * values[i % values.size()]);
+    c.v[i] = kestrel::gguf::fp32_to_fp16(values[(i * 7) % values.size()]);
+  }
+  const auto q = gaussian(n * shape.n_heads * shape.head_dim);
+  std::vector<float> out(q.size());
+  for (auto _ : state) {
+    kestrel::model::cached_attention(shape, q.data(), n, 0, c, out.data(), pool());
+    benchmark::DoNotOptimize(out.data());
+  }
+  const double macs = 2.0 * static_cast<double>(shape.n_heads * shape.head_dim) * static_cast<double>(n) *
+                      static_cast<double>(n + 1) / 2.0;
+  state.counters["GMAC/s"] = benchmark::Counter(macs * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK_CAPTURE(PrefillAttention, Gemma3_270M, kestrel::model::AttentionShape{4, 1, 256, 0})
+    ->Name("Prefill/Attention/Gemma3-270M")->Arg(2048)->UseRealTime();
+BENCHMARK_CAPTURE(PrefillAttention, E4B_global, kestrel::model::AttentionShape{8, 2, 512, 0})
+    ->Name("Prefill/Attention/E4B-global")->Arg(1024)->UseRealTime();
+
 // Memory bandwidth: all threads summing disjoint parts of a 1 GiB buffer (read-only, like a
 // decode step streaming weights). The ceiling for decode is this over the bytes read per token.
 void ReadBandwidth(benchmark::State& state) {
@@ -253,6 +284,29 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) double int8_dot_chains(si
   for (const auto& f : facc) sum += _mm512_reduce_add_ps(f);
   return sum;
 }
+
+// The peak float32 FMA rate (AVX-512: 12 independent chains of 16-lane FMAs per thread): the
+// ceiling of the float32 attention kernels (Prefill/Attention).
+__attribute__((target("avx512f"))) double fma_chains(size_t n) {
+  __m512 acc[12];
+  for (auto& f : acc) f = _mm512_setzero_ps();
+  const __m512 fa = _mm512_set1_ps(1e-9f), fb = _mm512_set1_ps(1.0f);
+  for (size_t i = 0; i < n; ++i) {
+    for (auto& f : acc) f = _mm512_fmadd_ps(fa, fb, f);
+  }
+  double sum = 0;
+  for (const auto& f : acc) sum += _mm512_reduce_add_ps(f);
+  return sum;
+}
+
+void PeakFma(benchmark::State& state) {
+  if (!__builtin_cpu_supports("avx512f")) {
+    state.SkipWithError("this CPU has no AVX-512");
+    return;
+  }
+  RunPeak(state, fma_chains, 12 * 16);
+}
+BENCHMARK(PeakFma)->Name("Compute/PeakFma")->UseRealTime();
 
 template <int kFmas>
 void PeakInt8Dot(benchmark::State& state) {

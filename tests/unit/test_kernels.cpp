@@ -220,31 +220,42 @@ TEST(Kernels, SplitAttentionMergesToTheWhole) {
 }
 
 TEST(Kernels, AttentionBlockMatchesPerQueryAttention) {
-  // A prefill tile (queries with different causal ranges) equals attending query by query, for
-  // the query counts with a compile-time kernel (1, 2, 4, 8, 16: decode and whole tiles) and
-  // others, over a ring buffer that wraps (positions 30..69 in 40 slots, with a row stride wider
-  // than one head) and more rows than one value block (16).
-  const size_t hd = 32, capacity = 40, stride = 2 * hd;
-  std::vector<uint16_t> kc(capacity * stride), vc(capacity * stride);
-  const auto kf = random_vector(kc.size(), 12), vf = random_vector(vc.size(), 13);
-  k::to_fp16(kf.data(), kc.data(), kc.size());
-  k::to_fp16(vf.data(), vc.data(), vc.size());
-  for (size_t n_q : {1, 2, 4, 6, 8, 16}) {
-    const auto q = random_vector(n_q * hd, 14 + static_cast<uint32_t>(n_q), 0.5f);
-    std::vector<size_t> begins(n_q), ends(n_q);
-    std::vector<const float*> queries(n_q);
-    std::vector<float*> outs(n_q);
-    std::vector<float> out(n_q * hd), ref(n_q * hd), scores(n_q * capacity);
-    for (size_t i = 0; i < n_q; ++i) {
-      begins[i] = 30 + (i * 3) % 7;
-      ends[i] = 50 + (i * 5) % 20;
-      queries[i] = &q[i * hd];
-      outs[i] = &out[i * hd];
-      k::attend(&q[i * hd], kc.data() + hd, vc.data() + hd, stride, capacity, hd, begins[i], ends[i],
-                scores.data(), &ref[i * hd]);
+  // A prefill tile (queries with different causal ranges) equals attending query by query, bit
+  // for bit, on every SIMD target this CPU runs: for the query counts with a compile-time kernel
+  // (1, 2, 4, 8, 16: decode and whole tiles; for 8 and 16 on AVX-512, 4 x 4 tiles of rows x queries reduced
+  // together) and others, over a ring buffer that wraps (positions 30..69 in 40 slots, with a
+  // row stride wider than one head), more rows than one value block (16) and row counts that
+  // leave 1-3 rows past the 4-row tiles; head_dim 32 and 64.
+  const size_t capacity = 40;
+  for (size_t hd : {32, 64}) {
+    const size_t stride = 2 * hd;
+    std::vector<uint16_t> kc(capacity * stride), vc(capacity * stride);
+    const auto kf = random_vector(kc.size(), 12), vf = random_vector(vc.size(), 13);
+    k::to_fp16(kf.data(), kc.data(), kc.size());
+    k::to_fp16(vf.data(), vc.data(), vc.size());
+    for (const int64_t target : hwy::SupportedAndGeneratedTargets()) {
+      hwy::SetSupportedTargetsForTest(target);
+      for (size_t n_q : {1, 2, 4, 6, 8, 16}) {
+        const auto q = random_vector(n_q * hd, 14 + static_cast<uint32_t>(n_q), 0.5f);
+        std::vector<size_t> begins(n_q), ends(n_q);
+        std::vector<const float*> queries(n_q);
+        std::vector<float*> outs(n_q);
+        std::vector<float> out(n_q * hd), ref(n_q * hd), scores(n_q * capacity);
+        for (size_t i = 0; i < n_q; ++i) {
+          begins[i] = 30 + (i * 3) % 7;
+          ends[i] = 50 + (i * 5) % 20;
+          queries[i] = &q[i * hd];
+          outs[i] = &out[i * hd];
+          k::attend(&q[i * hd], kc.data() + hd, vc.data() + hd, stride, capacity, hd, begins[i], ends[i],
+                    scores.data(), &ref[i * hd]);
+        }
+        k::attend_block(queries.data(), n_q, begins.data(), ends.data(), kc.data() + hd, vc.data() + hd,
+                        stride, capacity, hd, scores.data(), outs.data());
+        for (size_t i = 0; i < out.size(); ++i) {
+          ASSERT_EQ(out[i], ref[i]) << hwy::TargetName(target) << " hd " << hd << " n_q " << n_q << " " << i;
+        }
+      }
     }
-    k::attend_block(queries.data(), n_q, begins.data(), ends.data(), kc.data() + hd, vc.data() + hd, stride,
-                    capacity, hd, scores.data(), outs.data());
-    for (size_t i = 0; i < out.size(); ++i) EXPECT_NEAR(out[i], ref[i], 1e-5) << "n_q " << n_q << " " << i;
+    hwy::SetSupportedTargetsForTest(0);
   }
 }

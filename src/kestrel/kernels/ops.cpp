@@ -103,6 +103,62 @@ inline void PrefetchRow(const hwy::float16_t* base, size_t row, size_t capacity,
 // loaded once, take the block's rows in order, and are stored once.
 constexpr size_t kValueRows = 16;
 
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+// The 16 sums of 16 vectors of 16 floats in one vector, each by the tree of
+// _mm512_reduce_add_ps (what SumOfLanes compiles to here: upper half onto lower half at 256,
+// 128, 64 and 32 bits), so a score has the same bits as from SumOfLanes. 45 shuffles and adds,
+// against 16 x 8 for the vectors one by one. 128-bit lane l of the result holds the sums of
+// v[l], v[4 + l], v[8 + l], v[12 + l] in that order.
+inline __m512 SumsOf16(const __m512* v) {
+  __m512 h[8], w[4], x[2];
+  for (int i = 0; i < 8; ++i) {  // [v.lo256 + v.hi256 | v'.lo256 + v'.hi256]
+    h[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
+                         _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
+  }
+  for (int i = 0; i < 4; ++i) {  // 128-bit lane j: vector 4i + j, its lo128 + hi128
+    w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(h[2 * i], h[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(h[2 * i], h[2 * i + 1], 0xDD));
+  }
+  for (int i = 0; i < 2; ++i) {  // per lane [a0 + a2, a1 + a3, b0 + b2, b1 + b3]
+    x[i] = _mm512_add_ps(_mm512_shuffle_ps(w[2 * i], w[2 * i + 1], 0x44),
+                         _mm512_shuffle_ps(w[2 * i], w[2 * i + 1], 0xEE));
+  }
+  return _mm512_add_ps(_mm512_shuffle_ps(x[0], x[1], 0x88), _mm512_shuffle_ps(x[0], x[1], 0xDD));
+}
+
+// Scores of 4 queries against cache rows j0..j0+3: a 4 x 4 tile of dot products (each K and Q
+// chunk loaded once for 4 products), reduced together by SumsOf16. Row r comes from krows[r]
+// (fp16) or, when kf is given, from kf + r * head_dim (the rows already converted).
+inline void ScoresTile4x4(const float* const* qs, const hwy::float16_t* const* krows, const float* kf,
+                          size_t head_dim, float* const* score_rows) {
+  const hn::ScalableTag<float> d;
+  const hn::Rebind<hwy::float16_t, decltype(d)> dh;
+  constexpr size_t N = 16;
+  decltype(hn::Zero(d)) acc[16];
+  for (auto& a : acc) a = hn::Zero(d);
+  for (size_t c = 0; c < head_dim; c += N) {
+    decltype(hn::Zero(d)) kv[4];
+    for (size_t r = 0; r < 4; ++r) {
+      kv[r] = kf != nullptr ? hn::LoadU(d, kf + r * head_dim + c) : hn::PromoteTo(d, hn::LoadU(dh, krows[r] + c));
+    }
+    for (size_t i = 0; i < 4; ++i) {
+      const auto qv = hn::LoadU(d, qs[i] + c);
+      for (size_t r = 0; r < 4; ++r) acc[4 * r + i] = hn::MulAdd(qv, kv[r], acc[4 * r + i]);
+    }
+  }
+  __m512 raw[16];
+  for (size_t i = 0; i < 16; ++i) raw[i] = acc[i].raw;
+  const __m512 sums = SumsOf16(raw);  // lane i: query i, rows 0..3
+  _mm_storeu_ps(score_rows[0], _mm512_castps512_ps128(sums));
+  _mm_storeu_ps(score_rows[1], _mm512_extractf32x4_ps(sums, 1));
+  _mm_storeu_ps(score_rows[2], _mm512_extractf32x4_ps(sums, 2));
+  _mm_storeu_ps(score_rows[3], _mm512_extractf32x4_ps(sums, 3));
+}
+#endif
+
+// The largest head_dim whose K rows BlockScores converts ahead into a stack buffer.
+constexpr size_t kMaxConvertedHeadDim = 512;
+
 // NQ = 0: the count is n_q (at most kMaxBlockQueries), known only at run time.
 template <size_t NQ>
 void BlockScores(const float* const* qs, size_t n_q, const hwy::float16_t* kh, size_t lo, size_t n,
@@ -111,7 +167,38 @@ void BlockScores(const float* const* qs, size_t n_q, const hwy::float16_t* kh, s
   const hn::Rebind<hwy::float16_t, decltype(d)> dh;
   const size_t N = hn::Lanes(d);
   const size_t count = NQ != 0 ? NQ : n_q;
-  for (size_t j = 0; j < n; ++j) {
+  size_t j = 0;
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  // Prefill tiles (8 or 16 queries): 4 x 4 tiles (rows x queries), the same products and
+  // reduction tree, so the same bits as below; the 4 rows are converted from fp16 once for all
+  // the query quadruples. Prefill attention of 2,048 tokens, Gemma 3 270M's shape: 61 -> 80
+  // GMAC/s on 2 Zen 4 cores (Prefill/Attention). Decode (4 queries or fewer, bound by reading
+  // the cache) keeps the row loop, measured no faster tiled.
+  if constexpr (NQ >= 8 && NQ % 4 == 0) {
+    alignas(64) float kf[4 * kMaxConvertedHeadDim];
+    const bool convert = head_dim <= kMaxConvertedHeadDim;
+    for (; j + 4 <= n; j += 4) {
+      const hwy::float16_t* krows[4];
+      for (size_t r = 0; r < 4; ++r) {
+        krows[r] = kh + ((lo + j + r) % capacity) * stride;
+        if (j + r + kPrefetchRows < n) PrefetchRow(kh, lo + j + r + kPrefetchRows, capacity, stride, head_dim);
+      }
+      if (convert) {
+        for (size_t r = 0; r < 4; ++r) {
+          for (size_t c = 0; c < head_dim; c += N) {
+            hn::Store(hn::PromoteTo(d, hn::LoadU(dh, krows[r] + c)), d, kf + r * head_dim + c);
+          }
+        }
+      }
+      for (size_t q0 = 0; q0 < NQ; q0 += 4) {
+        float* rows[4];
+        for (size_t i = 0; i < 4; ++i) rows[i] = scores + (q0 + i) * n + j;
+        ScoresTile4x4(qs + q0, krows, convert ? kf : nullptr, head_dim, rows);
+      }
+    }
+  }
+#endif
+  for (; j < n; ++j) {
     const hwy::float16_t* krow = kh + ((lo + j) % capacity) * stride;
     if (j + kPrefetchRows < n) PrefetchRow(kh, lo + j + kPrefetchRows, capacity, stride, head_dim);
     decltype(hn::Zero(d)) acc[NQ != 0 ? NQ : kMaxBlockQueries];
