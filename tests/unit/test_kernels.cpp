@@ -1,6 +1,8 @@
 // Kernels against scalar float64 references on odd shapes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -217,6 +219,34 @@ TEST(Kernels, SplitAttentionMergesToTheWhole) {
   }
   k::merge_partials(parts.data(), parts.size(), group, hd, merged.data());
   for (size_t i = 0; i < whole.size(); ++i) EXPECT_NEAR(merged[i], whole[i], 1e-5) << i;
+}
+
+TEST(Kernels, ToFp16MatchesTheScalarConversionOnEveryTarget) {
+  // The KV cache write (F16C's vcvtps2ph where the target has it) against gguf::fp32_to_fp16
+  // (tested against numpy in test_dequant): float32 bit patterns across the whole range (normal,
+  // subnormal results, ties, overflow to inf, NaN, both signs), a count that leaves a tail.
+  std::vector<float> x;
+  for (uint64_t bits = 0; bits <= 0xFFFFFFFFull; bits += 65521) x.push_back(std::bit_cast<float>(static_cast<uint32_t>(bits)));
+  for (uint32_t h = 0; h < 0x7C00; h += 7) {  // exact halfway points between neighbouring halves
+    const float lo = kestrel::gguf::fp16_to_fp32(static_cast<uint16_t>(h));
+    const float hi = kestrel::gguf::fp16_to_fp32(static_cast<uint16_t>(h + 1));
+    x.push_back(lo + (hi - lo) / 2);
+    x.push_back(-(lo + (hi - lo) / 2));
+  }
+  x.push_back(65520.0f);
+  x.push_back(65519.0f);
+  x.pop_back();  // an odd count: a tail past the vectors
+  std::vector<uint16_t> want(x.size()), got(x.size());
+  for (size_t i = 0; i < x.size(); ++i) want[i] = kestrel::gguf::fp32_to_fp16(x[i]);
+  for (const int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    std::fill(got.begin(), got.end(), uint16_t{0});
+    k::to_fp16(x.data(), got.data(), x.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+      ASSERT_EQ(got[i], want[i]) << hwy::TargetName(target) << std::hex << " f32 0x" << std::bit_cast<uint32_t>(x[i]);
+    }
+  }
+  hwy::SetSupportedTargetsForTest(0);
 }
 
 TEST(Kernels, AttentionBlockMatchesPerQueryAttention) {

@@ -330,6 +330,20 @@ void AttendBlock(const float* const* qs, size_t n_q, const size_t* begins, const
   }
 }
 
+// float32 -> fp16, rounded to nearest even. On x86 targets from AVX2 up, F16C's vcvtps2ph (the
+// IEEE rounding of gguf::fp32_to_fp16, bit for bit); elsewhere that function.
+void ToFp16(const float* x, uint16_t* y, size_t n) {
+  size_t i = 0;
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+  const hn::ScalableTag<float> d;
+  const hn::Rebind<hwy::float16_t, decltype(d)> dh;
+  const size_t N = hn::Lanes(d);
+  auto* yh = reinterpret_cast<hwy::float16_t*>(y);
+  for (; i + N <= n; i += N) hn::StoreU(hn::DemoteTo(dh, hn::LoadU(d, x + i)), dh, yh + i);
+#endif
+  for (; i < n; ++i) y[i] = gguf::fp32_to_fp16(x[i]);
+}
+
 void GeluTanhMul(const float* gate, const float* up, float* y, size_t n) {
   const hn::ScalableTag<float> d;
   const size_t N = hn::Lanes(d);
@@ -375,6 +389,7 @@ HWY_EXPORT(AttendGroup);
 HWY_EXPORT(AttendBlock);
 HWY_EXPORT(GeluTanhMul);
 HWY_EXPORT(Softcap);
+HWY_EXPORT(ToFp16);
 
 void rms_norm(const float* x, const float* weight, float* y, size_t n, float eps) {
   const float mean = HWY_DYNAMIC_DISPATCH(SumSquares)(x, n) / static_cast<float>(n);
@@ -420,9 +435,7 @@ void rope_neox(float* x, size_t n_heads, size_t head_dim, size_t n_rot, const fl
   }
 }
 
-void to_fp16(const float* x, uint16_t* y, size_t n) {
-  for (size_t i = 0; i < n; ++i) y[i] = gguf::fp32_to_fp16(x[i]);
-}
+void to_fp16(const float* x, uint16_t* y, size_t n) { HWY_DYNAMIC_DISPATCH(ToFp16)(x, y, n); }
 
 void attend(const float* q, const uint16_t* k, const uint16_t* v, size_t stride, size_t capacity,
             size_t head_dim, size_t pos_begin, size_t pos_end, float* scores, float* out) {
