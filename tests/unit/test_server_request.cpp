@@ -163,6 +163,14 @@ TEST(ChatRequest, ContentPartsToolsAndToolMessages) {
   const auto none = parse_chat_request(json::parse(
       std::string("{") + kMsgs + R"(,"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"none"})"));
   EXPECT_TRUE(none.tools.empty());
+  // OpenAI: omitting parameters defines a function with an empty parameter list; {} stays the
+  // schema that admits anything.
+  const auto absent = parse_chat_request(json::parse(
+      std::string("{") + kMsgs + R"(,"tools":[{"type":"function","function":{"name":"f"}},
+        {"type":"function","function":{"name":"g","parameters":{}}}],"tool_choice":"required"})"));
+  ASSERT_EQ(absent.tools.size(), 2u);
+  EXPECT_EQ(absent.tools[0].parameters, json::parse(R"({"type":"object","properties":{}})"));
+  EXPECT_EQ(absent.tools[1].parameters, json::object());
 }
 
 TEST(CompletionRequest, PromptForms) {

@@ -331,6 +331,10 @@ void parse_tools(const json& body, GenerationRequest& r) {
       if (const json* p = field(*fn, "parameters")) {
         if (!p->is_object()) wrong_type(where + ".function.parameters", "an object", *p);
         def.parameters = *p;
+      } else {
+        // OpenAI's reference: "Omitting parameters defines a function with an empty parameter
+        // list" (a forced call's arguments are then {}).
+        def.parameters = {{"type", "object"}, {"properties", json::object()}};
       }
       r.tools.push_back(std::move(def));
     }
