@@ -153,6 +153,27 @@ def test_gemma3_always_calls(gemma3):
     assert run_cases(client_for(gemma3), cases, 200) == 6
 
 
+def test_gemma3_call_cut_by_max_tokens_is_the_same_content_streamed_or_not(gemma3):
+    # Parallel calls cut by max_tokens: the completed calls are tool_calls, the cut one is content
+    # from its <tool_call> (never the newlines between calls), whether streamed or not (a
+    # fresh-user check found one leading newline per completed call in the non-streamed answer).
+    client = client_for(gemma3)
+    args = dict(model=client.model_id, messages=[{"role": "user", "content": QUESTIONS[0]}], tools=TOOL_SETS[0],
+                tool_choice="required", temperature=0, parallel_tool_calls=True)
+    for max_tokens in (30, 60, 100):
+        r = client.chat.completions.create(max_tokens=max_tokens, **args)
+        assert r.choices[0].finish_reason == "length", r.choices[0]
+        content = r.choices[0].message.content
+        assert content and content.startswith("<tool_call>"), (max_tokens, content)
+        streamed, n_calls = "", 0
+        for chunk in client.chat.completions.create(max_tokens=max_tokens, stream=True, **args):
+            delta = chunk.choices[0].delta
+            streamed += delta.content or ""
+            n_calls += len(delta.tool_calls or [])
+        assert streamed == content, (max_tokens, streamed, content)
+        assert n_calls == len(r.choices[0].message.tool_calls or [])
+
+
 def test_forced_tool_errors(gemma3, gemma4):
     msgs = [{"role": "user", "content": "hi"}]
     for server in (gemma3, gemma4):

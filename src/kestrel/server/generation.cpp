@@ -127,6 +127,13 @@ void App::run_chat(Job& job, const std::function<bool(const std::string&)>& writ
   std::string content, reasoning;
   json tool_calls = json::array();
   for (auto& e : text::parse_reply(job.chat.reply_format, job.chat.parse_tools, result.text)) {
+    if (e.kind == text::ReplyEvent::Kind::kContent && job.chat.forced_tools) {
+      // As streamed: the newlines between Gemma 3 calls are not content; a call cut by
+      // max_tokens is, from its <tool_call> on.
+      const size_t start = e.text.find_first_not_of(" \n");
+      if (start != std::string::npos) content += e.text.substr(start);
+      continue;
+    }
     if (e.kind == text::ReplyEvent::Kind::kContent) content += e.text;
     if (e.kind == text::ReplyEvent::Kind::kReasoning) reasoning += e.text;
     if (e.kind == text::ReplyEvent::Kind::kToolCall) {
@@ -135,9 +142,7 @@ void App::run_chat(Job& job, const std::function<bool(const std::string&)>& writ
                             {"function", {{"name", e.call.name}, {"arguments", dump(e.call.arguments)}}}});
     }
   }
-  if (job.chat.forced_tools && !tool_calls.empty() && content.find_first_not_of(" \n") == std::string::npos) {
-    content.clear();  // the newlines between Gemma 3 calls
-  }
+
   json message = {{"role", "assistant"}, {"content", content.empty() && !tool_calls.empty() ? json(nullptr) : json(content)}};
   if (!reasoning.empty()) message["reasoning_content"] = reasoning;
   if (!tool_calls.empty()) message["tool_calls"] = tool_calls;
