@@ -44,6 +44,9 @@ def error_of(result, code=1):
     (("perplexity", "-f", "README.md", "--ubatch", "0"), "--ubatch: Value 0 not in range"),
     (("run", "-p", "x", "--temp", "nan"), "must be a finite number"),
     (("run", "-p", "x", "-t", "100000"), "--threads: Value 100000 not in range 0 to 256"),
+    # past 64 bits: not read as the largest value (a fresh-user check)
+    (("run", "-p", "x", "--seed", "18446744073709551615"), "--seed: Value 18446744073709551615 not in range"),
+    (("run", "-p", "x", "--seed", "99999999999999999999999"), "--seed: Value 99999999999999999999999 not in range"),
     # text that is no number says so, not "not in range" (the fresh-user trial's --parallel abc)
     (("serve", "--parallel", "abc"), "--parallel: Value abc is not an integer"),
     (("serve", "--queue", "1.5"), "--queue: Value 1.5 is not an integer"),

@@ -3,6 +3,7 @@
 // alone reports every value it cannot convert as "not in range".
 #pragma once
 
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -22,15 +23,32 @@ inline bool is_integer_text(const std::string& text) {
   return end != text.c_str() && *end == '\0';
 }
 
+/// True when the integer `text` is past what T's 64-bit conversion holds (CLI11 would read
+/// 18446744073709551615 as the largest value instead: a fresh-user check's --seed).
+template <typename T>
+bool overflows_64_bits(const std::string& text) {
+  errno = 0;
+  if constexpr (std::is_signed_v<T>) {
+    (void)std::strtoll(text.c_str(), nullptr, 0);
+  } else {
+    (void)std::strtoull(text.c_str(), nullptr, 0);
+  }
+  return errno == ERANGE;
+}
+
 /// The check of an integer option: "Value abc is not an integer", else CLI::Range's
-/// "Value 300 not in range 1 to 256".
+/// "Value 300 not in range 1 to 256" (also for a value past 64 bits).
 template <typename T>
 CLI::Validator integer_range(T lo, T hi) {
   static_assert(std::is_integral_v<T>, "integer_range is for integer options");
   const CLI::Range range(lo, hi);
   return CLI::Validator(
-      [range](std::string& text) {
-        return is_integer_text(text) ? range(text) : "Value " + text + " is not an integer";
+      [range, lo, hi](std::string& text) -> std::string {
+        if (!is_integer_text(text)) return "Value " + text + " is not an integer";
+        if (overflows_64_bits<T>(text)) {
+          return "Value " + text + " not in range " + std::to_string(lo) + " to " + std::to_string(hi);
+        }
+        return range(text);
       },
       range.get_description());
 }
