@@ -385,6 +385,9 @@ def test_errors_are_openai_shaped(server, model_id):
     assert error_of(server.request("GET", "/v1/models", headers={"Authorization": ""}), 401)
     # unknown endpoint
     assert error_of(server.request("GET", "/v1/nothing"), 404)
+    # GET on a POST route: 405, not "no such endpoint"
+    e = error_of(server.request("GET", chat), 405)
+    assert "use POST" in e["message"], e
     # token id outside the vocabulary
     assert error_of(server.request("POST", "/v1/completions", {"prompt": [2, 10 ** 9]}), 400)["param"] == "prompt"
 

@@ -71,6 +71,13 @@ json App::parse_body(const std::string& text) const {
 }
 
 void App::post(const std::string& pattern, PostHandler handler) {
+  // GET on a POST route (a browser, a typo'd client): 405 with Allow, as HTTP and the OpenAI
+  // servers answer, not 404 "no such endpoint".
+  http_.Get(pattern, [](const httplib::Request& req, httplib::Response& res) {
+    res.set_header("Allow", "POST");
+    send_json(res, 405, ApiError::error_body("method " + req.method + " is not allowed on " + req.path + "; use POST",
+                                             "invalid_request_error", "", ""));
+  });
   // httplib's own body reading treats a body labelled application/x-www-form-urlencoded (what
   // `curl -d` sends without -H) as a form and refuses one over 8 KiB with 413; it also does not
   // bound a chunked body. Every body here is JSON, whatever its Content-Type says, so the route
