@@ -5,6 +5,17 @@
 #include "kestrel/text/reply_parser.h"
 
 namespace kestrel::server {
+namespace {
+
+// What a forced reply's content piece says, streamed or not: nothing for the newlines between
+// Gemma 3 calls, else the piece from its first non-blank character (a call cut by max_tokens,
+// from its <tool_call>).
+std::string forced_content(const std::string& text) {
+  const size_t start = text.find_first_not_of(" \n");
+  return start == std::string::npos ? std::string() : text.substr(start);
+}
+
+}  // namespace
 
 void App::watch_connection(Job& job, runtime::GenerateOptions& o, const std::function<bool(const std::string&)>& write,
                            bool& wrote, std::vector<runtime::StepLogprobs>& pending) {
@@ -82,10 +93,9 @@ void App::run_chat(Job& job, const std::function<bool(const std::string&)>& writ
   };
   auto send_events = [&](std::vector<text::ReplyEvent> events) {
     for (auto& e : events) {
-      // A forced reply's only text is the newline between Gemma 3 calls: not content.
-      if (job.chat.forced_tools && e.kind == text::ReplyEvent::Kind::kContent &&
-          e.text.find_first_not_of(" \n") == std::string::npos) {
-        continue;
+      if (job.chat.forced_tools && e.kind == text::ReplyEvent::Kind::kContent) {
+        e.text = forced_content(e.text);
+        if (e.text.empty()) continue;
       }
       json delta;
       if (e.kind == text::ReplyEvent::Kind::kContent) {
@@ -127,14 +137,7 @@ void App::run_chat(Job& job, const std::function<bool(const std::string&)>& writ
   std::string content, reasoning;
   json tool_calls = json::array();
   for (auto& e : text::parse_reply(job.chat.reply_format, job.chat.parse_tools, result.text)) {
-    if (e.kind == text::ReplyEvent::Kind::kContent && job.chat.forced_tools) {
-      // As streamed: the newlines between Gemma 3 calls are not content; a call cut by
-      // max_tokens is, from its <tool_call> on.
-      const size_t start = e.text.find_first_not_of(" \n");
-      if (start != std::string::npos) content += e.text.substr(start);
-      continue;
-    }
-    if (e.kind == text::ReplyEvent::Kind::kContent) content += e.text;
+    if (e.kind == text::ReplyEvent::Kind::kContent) content += job.chat.forced_tools ? forced_content(e.text) : e.text;
     if (e.kind == text::ReplyEvent::Kind::kReasoning) reasoning += e.text;
     if (e.kind == text::ReplyEvent::Kind::kToolCall) {
       tool_calls.push_back({{"id", random_id("call_")},
@@ -142,7 +145,6 @@ void App::run_chat(Job& job, const std::function<bool(const std::string&)>& writ
                             {"function", {{"name", e.call.name}, {"arguments", dump(e.call.arguments)}}}});
     }
   }
-
   json message = {{"role", "assistant"}, {"content", content.empty() && !tool_calls.empty() ? json(nullptr) : json(content)}};
   if (!reasoning.empty()) message["reasoning_content"] = reasoning;
   if (!tool_calls.empty()) message["tool_calls"] = tool_calls;
