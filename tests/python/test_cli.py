@@ -201,12 +201,60 @@ def test_build_inspect_and_run_an_image(tmp_path):
     in_memory = json.loads(kestrel(*args, "--precision", "w4a16", "--group-size", 64).stdout)["tokens"]
     assert from_image == in_memory
     check_default_prefers_the_cached_image(tmp_path, image, args, from_image, in_memory)
+    check_decode_read_bytes(image)
     # Rebuilding from an image is refused and leaves nothing behind.
     again = tmp_path / "again.kimg"
     assert "already a Kestrel image" in error_of(kestrel("build", image, "-o", again))
     # The same reason with --tensor-type (its pattern check must not hide it).
     assert "already a Kestrel image" in error_of(kestrel("build", image, "-o", again, "--tensor-type", "attn_v=q8_0"))
     assert not again.exists() and not (tmp_path / "again.kimg.partial").exists()
+
+
+def test_decode_read_bytes_of_the_flashhead_image():
+    # The Quick start's cached image has FlashHead (the test above builds one without); the user's
+    # cache, not the test session's KESTREL_CACHE (conftest.py).
+    image = Path.home() / ".cache" / "kestrel" / "images" / "gemma-3-270m-w4a16-flashhead.kimg"
+    if not image.exists():
+        pytest.skip("no cached default image (the Quick start's first command builds it)")
+    check_decode_read_bytes(image, need_flash=True)
+
+
+def check_decode_read_bytes(image, need_flash=False):
+    """`run --json`'s decode_read_bytes is what the image's tensors and the KV cache add up to, as
+    the gguf package reads them: every layer matrix's tensors (codes and group parameters), the
+    head (dense: the whole matrix; FlashHead: centroids, radii and the rows of the probed clusters
+    and special tokens) and fp16 K and V of every layer for the n_past + 1 positions the next
+    query sees (a prompt shorter than the sliding window)."""
+    import gguf
+    reader = gguf.GGUFReader(str(image))
+    tensors = {t.name: t for t in reader.tensors}
+
+    def scalar(key):
+        field = reader.fields[key]
+        return int(field.parts[field.data[0]][0])
+    layers = sum(int(t.n_bytes) for name, t in tensors.items()
+                 if name.startswith("blk.") and "_norm" not in name and "layer_output_scale" not in name)
+    head = tensors["token_embd.weight"]
+    kv_row = 2 * 2 * scalar("gemma3.attention.head_count_kv") * scalar("gemma3.attention.key_length")
+    assert "flashhead.centroids" in tensors or not need_flash
+    for mode in ("dense", "flash"):
+        if mode == "flash" and "flashhead.centroids" not in tensors:
+            continue
+        r = kestrel("run", "-m", image, "--raw", "-p", "The capital of France is", "-n", 5, "--temp", 0,
+                    "--head", mode, "--draft", "none", "--json")
+        assert r.returncode == 0, r.stderr
+        j = json.loads(r.stdout)
+        n_past = j["prompt_tokens"] + len(j["tokens"]) - 1
+        if mode == "dense":
+            head_bytes = int(head.n_bytes)
+        else:
+            rows = scalar("kestrel.flashhead.probes") * scalar("kestrel.flashhead.cluster_size")
+            rows += int(tensors["flashhead.special_tokens"].n_elements)
+            head_bytes = (int(tensors["flashhead.centroids"].n_bytes) + int(tensors["flashhead.radii"].n_bytes)
+                          + rows * int(head.n_bytes) // int(head.shape[1]))
+        kv = scalar("gemma3.block_count") * (n_past + 1) * kv_row
+        assert j["decode_read_bytes"] == layers + head_bytes + kv, (mode, j["decode_read_bytes"], layers, head_bytes, kv)
+        assert j["decode_read_gb_s"] == pytest.approx(j["decode_read_bytes"] * j["decode_tok_s"] / 1e9)
 
 
 def check_default_prefers_the_cached_image(tmp_path, image, args, from_image, in_memory):

@@ -123,6 +123,13 @@ int run(const RunOptions& o) {
                         {"accepted_tokens", result.accepted_tokens},
                         {"grammar_exact_steps", result.grammar_exact_steps},
                         {"grammar_dense_steps", result.grammar_dense_steps}};
+    // What one decode step reads (weights, head, KV cache at the last position) and, without
+    // drafts (one step a token), the read rate that decode_tok_s implies.
+    const size_t read_bytes = engine.decode_read_bytes(engine.cache());
+    j["decode_read_bytes"] = read_bytes;
+    j["decode_read_gb_s"] = result.drafted_tokens == 0 && result.decode_tok_s > 0
+                                ? nlohmann::json(static_cast<double>(read_bytes) * result.decode_tok_s / 1e9)
+                                : nlohmann::json(nullptr);
     // Which products ran on int8 activations, and on which kernel (--decode-act).
     const size_t int8 = engine.model().info().int8_matrices;
     j["int8_matrices"] = int8;

@@ -287,4 +287,11 @@ void FlashHead::search_batch(std::span<const float* const> hidden, size_t probes
   });
 }
 
+size_t FlashHead::search_bytes(size_t probes) const {
+  const kernels::Matrix& w = head_->weight;
+  const size_t row = w.rows > 0 ? w.bytes() / w.rows : 0;
+  const size_t rows = std::clamp<size_t>(probes, 1, n_clusters_) * cluster_size_ + special_.size();
+  return centroids_.bytes() + (radii_ != nullptr ? n_clusters_ * sizeof(float) : 0) + rows * row;
+}
+
 }  // namespace kestrel::head

@@ -65,6 +65,10 @@ class FlashHead {
   void search_batch(std::span<const float* const> hidden, size_t probes, std::span<Candidates* const> out,
                     ThreadPool& pool) const;
 
+  /// Bytes one search(hidden, probes) reads: the centroids (and radii), then the head rows of the
+  /// probed clusters and of the special tokens (probes clamped as search clamps it).
+  size_t search_bytes(size_t probes) const;
+
   /// Stage 1 only: the cluster scores float32 [n_clusters] (for sampling and evaluation).
   void cluster_scores(const float* hidden, float* scores, ThreadPool& pool) const;
 

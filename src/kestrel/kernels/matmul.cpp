@@ -548,6 +548,19 @@ size_t Matrix::row_bytes() const {
   return 0;
 }
 
+size_t Matrix::bytes() const {
+  size_t total = rows * row_bytes();
+  if (type == WeightType::kW4 && group_size > 0) {
+    const size_t n_groups = rows * (cols / group_size);
+    if (scales != nullptr) total += n_groups * 2;
+    if (mins != nullptr) total += n_groups * 2;
+    if (scales8 != nullptr) total += n_groups;
+    if (mins8 != nullptr) total += n_groups;
+    if (row_scales != nullptr) total += rows * 2 * 2;
+  }
+  return total;
+}
+
 namespace {
 
 void check_matmul(const Matrix& w) {

@@ -63,6 +63,10 @@ struct Matrix {
   /// rows stay as stored).
   bool int8_rows = false;
   size_t row_bytes() const;
+  /// Bytes of the matrix as stored: rows * row_bytes() plus kW4's group parameters (fp16 scales
+  /// and mins, or u8 scales8 / mins8 and the fp16 row_scales). One decode product (one token)
+  /// reads all of them once: the figure a bandwidth limit divides.
+  size_t bytes() const;
   const uint8_t* row(size_t r) const { return static_cast<const uint8_t*>(data) + r * row_bytes(); }
 };
 

@@ -182,6 +182,12 @@ GemmaDecoder::GemmaDecoder(const gguf::File& file, const LoadOptions& options, T
   info_.context_length = c.context_length;
   info_.n_params = store_.n_params();
   info_.int8_matrices = store_.int8_matrices();
+  info_.decode_weight_bytes = ple_.model_proj.bytes();
+  for (const Layer& l : layers_) {
+    for (const kernels::Matrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down, &l.ple_gate, &l.ple_proj}) {
+      info_.decode_weight_bytes += m->bytes();
+    }
+  }
 }
 
 KvCache GemmaDecoder::new_cache(size_t n_ctx) const {

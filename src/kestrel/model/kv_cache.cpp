@@ -36,6 +36,16 @@ size_t KvCache::bytes() const {
   return total;
 }
 
+size_t KvCache::read_bytes() const {
+  size_t total = 0;
+  for (const auto& layer : layers) {
+    if (layer.capacity == 0) continue;
+    const size_t seen = layer.window > 0 ? std::min(n_past + 1, layer.window) : n_past + 1;
+    total += 2 * seen * layer.stride * sizeof(uint16_t);
+  }
+  return total;
+}
+
 size_t KvCache::min_ring_capacity() const {
   size_t cap = 0;
   for (const auto& l : layers) {

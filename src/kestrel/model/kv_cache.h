@@ -54,6 +54,11 @@ struct KvCache {
 
   /// Bytes held by keys and values.
   size_t bytes() const;
+  /// Bytes of keys and values that the query of the next position (n_past) reads: per layer with
+  /// a cache of its own, 2 (K and V) * stride * 2 bytes for each of the min(n_past + 1, window)
+  /// positions it attends to (all n_past + 1 on a global layer). KV-shared layers read their
+  /// source's cache again and are not counted twice.
+  size_t read_bytes() const;
   /// The token ids at positions [0, n_past).
   std::span<const TokenId> tokens() const { return tokens_; }
   /// Records that `ids` were written at positions n_past.. and advances n_past (called by the

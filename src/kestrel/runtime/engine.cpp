@@ -194,4 +194,9 @@ GrammarCompiler& Engine::grammars() {
   return *grammars_;
 }
 
+size_t Engine::decode_read_bytes(const model::KvCache& cache) const {
+  const size_t head = flash_ ? flash_->search_bytes(probes_) : model_->output_head().weight.bytes();
+  return model_->info().decode_weight_bytes + head + cache.read_bytes();
+}
+
 }  // namespace kestrel::runtime

@@ -107,6 +107,12 @@ class Engine {
   /// The FlashHead in use, or null when the dense head scores tokens.
   const head::FlashHead* flashhead() const { return flash_.get(); }
   size_t probes() const { return probes_; }
+  /// Bytes one decode step (one token, no draft) reads from memory with `cache` at its n_past:
+  /// the layers' weights (model::ModelInfo::decode_weight_bytes), the output head in use (the
+  /// dense head's matrix, or FlashHead's search_bytes at probes()) and the KV cache's
+  /// read_bytes(). Divided into the machine's read bandwidth it gives decode's upper limit in
+  /// tokens/s (docs/benchmarks.md).
+  size_t decode_read_bytes(const model::KvCache& cache) const;
   /// Compiles grammars for this model's vocabulary and stop tokens (created on first use, then
   /// shared by every Session). Thread-safe.
   GrammarCompiler& grammars();
