@@ -445,6 +445,31 @@ def test_readme_names_every_run_json_field():
     assert not missing, missing
 
 
+HELP_COMMANDS = ["run", "chat", "perplexity", "build", "inspect", "flashhead-eval", "serve", "export-tokenizer",
+                 "export", "bench"]
+
+
+@pytest.mark.parametrize("command", [None, *HELP_COMMANDS])
+def test_help_lines_are_wrapped(command):
+    # CLI11 2.1 printed each description on one line: run's --precision was 401 characters (a fresh-user check).
+    r = kestrel(*([command] if command else []), "--help")
+    assert r.returncode == 0, r.stderr
+    long = [line for line in r.stdout.splitlines() if len(line) > 120]
+    assert not long, long
+    # a wrapped line does not start with an option name (it would read as that option's entry)
+    assert not re.search(r"^ {30}-", r.stdout, re.M), r.stdout
+
+
+def test_run_help_lists_the_prompt_options_first():
+    # -p was 23rd of 32, after the loading, sampling and drafting options (a fresh-user check).
+    help_text = kestrel("run", "--help").stdout
+    options = re.findall(r"^  (-[\w-]+(?:,--[\w-]+)?)", help_text, re.M)
+    assert options[:6] == ["-h,--help", "-p,--prompt", "-f,--file", "--token-ids", "-m,--model", "-n,--n-predict"], \
+        options
+    groups = re.findall(r"^(\w[\w ]*):$", help_text, re.M)
+    assert groups == ["Options", "Model loading", "Sampling", "Speculative decoding"], groups
+
+
 def test_readme_bench_section_names_every_bench_option():
     """Each option of `kestrel bench --help` appears in the README's bench section (long or short name)."""
     section = readme_section("Benchmark: the model card's methodology")

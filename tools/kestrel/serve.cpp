@@ -73,13 +73,16 @@ Command add_serve_command(CLI::App& app) {
                   "default finds it) or IMAGE (a smaller model image or GGUF with the same vocabulary drafts). With --draft-accept exact the tokens are the same "
                   "either way")
       ->check(draft_check())
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group(kDraftGroup);
   cmd->add_option("--draft-accept", s.draft_accept, kDraftAcceptHelp)
       ->check(CLI::IsMember({"exact", "distribution"}))
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group(kDraftGroup);
   cmd->add_option("--draft-max", s.draft_max, "Tokens drafted per verification at most")
       ->check(integer_range(size_t{0}, runtime::kMaxDraft))
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group(kDraftGroup);
   cmd->add_option("--queue", s.max_queue,
                   "Requests admitted at once (running + waiting), each holding an HTTP thread (--http-threads); "
                   "more get 429")
