@@ -95,6 +95,21 @@ def test_greedy_json_matches_llamacpp():
 
 
 @needs_model
+def test_zero_tokens_to_generate_report_the_prefill_rate():
+    # -n 0 still prefills the prompt: its rate is the prefill's own, not 0 (no first token, no ttft;
+    # a fresh-user check read "prefill 0.0 tok/s").
+    r = kestrel("run", "-p", "Hello", "-n", 0, "-t", 2, "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["tokens"] == [] and out["prompt_tokens"] > 0
+    assert out["prefill_tok_s"] > 0 and out["ttft_ms"] == 0 and out["decode_tok_s"] == 0, out
+    r = kestrel("run", "-p", "Hello", "-n", 0, "-t", 2)
+    assert r.returncode == 0, r.stderr
+    rate = float(re.search(r"prefill ([\d.]+) tok/s", r.stderr).group(1))
+    assert rate > 0, r.stderr
+
+
+@needs_model
 def test_token_ids_prompt_and_thread_independence(tmp_path):
     item = GOLDENS["references"]["f32"][1]
     ids = tmp_path / "ids.txt"
