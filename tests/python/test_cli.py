@@ -399,6 +399,19 @@ def test_perplexity_kl_base_takes_default():
 
 
 @needs_model
+def test_perplexity_summary_says_what_was_evaluated():
+    # "chunks: 2 of 7794 tokens" read as 2 of the text's tokens (a fresh-user check).
+    r = kestrel("perplexity", "-m", "default", "-f", ROOT / "README.md", "-c", 128, "--chunks", 2, "-t", 2)
+    assert r.returncode == 0, r.stderr
+    j = json.loads(kestrel("perplexity", "-m", "default", "-f", ROOT / "README.md", "-c", 128, "--chunks", 2,
+                           "-t", 2, "--json").stdout)
+    line = r.stdout.splitlines()[0]
+    assert line == (f"evaluated:     2 chunks of 128 tokens ({j['n_tokens']} tokens in the text), "
+                    f"{j['n_scored']} positions scored"), line
+    assert j["n_scored"] == 2 * (128 - 64 - 1)
+
+
+@needs_model
 def test_perplexity_ubatch_scores_through_the_decode_rows():
     # --ubatch 4: the scored half goes through the model 4 tokens at a time (the decode kernels);
     # the same positions are scored and the result agrees with whole passes to rounding.
