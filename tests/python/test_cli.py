@@ -110,6 +110,18 @@ def test_zero_tokens_to_generate_report_the_prefill_rate():
 
 
 @needs_model
+def test_empty_prompt_generates_from_bos_with_a_note():
+    # Allowed (a base model generates unconditionally, as llama.cpp does), but said on stderr.
+    r = kestrel("run", "--raw", "-p", "", "-n", 2, "--temp", 0, "-t", 2, "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["prompt_tokens"] == 1  # BOS
+    notes = [line for line in r.stderr.splitlines() if "prompt is empty" in line]
+    assert notes == ["kestrel: note: the prompt is empty; generating from BOS alone"], r.stderr
+    r = kestrel("run", "--raw", "-p", "Hi", "-n", 1, "--temp", 0, "-t", 2, "--json")
+    assert r.returncode == 0 and "prompt is empty" not in r.stderr, r.stderr
+
+
+@needs_model
 def test_token_ids_prompt_and_thread_independence(tmp_path):
     item = GOLDENS["references"]["f32"][1]
     ids = tmp_path / "ids.txt"

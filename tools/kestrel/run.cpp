@@ -98,6 +98,8 @@ int run(const RunOptions& o) {
       if (!o.system.empty()) {
         std::fprintf(stderr, "kestrel: warning: --system is ignored without the chat template (add --chat)\n");
       }
+      // Allowed, as llama.cpp allows it (a base model generates unconditionally), but said.
+      if (text.empty()) std::fprintf(stderr, "kestrel: note: the prompt is empty; generating from BOS alone\n");
       prompt = engine.encode(text, /*special=*/false);
     } else {
       std::vector<text::ChatMessage> messages;
