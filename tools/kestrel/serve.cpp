@@ -22,6 +22,8 @@ struct ServeOptions {
 int serve(ServeOptions& o) {
   const std::filesystem::path path = o.model.resolve().path;
   if (o.server.model_id.empty()) o.server.model_id = path.stem().string();
+  // Served with -m default (or no -m): requests may name it "default" too.
+  if (o.model.model.empty() || o.model.model == "default") o.server.model_alias = "default";
   if (o.server.api_key.empty()) {
     if (const char* key = std::getenv("KESTREL_API_KEY")) o.server.api_key = key;
   }
