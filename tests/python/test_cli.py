@@ -95,6 +95,33 @@ def test_greedy_json_matches_llamacpp():
 
 
 @needs_model
+def test_zero_tokens_to_generate_report_the_prefill_rate():
+    # -n 0 still prefills the prompt: its rate is the prefill's own, not 0 (no first token, no ttft;
+    # a fresh-user check read "prefill 0.0 tok/s").
+    r = kestrel("run", "-p", "Hello", "-n", 0, "-t", 2, "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["tokens"] == [] and out["prompt_tokens"] > 0
+    assert out["prefill_tok_s"] > 0 and out["ttft_ms"] == 0 and out["decode_tok_s"] == 0, out
+    r = kestrel("run", "-p", "Hello", "-n", 0, "-t", 2)
+    assert r.returncode == 0, r.stderr
+    rate = float(re.search(r"prefill ([\d.]+) tok/s", r.stderr).group(1))
+    assert rate > 0, r.stderr
+
+
+@needs_model
+def test_empty_prompt_generates_from_bos_with_a_note():
+    # Allowed (a base model generates unconditionally, as llama.cpp does), but said on stderr.
+    r = kestrel("run", "--raw", "-p", "", "-n", 2, "--temp", 0, "-t", 2, "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["prompt_tokens"] == 1  # BOS
+    notes = [line for line in r.stderr.splitlines() if "prompt is empty" in line]
+    assert notes == ["kestrel: note: the prompt is empty; generating from BOS alone"], r.stderr
+    r = kestrel("run", "--raw", "-p", "Hi", "-n", 1, "--temp", 0, "-t", 2, "--json")
+    assert r.returncode == 0 and "prompt is empty" not in r.stderr, r.stderr
+
+
+@needs_model
 def test_token_ids_prompt_and_thread_independence(tmp_path):
     item = GOLDENS["references"]["f32"][1]
     ids = tmp_path / "ids.txt"
@@ -432,6 +459,19 @@ def test_perplexity_kl_base_takes_default():
 
 
 @needs_model
+def test_perplexity_summary_says_what_was_evaluated():
+    # "chunks: 2 of 7794 tokens" read as 2 of the text's tokens (a fresh-user check).
+    r = kestrel("perplexity", "-m", "default", "-f", ROOT / "README.md", "-c", 128, "--chunks", 2, "-t", 2)
+    assert r.returncode == 0, r.stderr
+    j = json.loads(kestrel("perplexity", "-m", "default", "-f", ROOT / "README.md", "-c", 128, "--chunks", 2,
+                           "-t", 2, "--json").stdout)
+    line = r.stdout.splitlines()[0]
+    assert line == (f"evaluated:     2 chunks of 128 tokens ({j['n_tokens']} tokens in the text), "
+                    f"{j['n_scored']} positions scored"), line
+    assert j["n_scored"] == 2 * (128 - 64 - 1)
+
+
+@needs_model
 def test_perplexity_ubatch_scores_through_the_decode_rows():
     # --ubatch 4: the scored half goes through the model 4 tokens at a time (the decode kernels);
     # the same positions are scored and the result agrees with whole passes to rounding.
@@ -491,6 +531,31 @@ def test_readme_names_every_run_json_field():
     row = next(line for line in README.splitlines() if line.startswith("| `--json` | print one JSON object"))
     missing = [key for key in json.loads(r.stdout) if f"`{key}`" not in row]
     assert not missing, missing
+
+
+HELP_COMMANDS = ["run", "chat", "perplexity", "build", "inspect", "flashhead-eval", "serve", "export-tokenizer",
+                 "export", "bench"]
+
+
+@pytest.mark.parametrize("command", [None, *HELP_COMMANDS])
+def test_help_lines_are_wrapped(command):
+    # CLI11 2.1 printed each description on one line: run's --precision was 401 characters (a fresh-user check).
+    r = kestrel(*([command] if command else []), "--help")
+    assert r.returncode == 0, r.stderr
+    long = [line for line in r.stdout.splitlines() if len(line) > 120]
+    assert not long, long
+    # a wrapped line does not start with an option name (it would read as that option's entry)
+    assert not re.search(r"^ {30}-", r.stdout, re.M), r.stdout
+
+
+def test_run_help_lists_the_prompt_options_first():
+    # -p was 23rd of 32, after the loading, sampling and drafting options (a fresh-user check).
+    help_text = kestrel("run", "--help").stdout
+    options = re.findall(r"^  (-[\w-]+(?:,--[\w-]+)?)", help_text, re.M)
+    assert options[:6] == ["-h,--help", "-p,--prompt", "-f,--file", "--token-ids", "-m,--model", "-n,--n-predict"], \
+        options
+    groups = re.findall(r"^(\w[\w ]*):$", help_text, re.M)
+    assert groups == ["Options", "Model loading", "Sampling", "Speculative decoding"], groups
 
 
 def test_readme_bench_section_names_every_bench_option():

@@ -379,6 +379,7 @@ def test_errors_are_openai_shaped(server, model_id):
     # unknown model
     e = error_of(server.request("POST", chat, {**ok, "model": "gpt-9"}), 404)
     assert e["code"] == "model_not_found"
+    assert f"serves '{model_path().stem}' (also named 'default')" in e["message"], e
     # wrong and missing API key
     assert error_of(server.request("POST", chat, ok, headers={"Authorization": "Bearer nope"}), 401)["code"] == \
         "invalid_api_key"
@@ -390,6 +391,29 @@ def test_errors_are_openai_shaped(server, model_id):
     assert "use POST" in e["message"], e
     # token id outside the vocabulary
     assert error_of(server.request("POST", "/v1/completions", {"prompt": [2, 10 ** 9]}), 400)["param"] == "prompt"
+
+
+def test_default_names_the_default_model(server):
+    """Started with -m default, or without -m: requests may say "model": "default" (they got 404:
+    a fresh-user check); /v1/models lists the file's stem, and answers name it too."""
+    body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "model": "default"}
+    status, reply = server.request("POST", "/v1/chat/completions", body)
+    assert status == 200 and reply["model"] == model_path().stem, reply
+    explicit = Server("-m", "default", "--parallel", 1)
+    try:
+        status, reply = explicit.request("POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 1, "model": "default"})
+        assert status == 200, reply
+        assert [m["id"] for m in explicit.request("GET", "/v1/models")[1]["data"]] == [model_path().stem]
+    finally:
+        assert explicit.stop() == 0
+    # A model named by its path answers to its name only.
+    by_path = Server("-m", model_path(), "--parallel", 1)
+    try:
+        e = error_of(by_path.request("POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 1, "model": "default"}),
+                     404)
+        assert e["code"] == "model_not_found" and "also named" not in e["message"], e
+    finally:
+        assert by_path.stop() == 0
 
 
 def test_context_overflow_names_both_numbers(server):

@@ -19,32 +19,40 @@ void ModelOptions::add_to(CLI::App& cmd) {
   cmd.add_option("-m,--model", model,
                  "GGUF model file or Kestrel image (default or 'default': $KESTREL_MODEL, else Gemma 3 270M: its "
                  "W4A16 + FlashHead image once `kestrel build default --as-default` has built it, else its GGUF)");
-  cmd.add_option("-t,--threads", threads, "Threads (default: every core)")->check(integer_range(0, ThreadPool::kMaxThreads));
+  cmd.add_option("-t,--threads", threads, "Threads (default: every core)")
+      ->check(integer_range(0, ThreadPool::kMaxThreads))
+      ->group(kModelGroup);
   cmd.add_option("-c,--ctx", ctx,
                  "Context size in tokens (default 4096, or the model's maximum if smaller; 0: the "
                  "model's maximum)")
-      ->check(integer_range(size_t{0}, size_t{1} << 24));
+      ->check(integer_range(size_t{0}, size_t{1} << 24))
+      ->group(kModelGroup);
   cmd.add_option("--precision", precision,
                  "Layer weights in memory: auto (an image as built; a GGUF's Q4_0/Q4_1/Q4_K tensors as "
                  "INT4 with their own codes, other quantized types as Q8_0, Q8_0/BF16/F16 as stored: "
                  "docs/quantization.md), source (as the file has them, other quantized types as float32: "
                  "the llama.cpp parity path), w4a16 (INT4 groups, re-quantized at load), bf16, fp16")
       ->check(CLI::IsMember({"auto", "source", "w4a16", "bf16", "fp16"}))
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group(kModelGroup);
   cmd.add_option("--group-size", group_size, "w4a16: weights per scale (32, 64 or 128)")
       ->check(CLI::IsMember({32, 64, 128}))
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group(kModelGroup);
   cmd.add_option("--head", head,
                  "Output head: auto (FlashHead when the image has it), dense, flash")
       ->check(CLI::IsMember({"auto", "dense", "flash"}))
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group(kModelGroup);
   cmd.add_option("--probes", probes, "FlashHead clusters probed per token (default: the image's)")
-      ->check(integer_range(size_t{1}, size_t{1} << 24));
-  add_decode_act_option(cmd, "--decode-act", decode_act);
+      ->check(integer_range(size_t{1}, size_t{1} << 24))
+      ->group(kModelGroup);
+  add_decode_act_option(cmd, "--decode-act", decode_act)->group(kModelGroup);
 }
 
-void add_decode_act_option(CLI::App& cmd, const std::string& name, std::string& value, const std::string& whose) {
-  cmd.add_option(name, value,
+CLI::Option* add_decode_act_option(CLI::App& cmd, const std::string& name, std::string& value,
+                                   const std::string& whose) {
+  return cmd.add_option(name, value,
                  (whose.empty() ? std::string() : whose + ": ") +
                      "INT4 layers' activations, decode and prefill alike: rounded to bf16 or int8; with int8 on AVX2 or VNNI, Q8_0 "
                      "layers and a dense Q8_0 head take int8 activations too (docs/quantization.md); auto: "
@@ -161,21 +169,34 @@ void SamplingOptions::add_to(CLI::App& cmd) {
       ->capture_default_str();
   cmd.add_option("--temp", s.temperature, "Temperature (0: greedy)")
       ->check(number_range(0.0f, 100.0f))
-      ->capture_default_str();
-  cmd.add_option("--top-k", s.top_k, "Top-k (0: off)")->check(integer_range(0, 1 << 30))->capture_default_str();
-  cmd.add_option("--top-p", s.top_p, "Top-p (1: off)")->check(number_range(0.0f, 1.0f))->capture_default_str();
-  cmd.add_option("--min-p", s.min_p, "Min-p (0: off)")->check(number_range(0.0f, 1.0f))->capture_default_str();
+      ->capture_default_str()
+      ->group(kSamplingGroup);
+  cmd.add_option("--top-k", s.top_k, "Top-k (0: off)")
+      ->check(integer_range(0, 1 << 30))
+      ->capture_default_str()
+      ->group(kSamplingGroup);
+  cmd.add_option("--top-p", s.top_p, "Top-p (1: off)")
+      ->check(number_range(0.0f, 1.0f))
+      ->capture_default_str()
+      ->group(kSamplingGroup);
+  cmd.add_option("--min-p", s.min_p, "Min-p (0: off)")
+      ->check(number_range(0.0f, 1.0f))
+      ->capture_default_str()
+      ->group(kSamplingGroup);
   cmd.add_option("--repeat-penalty", s.repeat_penalty, "Repetition penalty (1: off)")
       ->check(number_range(0.01f, 100.0f))
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group(kSamplingGroup);
   cmd.add_option("--repeat-last-n", s.repeat_last_n, "Tokens the penalty looks back over (-1: all)")
       ->check(integer_range(-1, 1 << 24))
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group(kSamplingGroup);
   cmd.add_option("--seed", seed, "Random seed (-1: random)")
       ->check(integer_range(int64_t{-1}, INT64_MAX))
-      ->capture_default_str();
-  cmd.add_flag("--ignore-eos", ignore_eos, "Keep generating past end-of-sequence tokens");
-  cmd.add_option("--stop", stop, "Stop string (repeatable)");
+      ->capture_default_str()
+      ->group(kSamplingGroup);
+  cmd.add_flag("--ignore-eos", ignore_eos, "Keep generating past end-of-sequence tokens")->group(kSamplingGroup);
+  cmd.add_option("--stop", stop, "Stop string (repeatable)")->group(kSamplingGroup);
   cmd.add_option("--draft", draft,
                  "Speculative decoding: none, ngram (prompt lookup: drafts what followed the last few "
                  "tokens earlier in the text), auto (the image's drafter when it has one, else ngram, "
@@ -183,13 +204,16 @@ void SamplingOptions::add_to(CLI::App& cmd) {
                  "it) or IMAGE (a smaller model image or GGUF with the same vocabulary drafts). With "
                  "--draft-accept exact the tokens are the same either way")
       ->check(draft_check())
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group(kDraftGroup);
   cmd.add_option("--draft-max", draft_max, "Tokens drafted per verification at most")
       ->check(integer_range(size_t{0}, runtime::kMaxDraft))
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group(kDraftGroup);
   cmd.add_option("--draft-accept", draft_accept, kDraftAcceptHelp)
       ->check(CLI::IsMember({"exact", "distribution"}))
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group(kDraftGroup);
 }
 
 const char* const kDraftAcceptHelp =

@@ -17,6 +17,11 @@
 
 namespace kestrel::tools {
 
+/// Help groups (`--help` lists a command's own options first, under "Options"; then these).
+inline constexpr const char* kModelGroup = "Model loading";
+inline constexpr const char* kSamplingGroup = "Sampling";
+inline constexpr const char* kDraftGroup = "Speculative decoding";
+
 struct ModelOptions {
   std::string model;  // empty: the default model
   int threads = 0;
@@ -27,6 +32,7 @@ struct ModelOptions {
   size_t probes = 0;
   std::string decode_act = "auto";  // kernels::parse_decode_activations
 
+  /// Adds -m (in the command's own options) and the loading options (kModelGroup).
   void add_to(CLI::App& cmd);
   runtime::EngineOptions engine_options() const;
   /// The file to load (runtime::runnable_model: "default" is the cached default image when it
@@ -43,7 +49,8 @@ struct ModelOptions {
 
 /// Adds the option `name` (--decode-act) that sets `value` to auto, bf16 or int8, for the model
 /// named by `whose` ("" : the model of the command).
-void add_decode_act_option(CLI::App& cmd, const std::string& name, std::string& value, const std::string& whose = "");
+CLI::Option* add_decode_act_option(CLI::App& cmd, const std::string& name, std::string& value,
+                                   const std::string& whose = "");
 
 /// A usage error found after the options parsed (the CLI exits with status 2, as for a bad option).
 class UsageError : public Error {
@@ -76,6 +83,8 @@ struct SamplingOptions {
   size_t draft_max = runtime::kMaxDraft;
   std::string draft_accept = "exact";
 
+  /// Adds -n (in the command's own options), the sampling options (kSamplingGroup) and the
+  /// speculative decoding ones (kDraftGroup).
   void add_to(CLI::App& cmd);
   runtime::GenerateOptions generate_options() const;
   /// With --draft IMAGE: loads it as `engine`'s draft model (load_draft_model).

@@ -1,8 +1,14 @@
 // kestrel: the command-line front end.
+#include <algorithm>
 #include <cstdio>
 #include <exception>
+#include <memory>
 #include <new>
+#include <sstream>
+#include <string>
+#include <string_view>
 #include <utility>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -11,8 +17,77 @@
 #include "kestrel/base/error.h"
 #include "kestrel/runtime/engine.h"
 
+namespace {
+
+// Help lines at most this wide (CLI11 2.1 prints each description on one line, however long).
+constexpr size_t kHelpColumns = 100;
+
+// `text` with its lines broken at spaces to at most `width` columns (a longer word keeps its own
+// line). A line does not start with an option name ("-..."): it would read as that option's entry.
+std::string wrap(std::string_view text, size_t width) {
+  std::string out;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t end = text.find('\n', start);
+    if (end == std::string_view::npos) end = text.size();
+    std::vector<std::string_view> words;
+    for (size_t i = start; i < end;) {
+      const size_t space = std::min(text.find(' ', i), end);
+      if (space > i) words.push_back(text.substr(i, space - i));
+      i = space + 1;
+    }
+    std::vector<std::string> lines(1);
+    for (size_t w = 0; w < words.size(); ++w) {
+      std::string& line = lines.back();
+      if (line.empty() || line.size() + 1 + words[w].size() <= width) {
+        line += (line.empty() ? "" : " ") + std::string(words[w]);
+        continue;
+      }
+      std::string next(words[w]);
+      const size_t last_space = line.rfind(' ');
+      if (next.front() == '-' && last_space != std::string::npos) {
+        next = line.substr(last_space + 1) + " " + next;
+        line.resize(last_space);
+      }
+      lines.push_back(std::move(next));
+    }
+    for (const auto& line : lines) out += line + "\n";
+    if (end == text.size()) break;
+    start = end + 1;
+  }
+  out.pop_back();  // the last line's "\n"
+  return out;
+}
+
+// CLI11's layout with the descriptions wrapped to kHelpColumns, and one blank line between
+// option groups (CLI11 2.1 puts two).
+class HelpFormatter : public CLI::Formatter {
+ public:
+  std::string make_help(const CLI::App* app, std::string name, CLI::AppFormatMode mode) const override {
+    std::string help = CLI::Formatter::make_help(app, std::move(name), mode);
+    for (size_t at; (at = help.find("\n\n\n")) != std::string::npos;) help.erase(at, 1);
+    return help;
+  }
+  std::string make_description(const CLI::App* app) const override {
+    const std::string d = CLI::Formatter::make_description(app);
+    return d.empty() ? d : wrap(d, kHelpColumns);
+  }
+  std::string make_option_desc(const CLI::Option* opt) const override {
+    return wrap(opt->get_description(), kHelpColumns - column_width_);
+  }
+  std::string make_subcommand(const CLI::App* sub) const override {
+    std::stringstream out;
+    CLI::detail::format_help(out, sub->get_display_name(true), wrap(sub->get_description(), kHelpColumns - column_width_),
+                             column_width_);
+    return out.str();
+  }
+};
+
+}  // namespace
+
 int main(int argc, char** argv) {
   CLI::App app{"Kestrel: fast small language models on edge hardware"};
+  app.formatter(std::make_shared<HelpFormatter>());  // before the subcommands, which take it over
   app.require_subcommand(1);
   app.set_version_flag("--version", KESTREL_VERSION);
   namespace t = kestrel::tools;

@@ -101,8 +101,8 @@ int run_perplexity(const PerplexityCliOptions& o) {
     std::cout << j.dump() << "\n";
     return 0;
   }
-  std::printf("chunks:        %zu of %zu tokens at context %zu (%zu positions scored)\n", r.n_chunks,
-              r.n_tokens, r.n_ctx, r.n_scored);
+  std::printf("evaluated:     %zu chunks of %zu tokens (%zu tokens in the text), %zu positions scored\n",
+              r.n_chunks, r.n_ctx, r.n_tokens, r.n_scored);
   std::printf("perplexity:    %.4f +/- %.5f\n", r.ppl, r.ppl_error);
   if (r.has_base) {
     std::printf("base ppl:      %.4f +/- %.5f\n", r.base_ppl, r.base_ppl_error);

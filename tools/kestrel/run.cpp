@@ -98,6 +98,8 @@ int run(const RunOptions& o) {
       if (!o.system.empty()) {
         std::fprintf(stderr, "kestrel: warning: --system is ignored without the chat template (add --chat)\n");
       }
+      // Allowed, as llama.cpp allows it (a base model generates unconditionally), but said.
+      if (text.empty()) std::fprintf(stderr, "kestrel: note: the prompt is empty; generating from BOS alone\n");
       prompt = engine.encode(text, /*special=*/false);
     } else {
       std::vector<text::ChatMessage> messages;
@@ -155,8 +157,7 @@ int run(const RunOptions& o) {
 Command add_run_command(CLI::App& app) {
   auto opts = std::make_shared<RunOptions>();
   auto* cmd = app.add_subcommand("run", "Generate a continuation of one prompt, streamed to stdout");
-  opts->model.add_to(*cmd);
-  opts->sampling.add_to(*cmd);
+  // The prompt first in --help, then -m and -n (the shared options add those two ahead of their groups).
   auto* p = cmd->add_option("-p,--prompt", opts->prompt, "Prompt text");
   auto* f = cmd->add_option("-f,--file", opts->file, "Read the prompt from a file");
   auto* ids = cmd->add_option("--token-ids", opts->token_ids_file,
@@ -164,6 +165,8 @@ Command add_run_command(CLI::App& app) {
                               "(no BOS is added; used by benchmarks)");
   p->excludes(f)->excludes(ids);
   f->excludes(ids);
+  opts->model.add_to(*cmd);
+  opts->sampling.add_to(*cmd);
   cmd->add_option("-s,--system", opts->system, "System prompt (chat template only)");
   auto* raw = cmd->add_flag("--raw", opts->raw, "Continue the text as is, without the chat template");
   auto* chat = cmd->add_flag("--chat", opts->chat,

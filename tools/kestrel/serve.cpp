@@ -22,6 +22,8 @@ struct ServeOptions {
 int serve(ServeOptions& o) {
   const std::filesystem::path path = o.model.resolve().path;
   if (o.server.model_id.empty()) o.server.model_id = path.stem().string();
+  // Served with -m default (or no -m): requests may name it "default" too.
+  if (o.model.model.empty() || o.model.model == "default") o.server.model_alias = "default";
   if (o.server.api_key.empty()) {
     if (const char* key = std::getenv("KESTREL_API_KEY")) o.server.api_key = key;
   }
@@ -73,13 +75,16 @@ Command add_serve_command(CLI::App& app) {
                   "default finds it) or IMAGE (a smaller model image or GGUF with the same vocabulary drafts). With --draft-accept exact the tokens are the same "
                   "either way")
       ->check(draft_check())
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group(kDraftGroup);
   cmd->add_option("--draft-accept", s.draft_accept, kDraftAcceptHelp)
       ->check(CLI::IsMember({"exact", "distribution"}))
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group(kDraftGroup);
   cmd->add_option("--draft-max", s.draft_max, "Tokens drafted per verification at most")
       ->check(integer_range(size_t{0}, runtime::kMaxDraft))
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group(kDraftGroup);
   cmd->add_option("--queue", s.max_queue,
                   "Requests admitted at once (running + waiting), each holding an HTTP thread (--http-threads); "
                   "more get 429")

@@ -65,7 +65,8 @@ struct GenerateResult {
   size_t prompt_tokens = 0;
   size_t cached_tokens = 0;        // prompt tokens the KV cache already held (not prefilled)
   double ttft_ms = 0;              // prompt start to first token sampled
-  double prefill_tok_s = 0;        // prefilled tokens (prompt_tokens - cached_tokens) / ttft
+  double prefill_tok_s = 0;        // prefilled tokens (prompt_tokens - cached_tokens) / ttft, or with
+                                   // max_tokens 0 (no first token) / the prefill's own time
   double decode_tok_s = 0;         // (generated - 1) / time after the first token
   std::vector<StepLogprobs> logprobs;  // one per token when top_logprobs >= 0
   bool cancelled = false;          // on_token or on_text returned false

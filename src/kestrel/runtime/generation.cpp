@@ -121,7 +121,8 @@ void Generation::advance(size_t n, TokenScores scores) {
   if (prefilling()) {
     next_prompt_ += n;
     if (prefilling()) return;
-    if (options_.max_tokens == 0) {
+    if (options_.max_tokens == 0) {  // nothing to generate: the prefill alone is timed
+      prefill_ms_ = ms_between(t0_, Clock::now());
       done_ = true;
       return;
     }
@@ -287,7 +288,8 @@ GenerateResult Generation::finish() {
   result_.cancelled = stopped_by_client_;
   const size_t n = result_.tokens.size();
   const size_t prefilled = prompt_.size() - result_.cached_tokens;
-  result_.prefill_tok_s = result_.ttft_ms > 0 ? 1000.0 * static_cast<double>(prefilled) / result_.ttft_ms : 0;
+  const double prefill_ms = n > 0 ? result_.ttft_ms : prefill_ms_;
+  result_.prefill_tok_s = prefill_ms > 0 ? 1000.0 * static_cast<double>(prefilled) / prefill_ms : 0;
   const double decode_ms = n > 0 ? ms_between(t_first_, Clock::now()) : 0;
   result_.decode_tok_s = n > 1 && decode_ms > 0 ? 1000.0 * static_cast<double>(n - 1) / decode_ms : 0;
   done_ = true;

@@ -110,6 +110,7 @@ class Generation {
   std::vector<TokenId> allowed_;  // the grammar's allowed tokens, when few
   std::vector<TokenId> decode_input_;  // last_, then the draft
   Clock::time_point t0_, t_first_;
+  double prefill_ms_ = 0;  // with max_tokens 0 (no first token, no ttft): the prefill's time
   std::vector<float> raw_logits_;  // serving: the model's logits before penalties, for logprobs
   std::vector<TokenId> raw_ids_;   // their token ids when FlashHead scored a candidate set
 };

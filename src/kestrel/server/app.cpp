@@ -276,8 +276,11 @@ void App::handle_generate(const httplib::Request& req, httplib::Response& res, c
     check_ready();
     const json body = parse_body(raw);
     GenerationRequest r = endpoint == Endpoint::kChat ? parse_chat_request(body) : parse_completion_request(body);
-    if (!r.model.empty() && r.model != options_.model_id) {
-      throw ApiError(404, "the model '" + r.model + "' does not exist; this server serves '" + options_.model_id + "'",
+    if (!r.model.empty() && r.model != options_.model_id &&
+        (options_.model_alias.empty() || r.model != options_.model_alias)) {
+      const std::string alias = options_.model_alias.empty() ? "" : " (also named '" + options_.model_alias + "')";
+      throw ApiError(404,
+                     "the model '" + r.model + "' does not exist; this server serves '" + options_.model_id + "'" + alias,
                      "model", "model_not_found");
     }
     // tool_choice "required" or a named function: the reply is forced through a grammar of the

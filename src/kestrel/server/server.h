@@ -16,6 +16,7 @@ struct ServerOptions {
   int port = 8080;                   // 0: any free port (printed on stderr)
   std::string api_key;               // empty: no authentication
   std::string model_id;              // the name /v1/models lists and requests must use
+  std::string model_alias;           // another name requests may use ("default" for -m default), or empty
   size_t max_body_bytes = 16u << 20; // larger bodies get 413
   size_t http_threads = 0;           // connection threads; 0: http_thread_count's default
   size_t parallel = 4;               // sessions: requests generating at once, each with a KV cache kept for reuse
