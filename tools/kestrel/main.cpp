@@ -40,7 +40,8 @@ std::string wrap(std::string_view text, size_t width) {
     for (size_t w = 0; w < words.size(); ++w) {
       std::string& line = lines.back();
       if (line.empty() || line.size() + 1 + words[w].size() <= width) {
-        line += (line.empty() ? "" : " ") + std::string(words[w]);
+        if (!line.empty()) line += ' ';
+        line += words[w];
         continue;
       }
       std::string next(words[w]);
