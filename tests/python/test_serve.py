@@ -12,6 +12,7 @@ import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import openai
 import pytest
@@ -662,3 +663,65 @@ def test_random_field_values_never_crash(server):
     # output) and the server still answers one
     assert server.request("POST", "/v1/completions", {"prompt": "hi", "max_tokens": 2})[0] == 200
     assert server.request("GET", "/health")[0] == 200
+
+
+# --- logit_bias ------------------------------------------------------------------------------
+
+def check_logit_bias(server):
+    """Banning the greedy token (-100) gives the runner-up that the unbiased step's top_logprobs
+    name; +100 on a token far down the ranking (with FlashHead: outside the probed candidates)
+    makes it the answer."""
+    def first_step(**extra):
+        status, body = server.request("POST", "/v1/completions", {
+            "prompt": "The capital of France is", "max_tokens": 1, "temperature": 0, "logprobs": 2, **extra})
+        assert status == 200, body
+        return body["choices"][0]["text"], body["choices"][0]["logprobs"]["top_logprobs"][0]
+
+    def token_of(piece):
+        status, body = server.request("POST", "/tokenize", {"content": piece, "add_special": False})
+        assert status == 200 and len(body["tokens"]) == 1, (piece, body)
+        return body["tokens"][0]
+
+    text, top = first_step()
+    best, runner_up = sorted(top, key=top.get, reverse=True)
+    assert text == best
+    banned, _ = first_step(logit_bias={str(token_of(best)): -100})
+    assert banned == runner_up, (best, runner_up, banned)
+    rare = 123457  # a token no continuation of this prompt ranks high
+    status, body = server.request("POST", "/detokenize", {"tokens": [rare]})
+    assert status == 200
+    forced, _ = first_step(logit_bias={str(rare): 100, str(token_of(best)): -5})
+    assert forced == body["content"], (forced, body)
+    # A small bias changes nothing here, and the unbiased answer is unchanged afterwards.
+    assert first_step(logit_bias={str(rare): 0.5})[0] == best
+    assert first_step()[0] == best
+
+
+def test_logit_bias(server):
+    check_logit_bias(server)
+
+
+def test_logit_bias_with_flashhead():
+    image = Path.home() / ".cache" / "kestrel" / "images" / "gemma-3-270m-w4a16-flashhead.kimg"
+    if not image.exists():
+        pytest.skip("no cached default image (the Quick start's first command builds it)")
+    s = Server("-m", image)
+    try:
+        check_logit_bias(s)
+    finally:
+        assert s.stop() == 0
+
+
+@pytest.mark.parametrize("bias, message", [
+    ([1, 2], "'logit_bias' must be an object mapping token ids to numbers"),
+    ({"x": 1}, "keys must be token ids"),
+    ({"-3": 1}, "keys must be token ids"),
+    ({"5": "a"}, "'logit_bias.5' must be a number"),
+    ({"5": 101}, "must be between -100 and 100"),
+    ({"5": 1, "005": 2}, "names token 5 twice"),
+    ({"999999999": 1}, "outside the vocabulary of 262144"),
+])
+def test_logit_bias_errors(server, bias, message):
+    status, body = server.request("POST", "/v1/completions", {"prompt": "x", "max_tokens": 1, "logit_bias": bias})
+    assert status == 400, body
+    assert message in body["error"]["message"] and body["error"]["param"].startswith("logit_bias"), body

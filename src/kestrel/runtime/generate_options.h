@@ -31,6 +31,11 @@ struct GenerateOptions {
   int top_logprobs = -1;           // -1: no logprobs; 0: the chosen token's; n > 0: also the n best
   bool render_special = false;     // control tokens appear in the text (Gemma 4 tool-call markers)
   std::vector<TokenId> stop_token_ids;  // more tokens that end generation, besides stop_tokens()
+  /// OpenAI's logit_bias: (token, bias) pairs, ids ascending and distinct, added to the token's
+  /// logit before sampling (after a grammar's mask; -100 bans a token in practice, +100 forces
+  /// it). With FlashHead a token with a positive bias that is not among the candidates is
+  /// scored exactly and added to them (Session::rescore), so that the bias can raise it.
+  std::vector<std::pair<TokenId, float>> logit_bias;
   TokenCallback on_token;          // see TokenCallback
   /// Scheduler::run: called on the caller's thread about once a second while no token comes
   /// (waiting for a session, a long prefill); return false to cancel (a client that went away:

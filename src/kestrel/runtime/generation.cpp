@@ -215,9 +215,36 @@ TokenScores Generation::constrain(TokenScores scores, size_t row) {
   return dense;
 }
 
+TokenScores Generation::with_raised_tokens(TokenScores scores, size_t row) {
+  if (scores.ids.empty()) return scores;
+  raised_.assign(scores.ids.begin(), scores.ids.end());
+  for (const auto& [token, bias] : options_.logit_bias) {
+    if (bias > 0.0f && std::find(scores.ids.begin(), scores.ids.end(), token) == scores.ids.end()) {
+      raised_.push_back(token);
+    }
+  }
+  return raised_.size() == scores.size() ? scores : session_.rescore(row, raised_);
+}
+
+void Generation::apply_logit_bias(TokenScores scores) const {
+  const auto& bias = options_.logit_bias;  // ids ascending
+  if (scores.ids.empty()) {
+    for (const auto& [token, b] : bias) {
+      if (static_cast<size_t>(token) < scores.size()) scores.logits[static_cast<size_t>(token)] += b;
+    }
+    return;
+  }
+  for (size_t i = 0; i < scores.size(); ++i) {
+    const auto it = std::lower_bound(bias.begin(), bias.end(), std::make_pair(scores.ids[i], -INFINITY));
+    if (it != bias.end() && it->first == scores.ids[i]) scores.logits[i] += it->second;
+  }
+}
+
 TokenScores Generation::prepare(TokenScores scores, size_t row) {
   const size_t i = result_.tokens.size();
+  if (!options_.logit_bias.empty()) scores = with_raised_tokens(scores, row);
   if (constraint_) scores = constrain(scores, row);
+  if (!options_.logit_bias.empty()) apply_logit_bias(scores);
   if (options_.top_logprobs >= 0) {
     raw_logits_.assign(scores.logits.begin(), scores.logits.end());
     raw_ids_.assign(scores.ids.begin(), scores.ids.end());

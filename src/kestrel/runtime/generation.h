@@ -79,8 +79,9 @@ class Generation {
   using Clock = std::chrono::steady_clock;
   /// `row`: which row of the session's last scoring `scores` came from (for rescoring).
   void sample(TokenScores scores, size_t row);
-  /// The scores the sampler draws from at this step: the grammar's mask (with its rescoring),
-  /// the raw logits kept for logprobs, stop tokens suppressed before min_tokens.
+  /// The scores the sampler draws from at this step: the tokens logit_bias raises added to
+  /// FlashHead's candidates, the grammar's mask (with its rescoring), the biases, the logits kept
+  /// for logprobs, stop tokens suppressed before min_tokens.
   TokenScores prepare(TokenScores scores, size_t row);
   /// Appends a chosen token: emits it and checks the stop conditions (sets done_).
   void commit(TokenId token, size_t row);
@@ -88,6 +89,11 @@ class Generation {
   void reset_draft();
   void emit(size_t end);
   void suppress_stop_tokens(TokenScores scores) const;
+  /// FlashHead's candidates with every token that options.logit_bias raises and they lack,
+  /// scored exactly (the scores as they are when none is missing, or when they are dense).
+  TokenScores with_raised_tokens(TokenScores scores, size_t row);
+  /// Adds options.logit_bias to the scores of the tokens present.
+  void apply_logit_bias(TokenScores scores) const;
 
   Session& session_;
   std::span<const TokenId> prompt_;
@@ -108,6 +114,7 @@ class Generation {
   std::vector<TokenDistribution> draft_q_;  // the draft's q (empty: point masses)
   std::optional<TokenConstraint> constraint_;
   std::vector<TokenId> allowed_;  // the grammar's allowed tokens, when few
+  std::vector<TokenId> raised_;   // candidates and the tokens logit_bias raises (with_raised_tokens)
   std::vector<TokenId> decode_input_;  // last_, then the draft
   Clock::time_point t0_, t_first_;
   double prefill_ms_ = 0;  // with max_tokens 0 (no first token, no ttft): the prefill's time

@@ -372,6 +372,13 @@ void App::handle_generate(const httplib::Request& req, httplib::Response& res, c
     o.stop = r.stop;
     o.min_tokens = r.min_tokens;
     o.top_logprobs = r.top_logprobs;
+    for (const auto& [id, bias] : r.logit_bias) {
+      if (static_cast<uint64_t>(id) >= tok.n_vocab()) {
+        throw bad_request("'logit_bias' names token " + std::to_string(id) + ", outside the vocabulary of " +
+                              std::to_string(tok.n_vocab()), "logit_bias");
+      }
+      o.logit_bias.emplace_back(static_cast<TokenId>(id), bias);
+    }
     o.cache_prompt = r.cache_prompt;
     o.draft = draft_mode_;
     o.draft_max = options_.draft_max;

@@ -172,6 +172,34 @@ void parse_structured_output(const json& body, GenerationRequest& r) {
   if (const json* v = field(body, "guided_grammar")) set("guided_grammar", {Kind::kEbnf, text(*v, "guided_grammar")});
 }
 
+// OpenAI's logit_bias: an object from token ids (as strings) to biases in [-100, 100].
+void parse_logit_bias(const json& lb, GenerationRequest& r) {
+  if (lb.is_null()) return;
+  if (!lb.is_object()) wrong_type("logit_bias", "an object mapping token ids to numbers", lb);
+  if (lb.size() > kMaxLogitBias) {
+    throw bad_request("'logit_bias' has " + std::to_string(lb.size()) + " entries; at most " +
+                          std::to_string(kMaxLogitBias) + " are allowed", "logit_bias");
+  }
+  for (const auto& [key, value] : lb.items()) {
+    const bool digits = !key.empty() && key.size() <= 10 &&
+                        key.find_first_not_of("0123456789") == std::string::npos;
+    if (!digits) throw bad_request("'logit_bias' keys must be token ids (non-negative integers), not '" + key + "'", "logit_bias");
+    if (!value.is_number()) wrong_type("logit_bias." + key, "a number", value);
+    const double bias = value.get<double>();
+    if (!(bias >= -100.0 && bias <= 100.0)) {
+      throw bad_request("'logit_bias." + key + "' must be between -100 and 100", "logit_bias");
+    }
+    r.logit_bias.emplace_back(std::stoll(key), static_cast<float>(bias));
+  }
+  std::sort(r.logit_bias.begin(), r.logit_bias.end());
+  // "007" and "7" name one token: refused, as ambiguous.
+  for (size_t i = 1; i < r.logit_bias.size(); ++i) {
+    if (r.logit_bias[i].first == r.logit_bias[i - 1].first) {
+      throw bad_request("'logit_bias' names token " + std::to_string(r.logit_bias[i].first) + " twice", "logit_bias");
+    }
+  }
+}
+
 void parse_common(const json& body, GenerationRequest& r) {
   if (!body.is_object()) throw bad_request("the request body must be a JSON object");
   parse_structured_output(body, r);
@@ -223,6 +251,7 @@ void parse_common(const json& body, GenerationRequest& r) {
   if (auto e = get_bool(body, "ignore_eos")) r.ignore_eos = *e;
   if (auto c = get_bool(body, "cache_prompt")) r.cache_prompt = *c;
   if (auto m = get_int(body, "min_tokens", 0, 1 << 24)) r.min_tokens = static_cast<size_t>(*m);
+  if (const json* lb = field(body, "logit_bias")) parse_logit_bias(*lb, r);
   if (auto e = get_bool(body, "echo"); e && *e) throw bad_request("'echo' is not supported", "echo");
   if (auto b = get_int(body, "best_of", 1, 128); b && *b != 1) throw bad_request("only best_of=1 is supported", "best_of");
 }

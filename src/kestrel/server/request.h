@@ -46,6 +46,9 @@ struct GenerationRequest {
   bool cache_prompt = true;                 // reuse a session's cached prefix (llama-server's name)
   size_t min_tokens = 0;
   int top_logprobs = -1;                    // -1: no logprobs; 0: chosen token only; n: n best
+  /// logit_bias: {"token id": bias in [-100, 100]}, ids ascending (checked against the
+  /// vocabulary by the server, which knows it).
+  std::vector<std::pair<int64_t, float>> logit_bias;
 
   // Structured output, both endpoints: response_format json_object / json_schema, llama-server's
   // json_schema / grammar, or vLLM's structured_outputs {json, regex, choice, grammar} and
@@ -60,6 +63,7 @@ struct GenerationRequest {
 inline constexpr size_t kMaxStopStrings = 16;
 inline constexpr int kMaxTopLogprobs = 20;
 inline constexpr size_t kMaxPrompts = 64;
+inline constexpr size_t kMaxLogitBias = 1024;  // entries of logit_bias (OpenAI allows 300)
 
 /// Deepest nesting of arrays and objects in JSON text (strings skipped), without parsing it:
 /// bodies nested deeper than kMaxJsonDepth are refused before anything recurses over them.
