@@ -17,6 +17,9 @@ if [[ ! -f "$image" ]]; then
   else
     ./build/kestrel build default --as-default
   fi
+else
+  echo "== kestrel build default --as-default: already built ($image)"
 fi
-echo "== kestrel run (Gemma 3 270M, W4A16 + FlashHead image, greedy)"
-./build/kestrel run -p "The three most important inventions of the twentieth century are" -n 96 --temp 0
+prompt="The three most important inventions of the twentieth century are"
+echo "== kestrel run (Gemma 3 270M, W4A16 + FlashHead image, greedy): a continuation of \"$prompt\""
+./build/kestrel run -p "$prompt" -n 96 --temp 0
