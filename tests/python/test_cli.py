@@ -73,6 +73,47 @@ def test_prompt_file_that_is_a_directory(tmp_path):
     assert "not a regular file" in error_of(kestrel("run", "-f", tmp_path))
 
 
+def test_missing_text_file_gives_the_reason():
+    # perplexity said only "cannot read /nonexistent" where run -f added the reason (a fresh-user check).
+    for args in (("perplexity", "-f", "/nonexistent"), ("run", "-f", "/nonexistent", "-n", 1)):
+        assert "cannot read /nonexistent: No such file or directory" in error_of(kestrel(*args)), args
+
+
+@needs_model
+def test_prompt_from_stdin_and_pipes():
+    # `-f -` read a file named "-", and `-f /dev/stdin` or `-f <(...)` were "not a regular file" (a fresh-user check).
+    args = f"run --raw -n 2 --temp 0 -t 2 --json"
+    expected = json.loads(kestrel(*args.split(), "-p", "The capital of France is").stdout)["tokens"]
+    prompt = "The capital of France is"
+    for command, stdin in ((f"{args} -f -", prompt), (f"{args} -f /dev/stdin", prompt),
+                           (f"{args} -f <(printf %s {shlex.quote(prompt)})", None)):
+        r = subprocess.run(["bash", "-c", f"{shlex.quote(str(KESTREL))} {command}"], capture_output=True, text=True,
+                           input=stdin, timeout=300)
+        assert r.returncode == 0, (command, r.stderr)
+        assert json.loads(r.stdout)["tokens"] == expected, command
+    # the size limit holds for a pipe too
+    err = error_of(kestrel("run", "-f", "-", "-n", 1, "-t", 2, stdin="x" * ((64 << 20) + 1)))
+    assert "standard input (-) has more than 64 MiB; prompt files are limited to 64 MiB" in err
+
+
+@needs_model
+def test_perplexity_reads_stdin_and_counts_in_the_singular():
+    # "1 chunks", "the text has 1 tokens" (a fresh-user check); `-f -` reads standard input.
+    r = kestrel("perplexity", "-f", "-", "-c", 4, "--chunks", 1, "-t", 2, stdin=README)
+    assert r.returncode == 0, r.stderr
+    assert re.match(r"evaluated: +1 chunk of 4 tokens \(\d+ tokens in the text\), 1 position scored$",
+                    r.stdout.splitlines()[0]), r.stdout
+    assert "the text has 1 token;" in error_of(kestrel("perplexity", "-f", "-", "-c", 4, "-t", 2, stdin=""))
+
+
+@needs_model
+def test_invalid_json_schema_file_is_named(tmp_path):
+    schema = tmp_path / "schema.json"
+    schema.write_text("{not json")
+    err = error_of(kestrel("run", "-p", "x", "-n", 1, "-t", 2, "--json-schema", schema))
+    assert f"{schema}: the JSON schema is not valid JSON" in err, err
+
+
 def test_fifo_as_model_does_not_hang(tmp_path):
     fifo = tmp_path / "model.gguf"
     os.mkfifo(fifo)

@@ -52,6 +52,13 @@ struct ModelOptions {
 CLI::Option* add_decode_act_option(CLI::App& cmd, const std::string& name, std::string& value,
                                    const std::string& whose = "");
 
+/// The text of the file `path`, or of standard input for "-": a regular file, or a pipe, FIFO or
+/// other file that is read to its end (`-f <(cmd)`, `-f /dev/stdin`). Throws kestrel::Error naming
+/// the file and the reason when it cannot be read (missing, a directory, ...) or has more than
+/// `max_bytes` bytes (`what`: the files limited, as the message names them, e.g. "prompt files").
+std::string read_input_file(const std::string& path, uintmax_t max_bytes = UINTMAX_MAX,
+                            const std::string& what = "input files");
+
 /// A usage error found after the options parsed (the CLI exits with status 2, as for a bad option).
 class UsageError : public Error {
  public:
