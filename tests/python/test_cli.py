@@ -73,6 +73,12 @@ def test_prompt_file_that_is_a_directory(tmp_path):
     assert "not a regular file" in error_of(kestrel("run", "-f", tmp_path))
 
 
+def test_unknown_command_names_it_and_the_commands():
+    # "A subcommand is required" did not say that `bogus` was the problem (a fresh-user check).
+    err = error_of(kestrel("bogus"), code=2)
+    assert err.startswith("kestrel: error: unknown command 'bogus' (commands: run, chat, perplexity, "), err
+
+
 def test_missing_text_file_gives_the_reason():
     # perplexity said only "cannot read /nonexistent" where run -f added the reason (a fresh-user check).
     for args in (("perplexity", "-f", "/nonexistent"), ("run", "-f", "/nonexistent", "-n", 1)):
