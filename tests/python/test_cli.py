@@ -120,6 +120,24 @@ def test_invalid_json_schema_file_is_named(tmp_path):
     assert f"{schema}: the JSON schema is not valid JSON" in err, err
 
 
+def test_perplexity_help_groups_and_decode_act_text():
+    # --decode-act referred to --precision, which perplexity does not have; -t and --decode-act were
+    # not in run's "Model loading" group (a fresh-user check).
+    help_text = kestrel("perplexity", "--help").stdout
+    assert "--precision source" not in help_text.replace("--kl-base-precision source", "")
+    assert "(--kl-base-precision" in help_text
+    loading = help_text.split("\nModel loading:\n", 1)[1]
+    assert re.findall(r"^  (-[\w-]+(?:,--[\w-]+)?)", loading, re.M) == ["-t,--threads", "--decode-act"], loading
+
+
+def test_readme_perplexity_table_names_every_option():
+    section = readme_section("Perplexity")
+    help_text = kestrel("perplexity", "--help").stdout
+    names = [n for n in re.findall(r"^  ((?:-\w,)?--[\w-]+)", help_text, re.M) if not n.endswith("--help")]
+    missing = [n for n in names if not any(f"`{x}" in section or f" {x}" in section for x in n.split(","))]
+    assert not missing, missing
+
+
 def test_fifo_as_model_does_not_hang(tmp_path):
     fifo = tmp_path / "model.gguf"
     os.mkfifo(fifo)

@@ -53,13 +53,15 @@ void ModelOptions::add_to(CLI::App& cmd) {
 }
 
 CLI::Option* add_decode_act_option(CLI::App& cmd, const std::string& name, std::string& value,
-                                   const std::string& whose) {
+                                   const std::string& whose, const std::string& source_option) {
   return cmd.add_option(name, value,
                  (whose.empty() ? std::string() : whose + ": ") +
                      "INT4 layers' activations, decode and prefill alike: rounded to bf16 or int8; with int8 on AVX2 or VNNI, Q8_0 "
                      "layers and a dense Q8_0 head take int8 activations too (docs/quantization.md); auto: "
                      "$KESTREL_W4_INT8 when set (0: bf16, 1: int8), else int8 where the CPU has AVX512-VNNI or "
-                     "AVX2. No effect on BF16/FP16 images or a GGUF's float32 source form (--precision source)")
+                     "AVX2. No effect on BF16/FP16 images" +
+                     (source_option.empty() ? std::string()
+                                            : " or a GGUF's float32 source form (" + source_option + ")"))
       ->check(CLI::IsMember({"auto", "bf16", "int8"}))
       ->capture_default_str();
 }

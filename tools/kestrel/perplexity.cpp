@@ -136,9 +136,12 @@ Command add_perplexity_command(CLI::App& app) {
       ->check(integer_range(size_t{1}, size_t{4096}))
       ->capture_default_str();
   cmd->add_option("-t,--threads", opts->threads, "Threads (default: every core)")
-      ->check(integer_range(0, ThreadPool::kMaxThreads));
-  add_decode_act_option(*cmd, "--decode-act", opts->decode_act);
-  add_decode_act_option(*cmd, "--kl-base-decode-act", opts->base_decode_act, "The base model (--kl-base)");
+      ->check(integer_range(0, ThreadPool::kMaxThreads))
+      ->group(kModelGroup);
+  // (-m loads a GGUF as run's --precision auto does, never in its float32 source form)
+  add_decode_act_option(*cmd, "--decode-act", opts->decode_act, "", "")->group(kModelGroup);
+  add_decode_act_option(*cmd, "--kl-base-decode-act", opts->base_decode_act, "The base model (--kl-base)",
+                        "--kl-base-precision source, the default");
   cmd->add_option("--kl-base-precision", opts->base_precision,
                   "The base model (--kl-base), a GGUF: source (its exact values, float32 layers: the reference) "
                   "or auto (as -m loads a GGUF: docs/quantization.md)")
