@@ -227,6 +227,17 @@ def test_chat_multi_turn_over_stdin():
 
 
 @needs_model
+def test_chat_reset_and_unknown_commands():
+    # /reset said nothing, and /bogus went to the model as a message (a fresh-user check). With -n 0
+    # each message sent prints one empty answer line: two here ("Hello" and "/x", sent as "//x").
+    r = kestrel("chat", "-n", 0, "-t", 2, stdin="Hello\n/reset\n/bogus arg\n//x\n/exit\n")
+    assert r.returncode == 0, r.stderr
+    assert "(conversation reset)" in r.stderr
+    assert "unknown command '/bogus' (commands: /reset, /exit;" in r.stderr, r.stderr
+    assert r.stdout == "\n\n", r.stdout
+
+
+@needs_model
 def test_prompt_longer_than_context():
     err = error_of(kestrel("run", "--raw", "-c", 16, "-p", "word " * 100))
     assert "does not fit the context of 16" in err
