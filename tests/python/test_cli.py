@@ -73,6 +73,71 @@ def test_prompt_file_that_is_a_directory(tmp_path):
     assert "not a regular file" in error_of(kestrel("run", "-f", tmp_path))
 
 
+def test_unknown_command_names_it_and_the_commands():
+    # "A subcommand is required" did not say that `bogus` was the problem (a fresh-user check).
+    err = error_of(kestrel("bogus"), code=2)
+    assert err.startswith("kestrel: error: unknown command 'bogus' (commands: run, chat, perplexity, "), err
+
+
+def test_missing_text_file_gives_the_reason():
+    # perplexity said only "cannot read /nonexistent" where run -f added the reason (a fresh-user check).
+    for args in (("perplexity", "-f", "/nonexistent"), ("run", "-f", "/nonexistent", "-n", 1)):
+        assert "cannot read /nonexistent: No such file or directory" in error_of(kestrel(*args)), args
+
+
+@needs_model
+def test_prompt_from_stdin_and_pipes():
+    # `-f -` read a file named "-", and `-f /dev/stdin` or `-f <(...)` were "not a regular file" (a fresh-user check).
+    args = f"run --raw -n 2 --temp 0 -t 2 --json"
+    expected = json.loads(kestrel(*args.split(), "-p", "The capital of France is").stdout)["tokens"]
+    prompt = "The capital of France is"
+    for command, stdin in ((f"{args} -f -", prompt), (f"{args} -f /dev/stdin", prompt),
+                           (f"{args} -f <(printf %s {shlex.quote(prompt)})", None)):
+        r = subprocess.run(["bash", "-c", f"{shlex.quote(str(KESTREL))} {command}"], capture_output=True, text=True,
+                           input=stdin, timeout=300)
+        assert r.returncode == 0, (command, r.stderr)
+        assert json.loads(r.stdout)["tokens"] == expected, command
+    # the size limit holds for a pipe too
+    err = error_of(kestrel("run", "-f", "-", "-n", 1, "-t", 2, stdin="x" * ((64 << 20) + 1)))
+    assert "standard input (-) has more than 64 MiB; prompt files are limited to 64 MiB" in err
+
+
+@needs_model
+def test_perplexity_reads_stdin_and_counts_in_the_singular():
+    # "1 chunks", "the text has 1 tokens" (a fresh-user check); `-f -` reads standard input.
+    r = kestrel("perplexity", "-f", "-", "-c", 4, "--chunks", 1, "-t", 2, stdin=README)
+    assert r.returncode == 0, r.stderr
+    assert re.match(r"evaluated: +1 chunk of 4 tokens \(\d+ tokens in the text\), 1 position scored$",
+                    r.stdout.splitlines()[0]), r.stdout
+    assert "the text has 1 token;" in error_of(kestrel("perplexity", "-f", "-", "-c", 4, "-t", 2, stdin=""))
+
+
+@needs_model
+def test_invalid_json_schema_file_is_named(tmp_path):
+    schema = tmp_path / "schema.json"
+    schema.write_text("{not json")
+    err = error_of(kestrel("run", "-p", "x", "-n", 1, "-t", 2, "--json-schema", schema))
+    assert f"{schema}: the JSON schema is not valid JSON" in err, err
+
+
+def test_perplexity_help_groups_and_decode_act_text():
+    # --decode-act referred to --precision, which perplexity does not have; -t and --decode-act were
+    # not in run's "Model loading" group (a fresh-user check).
+    help_text = kestrel("perplexity", "--help").stdout
+    assert "--precision source" not in help_text.replace("--kl-base-precision source", "")
+    assert "(--kl-base-precision" in help_text
+    loading = help_text.split("\nModel loading:\n", 1)[1]
+    assert re.findall(r"^  (-[\w-]+(?:,--[\w-]+)?)", loading, re.M) == ["-t,--threads", "--decode-act"], loading
+
+
+def test_readme_perplexity_table_names_every_option():
+    section = readme_section("Perplexity")
+    help_text = kestrel("perplexity", "--help").stdout
+    names = [n for n in re.findall(r"^  ((?:-\w,)?--[\w-]+)", help_text, re.M) if not n.endswith("--help")]
+    missing = [n for n in names if not any(f"`{x}" in section or f" {x}" in section for x in n.split(","))]
+    assert not missing, missing
+
+
 def test_fifo_as_model_does_not_hang(tmp_path):
     fifo = tmp_path / "model.gguf"
     os.mkfifo(fifo)
@@ -159,6 +224,17 @@ def test_chat_multi_turn_over_stdin():
     r = kestrel("chat", "-n", 8, "--temp", 0, stdin="Hello\nAnd then?\n/exit\n")
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("\n") >= 2
+
+
+@needs_model
+def test_chat_reset_and_unknown_commands():
+    # /reset said nothing, and /bogus went to the model as a message (a fresh-user check). With -n 0
+    # each message sent prints one empty answer line: two here ("Hello" and "/x", sent as "//x").
+    r = kestrel("chat", "-n", 0, "-t", 2, stdin="Hello\n/reset\n/bogus arg\n//x\n/exit\n")
+    assert r.returncode == 0, r.stderr
+    assert "(conversation reset)" in r.stderr
+    assert "unknown command '/bogus' (commands: /reset, /exit;" in r.stderr, r.stderr
+    assert r.stdout == "\n\n", r.stdout
 
 
 @needs_model

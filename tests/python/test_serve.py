@@ -67,6 +67,19 @@ def test_health_models_and_metrics(server, client, model_id):
         assert name in text
 
 
+def test_retrieve_one_model(server, client, model_id):
+    # GET /v1/models/{model} was 404 "no such endpoint": the openai client's models.retrieve failed (a fresh-user check).
+    m = client.models.retrieve(model_id)
+    assert (m.id, m.object, m.owned_by) == (model_id, "model", "kestrel")
+    assert server.request("GET", f"/v1/models/{model_id}")[1] == server.request("GET", "/v1/models")[1]["data"][0]
+    # the alias requests may use (the server runs the default model): the same model object
+    assert client.models.retrieve("default").id == model_id
+    with pytest.raises(openai.NotFoundError) as e:
+        client.models.retrieve("gpt-9")
+    assert e.value.code == "model_not_found" and f"serves '{model_id}'" in e.value.message, e.value
+    assert error_of(server.request("GET", f"/v1/models/{model_id}", headers={"Authorization": ""}), 401)
+
+
 def test_health_is_503_while_loading():
     s = Server(wait_ready=False)
     try:

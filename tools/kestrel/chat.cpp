@@ -44,6 +44,15 @@ int chat(const ChatOptions& o) {
     if (!std::getline(std::cin, line) || line == "/exit") break;
     if (line == "/reset") {
       messages.resize(o.system.empty() ? 0 : 1);
+      std::fprintf(stderr, "(conversation reset%s)\n", o.system.empty() ? "" : "; the system prompt is kept");
+      continue;
+    }
+    if (line.starts_with("//")) {
+      line.erase(0, 1);  // "//text": a message that starts with "/"
+    } else if (line.starts_with("/")) {
+      // A typo'd command is not sent to the model as a message.
+      std::fprintf(stderr, "unknown command '%s' (commands: /reset, /exit; start a message with // to send "
+                           "one that begins with /)\n", line.substr(0, line.find(' ')).c_str());
       continue;
     }
     if (line.empty()) continue;

@@ -2,9 +2,11 @@
 
 #include <unistd.h>
 
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <utility>
 
 #include "kestrel/base/error.h"
@@ -51,15 +53,54 @@ void ModelOptions::add_to(CLI::App& cmd) {
 }
 
 CLI::Option* add_decode_act_option(CLI::App& cmd, const std::string& name, std::string& value,
-                                   const std::string& whose) {
+                                   const std::string& whose, const std::string& source_option) {
   return cmd.add_option(name, value,
                  (whose.empty() ? std::string() : whose + ": ") +
                      "INT4 layers' activations, decode and prefill alike: rounded to bf16 or int8; with int8 on AVX2 or VNNI, Q8_0 "
                      "layers and a dense Q8_0 head take int8 activations too (docs/quantization.md); auto: "
                      "$KESTREL_W4_INT8 when set (0: bf16, 1: int8), else int8 where the CPU has AVX512-VNNI or "
-                     "AVX2. No effect on BF16/FP16 images or a GGUF's float32 source form (--precision source)")
+                     "AVX2. No effect on BF16/FP16 images" +
+                     (source_option.empty() ? std::string()
+                                            : " or a GGUF's float32 source form (" + source_option + ")"))
       ->check(CLI::IsMember({"auto", "bf16", "int8"}))
       ->capture_default_str();
+}
+
+std::string read_input_file(const std::string& path, uintmax_t max_bytes, const std::string& what) {
+  const bool stdin_file = path == "-";
+  const std::string name = stdin_file ? std::string("standard input (-)") : path;
+  const auto too_large = [&](const std::string& size) {
+    return Error(name + " has " + size + " MiB; " + what + " are limited to " + std::to_string(max_bytes >> 20) +
+                 " MiB");
+  };
+  FILE* f = stdin;
+  if (!stdin_file) {
+    std::error_code ec;
+    const auto status = std::filesystem::status(path, ec);
+    if (ec) throw Error("cannot read " + path + ": " + ec.message());
+    if (std::filesystem::is_directory(status)) throw Error("cannot read " + path + ": a directory, not a regular file");
+    if (std::filesystem::is_regular_file(status)) {
+      if (const auto size = std::filesystem::file_size(path, ec); !ec && size > max_bytes) {
+        throw too_large(std::to_string(size >> 20));
+      }
+    }
+    f = std::fopen(path.c_str(), "rb");
+    if (f == nullptr) throw Error("cannot read " + path + ": " + std::strerror(errno));
+  }
+  // A pipe or FIFO has no size to check first: read at most one byte past the limit.
+  std::string text;
+  char buffer[1 << 16];
+  size_t n;
+  while ((n = std::fread(buffer, 1, sizeof buffer, f)) > 0) {
+    text.append(buffer, n);
+    if (text.size() > max_bytes) break;
+  }
+  const bool failed = std::ferror(f) != 0;
+  const int error = errno;
+  if (!stdin_file) std::fclose(f);
+  if (failed) throw Error("cannot read " + name + ": " + std::strerror(error));
+  if (text.size() > max_bytes) throw too_large("more than " + std::to_string(max_bytes >> 20));
+  return text;
 }
 
 runtime::EngineOptions ModelOptions::engine_options() const {

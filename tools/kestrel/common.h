@@ -48,9 +48,18 @@ struct ModelOptions {
 };
 
 /// Adds the option `name` (--decode-act) that sets `value` to auto, bf16 or int8, for the model
-/// named by `whose` ("" : the model of the command).
+/// named by `whose` ("" : the model of the command). `source_option` is the option that loads a
+/// GGUF in its float32 source form, on which the option has no effect ("": the command has none).
 CLI::Option* add_decode_act_option(CLI::App& cmd, const std::string& name, std::string& value,
-                                   const std::string& whose = "");
+                                   const std::string& whose = "",
+                                   const std::string& source_option = "--precision source");
+
+/// The text of the file `path`, or of standard input for "-": a regular file, or a pipe, FIFO or
+/// other file that is read to its end (`-f <(cmd)`, `-f /dev/stdin`). Throws kestrel::Error naming
+/// the file and the reason when it cannot be read (missing, a directory, ...) or has more than
+/// `max_bytes` bytes (`what`: the files limited, as the message names them, e.g. "prompt files").
+std::string read_input_file(const std::string& path, uintmax_t max_bytes = UINTMAX_MAX,
+                            const std::string& what = "input files");
 
 /// A usage error found after the options parsed (the CLI exits with status 2, as for a bad option).
 class UsageError : public Error {

@@ -54,7 +54,8 @@ int run(const FlashHeadEvalCliOptions& o) {
   m.ctx = 1;  // the evaluation makes its own cache
   m.head = "flash";
   runtime::Engine engine = m.load();
-  const std::string all = runtime::calibration_text(o.file, o.skip_chars + o.max_chars);
+  // (a pipe or FIFO reads to its end as a file does; "-" is standard input)
+  const std::string all = runtime::calibration_text(o.file == "-" ? "/dev/stdin" : o.file, o.skip_chars + o.max_chars);
   if (all.size() <= o.skip_chars) throw Error(o.file + " has no text after the first " + std::to_string(o.skip_chars) + " characters");
   const auto tokens = engine.encode(std::string_view(all).substr(o.skip_chars), false);
   runtime::FlashHeadEvalOptions options;
@@ -104,7 +105,7 @@ Command add_flashhead_eval_command(CLI::App& app) {
   cmd->add_option("-m,--model", o->model.model, "Kestrel image built with --flashhead")->required();
   cmd->add_option("-t,--threads", o->model.threads, "Threads (default: every core)")
       ->check(integer_range(0, ThreadPool::kMaxThreads));
-  cmd->add_option("-f,--file", o->file, "Text file, or OpenAssistant .jsonl (its rows' text)")->required();
+  cmd->add_option("-f,--file", o->file, "Text file, or OpenAssistant .jsonl (its rows' text); -: standard input")->required();
   cmd->add_option("--probes", o->probes, "Comma-separated probe counts (default: the image's)")
       ->check(CLI::Validator(
           [](const std::string& text) {

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <exception>
+#include <iterator>
 #include <memory>
 #include <new>
 #include <sstream>
@@ -104,6 +105,15 @@ int main(int argc, char** argv) {
       {"export", t::add_export_command(app)},
       {"bench", t::add_bench_command(app)},
   };
+  // A first argument that names no command: say so (CLI11 would only say "A subcommand is required").
+  if (argc > 1 && argv[1][0] != '-' &&
+      std::none_of(std::begin(commands), std::end(commands), [&](const auto& c) { return c.first == std::string_view(argv[1]); })) {
+    std::string names;
+    for (const auto& [name, command] : commands) names += (names.empty() ? "" : ", ") + std::string(name);
+    std::fprintf(stderr, "kestrel: error: unknown command '%s' (commands: %s)\nRun with --help for more information.\n",
+                 argv[1], names.c_str());
+    return 2;  // usage error
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -1,10 +1,8 @@
 // kestrel perplexity: llama-perplexity's measurement of a model on a text file, optionally with
 // the KL divergence from a base model.
 #include <cstdio>
-#include <fstream>
 #include <iostream>
 #include <optional>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -33,13 +31,9 @@ struct PerplexityCliOptions {
   bool json = false;
 };
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error("cannot read " + path);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) throw Error("cannot read " + path);
-  return ss.str();
+// "1 chunk", "2 chunks".
+std::string count(size_t n, const char* noun) {
+  return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
 }
 
 // The engines' own caches are not used (perplexity makes one per model at --ctx), so they are
@@ -55,7 +49,7 @@ runtime::Engine load(const std::string& path, int threads, const std::string& de
 
 int run_perplexity(const PerplexityCliOptions& o) {
   if (o.ctx < 4) throw Error("--ctx must be at least 4 (got " + std::to_string(o.ctx) + ")");
-  const std::string text = read_text(o.file);
+  const std::string text = read_input_file(o.file);
   runtime::Engine engine = load(o.model, o.threads, o.decode_act);
   std::optional<runtime::Engine> base;
   if (!o.base.empty()) {
@@ -101,8 +95,9 @@ int run_perplexity(const PerplexityCliOptions& o) {
     std::cout << j.dump() << "\n";
     return 0;
   }
-  std::printf("evaluated:     %zu chunks of %zu tokens (%zu tokens in the text), %zu positions scored\n",
-              r.n_chunks, r.n_ctx, r.n_tokens, r.n_scored);
+  std::printf("evaluated:     %s of %s (%s in the text), %s scored\n", count(r.n_chunks, "chunk").c_str(),
+              count(r.n_ctx, "token").c_str(), count(r.n_tokens, "token").c_str(),
+              count(r.n_scored, "position").c_str());
   std::printf("perplexity:    %.4f +/- %.5f\n", r.ppl, r.ppl_error);
   if (r.has_base) {
     std::printf("base ppl:      %.4f +/- %.5f\n", r.base_ppl, r.base_ppl_error);
@@ -125,7 +120,7 @@ Command add_perplexity_command(CLI::App& app) {
   cmd->add_option("-m,--model", opts->model,
                   "GGUF model file or Kestrel image (default: as run's -m: $KESTREL_MODEL, else Gemma 3 270M's "
                   "cached W4A16 + FlashHead image once built, else its GGUF)");
-  cmd->add_option("-f,--file", opts->file, "Text file to evaluate")->required();
+  cmd->add_option("-f,--file", opts->file, "Text file to evaluate (-: standard input)")->required();
   cmd->add_option("--kl-base", opts->base,
                   "Base model file or image ('default': the default model's GGUF, not its image): also report "
                   "KL(base || model), same top-1 and the base perplexity");
@@ -141,9 +136,12 @@ Command add_perplexity_command(CLI::App& app) {
       ->check(integer_range(size_t{1}, size_t{4096}))
       ->capture_default_str();
   cmd->add_option("-t,--threads", opts->threads, "Threads (default: every core)")
-      ->check(integer_range(0, ThreadPool::kMaxThreads));
-  add_decode_act_option(*cmd, "--decode-act", opts->decode_act);
-  add_decode_act_option(*cmd, "--kl-base-decode-act", opts->base_decode_act, "The base model (--kl-base)");
+      ->check(integer_range(0, ThreadPool::kMaxThreads))
+      ->group(kModelGroup);
+  // (-m loads a GGUF as run's --precision auto does, never in its float32 source form)
+  add_decode_act_option(*cmd, "--decode-act", opts->decode_act, "", "")->group(kModelGroup);
+  add_decode_act_option(*cmd, "--kl-base-decode-act", opts->base_decode_act, "The base model (--kl-base)",
+                        "--kl-base-precision source, the default");
   cmd->add_option("--kl-base-precision", opts->base_precision,
                   "The base model (--kl-base), a GGUF: source (its exact values, float32 layers: the reference) "
                   "or auto (as -m loads a GGUF: docs/quantization.md)")

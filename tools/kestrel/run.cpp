@@ -3,9 +3,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <optional>
 #include <sstream>
@@ -39,21 +37,8 @@ struct RunOptions {
 
 constexpr uintmax_t kMaxPromptFileBytes = 64u << 20;
 
-std::string read_file(const std::string& path) {
-  std::error_code ec;
-  const auto status = std::filesystem::status(path, ec);
-  if (ec) throw Error("cannot read " + path + ": " + ec.message());
-  if (!std::filesystem::is_regular_file(status)) throw Error("cannot read " + path + ": not a regular file");
-  if (const auto size = std::filesystem::file_size(path, ec); !ec && size > kMaxPromptFileBytes) {
-    throw Error(path + " has " + std::to_string(size >> 20) + " MiB; prompt files are limited to " +
-                std::to_string(kMaxPromptFileBytes >> 20) + " MiB");
-  }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error("cannot read " + path + ": " + std::strerror(errno));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+// A prompt, token id, schema or grammar file ("-": standard input), at most kMaxPromptFileBytes.
+std::string read_file(const std::string& path) { return read_input_file(path, kMaxPromptFileBytes, "prompt files"); }
 
 std::vector<runtime::TokenId> read_token_ids(const std::string& path) {
   std::istringstream in(read_file(path));
@@ -109,7 +94,17 @@ int run(const RunOptions& o) {
     }
   }
   auto options = o.sampling.generate_options();
-  if (auto spec = grammar_spec(o)) options.grammar = engine.grammars().compile(*spec);
+  if (auto spec = grammar_spec(o)) {
+    try {
+      options.grammar = engine.grammars().compile(*spec);
+    } catch (const runtime::InvalidGrammar& e) {
+      // Name the file ("the JSON schema is not valid JSON" alone does not say which).
+      const std::string& file = !o.json_schema_file.empty() ? o.json_schema_file : o.grammar_file;
+      if (file.empty()) throw;
+      throw runtime::InvalidGrammar((file == "-" ? std::string("standard input (-)") : file) + ": " + e.what(),
+                                    e.where());
+    }
+  }
   runtime::GenerateResult result;
   if (o.json) {
     result = engine.generate(prompt, options);
@@ -159,7 +154,7 @@ Command add_run_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("run", "Generate a continuation of one prompt, streamed to stdout");
   // The prompt first in --help, then -m and -n (the shared options add those two ahead of their groups).
   auto* p = cmd->add_option("-p,--prompt", opts->prompt, "Prompt text");
-  auto* f = cmd->add_option("-f,--file", opts->file, "Read the prompt from a file");
+  auto* f = cmd->add_option("-f,--file", opts->file, "Read the prompt from a file (-: standard input)");
   auto* ids = cmd->add_option("--token-ids", opts->token_ids_file,
                               "Read the prompt as whitespace-separated token ids, used as they are "
                               "(no BOS is added; used by benchmarks)");

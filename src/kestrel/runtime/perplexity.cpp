@@ -70,8 +70,8 @@ void check_options(const Engine& model, size_t n_tokens, const PerplexityOptions
                 " tokens is larger than the model allows (" + std::to_string(max_ctx) + ")");
   }
   if (n_tokens < 2 * o.n_ctx) {
-    throw Error("the text has " + std::to_string(n_tokens) +
-                " tokens; perplexity with a context of " + std::to_string(o.n_ctx) +
+    throw Error("the text has " + std::to_string(n_tokens) + (n_tokens == 1 ? " token" : " tokens") +
+                "; perplexity with a context of " + std::to_string(o.n_ctx) +
                 " needs at least " + std::to_string(2 * o.n_ctx) + " (2 x context)");
   }
 }

@@ -44,6 +44,21 @@ void App::guarded(const char* endpoint, httplib::Response& res, const std::funct
   metrics_.request(endpoint, res.status);
 }
 
+json App::model_object() const {
+  return {{"id", options_.model_id},
+          {"object", "model"},
+          {"created", 0},
+          {"owned_by", "kestrel"},
+          {"max_model_len", engine_->n_ctx()}};
+}
+
+void App::check_model_name(const std::string& name) const {
+  if (name == options_.model_id || (!options_.model_alias.empty() && name == options_.model_alias)) return;
+  const std::string alias = options_.model_alias.empty() ? "" : " (also named '" + options_.model_alias + "')";
+  throw ApiError(404, "the model '" + name + "' does not exist; this server serves '" + options_.model_id + "'" + alias,
+                 "model", "model_not_found");
+}
+
 void App::check_auth(const httplib::Request& req) const {
   if (options_.api_key.empty()) return;
   const std::string header = req.get_header_value("Authorization");
@@ -150,12 +165,17 @@ void App::install_routes() {
     guarded("models", res, [&] {
       check_auth(req);
       check_ready();
-      json model = {{"id", options_.model_id},
-                    {"object", "model"},
-                    {"created", 0},
-                    {"owned_by", "kestrel"},
-                    {"max_model_len", engine_->n_ctx()}};
-      send_json(res, 200, {{"object", "list"}, {"data", json::array({model})}});
+      send_json(res, 200, {{"object", "list"}, {"data", json::array({model_object()})}});
+    });
+  });
+  // One model, as OpenAI's GET /v1/models/{model} (the openai client's models.retrieve): the
+  // served model under its name or its alias, 404 model_not_found for any other name.
+  http_.Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
+    guarded("models", res, [&] {
+      check_auth(req);
+      check_ready();
+      check_model_name(req.matches[1].str());
+      send_json(res, 200, model_object());
     });
   });
   http_.Get("/props", [this](const httplib::Request& req, httplib::Response& res) {
@@ -276,13 +296,7 @@ void App::handle_generate(const httplib::Request& req, httplib::Response& res, c
     check_ready();
     const json body = parse_body(raw);
     GenerationRequest r = endpoint == Endpoint::kChat ? parse_chat_request(body) : parse_completion_request(body);
-    if (!r.model.empty() && r.model != options_.model_id &&
-        (options_.model_alias.empty() || r.model != options_.model_alias)) {
-      const std::string alias = options_.model_alias.empty() ? "" : " (also named '" + options_.model_alias + "')";
-      throw ApiError(404,
-                     "the model '" + r.model + "' does not exist; this server serves '" + options_.model_id + "'" + alias,
-                     "model", "model_not_found");
-    }
+    if (!r.model.empty()) check_model_name(r.model);
     // tool_choice "required" or a named function: the reply is forced through a grammar of the
     // model's call format (docs/serving.md#forced-tool-calls).
     if (endpoint == Endpoint::kChat && forces_tool_call(r)) {

@@ -91,6 +91,10 @@ class App {
     if (!ready_) throw ApiError(503, "the model is still loading", "", "model_loading", "server_error");
   }
   void check_auth(const httplib::Request& req) const;
+  /// The served model as /v1/models lists it (OpenAI's model object).
+  json model_object() const;
+  /// Throws ApiError 404 model_not_found unless `name` is the served model's id or its alias.
+  void check_model_name(const std::string& name) const;
   json parse_body(const std::string& body) const;
   // A POST route that reads its body itself, as JSON whatever the Content-Type (app.cpp says why).
   using PostHandler = std::function<void(const httplib::Request&, httplib::Response&, const std::string& body)>;
