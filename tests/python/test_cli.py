@@ -55,6 +55,9 @@ def error_of(result, code=1):
     (("run", "-p", "x", "--seed", "x1"), "--seed: Value x1 is not an integer"),
     (("run", "-p", "x", "-n", "99999999999999999999"), "--n-predict: Value 99999999999999999999 not in range"),
     (("run", "-p", "x", "--temp", "hot"), "--temp: Value hot is not a number"),
+    (("run", "-p", "x", "-l", "506"), "--logit-bias: '506' is not TOKEN_ID+BIAS or TOKEN_ID-BIAS"),
+    (("run", "-p", "x", "-l", "506+101"), "--logit-bias: '506+101' is not TOKEN_ID+BIAS"),
+    (("chat", "-l", "x-1"), "--logit-bias: 'x-1' is not TOKEN_ID+BIAS"),
     (("perplexity", "-f", "README.md", "-t", "two"), "--threads: Value two is not an integer"),
     (("bench", "--concurrency", "1,x"), "--concurrency: Value x is not an integer"),
     # every request admitted by --queue holds a connection thread: /health needs one more
@@ -667,3 +670,18 @@ def test_json_reports_the_int8_path():
     j = run("int8", env={**os.environ, "KESTREL_NO_AVX2": "00", "KESTREL_NO_VNNI": "1"})
     # Without SIMD int8 only the INT4 matrices take the (portable) int8 path; Q8_0 ones stay float.
     assert 0 < j["int8_matrices"] < 18 * 7 and j["int8_kernel"] == "portable", j
+
+
+@needs_model
+def test_logit_bias_bans_and_forces_tokens():
+    # As the server's logit_bias (test_serve.py checks the ban against top_logprobs' runner-up):
+    # -100 on the greedy first token changes it, +100 on a token makes it the first.
+    def tokens(*extra):
+        r = kestrel("run", "--raw", "-p", "The capital of France is", "-n", 2, "--temp", 0, "--json", *extra)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)["tokens"]
+    first = tokens()[0]
+    assert tokens("-l", f"{first}-100")[0] != first
+    assert tokens("--logit-bias", "123457+100", "-l", f"{first}-1")[0] == 123457
+    assert "--logit-bias names token 5 twice" in error_of(kestrel("run", "-p", "x", "-l", "5+1", "-l", "5-1"))
+    assert "outside the vocabulary of 262144" in error_of(kestrel("run", "-p", "x", "-l", "999999999+1"))

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -232,6 +233,20 @@ void SamplingOptions::add_to(CLI::App& cmd) {
       ->check(integer_range(-1, 1 << 24))
       ->capture_default_str()
       ->group(kSamplingGroup);
+  cmd.add_option("-l,--logit-bias", logit_bias,
+                 "TOKEN_ID+BIAS or TOKEN_ID-BIAS, repeatable: added to the token's logit before sampling, bias in "
+                 "[-100, 100] (506-100 bans token 506; as llama.cpp's -l and the server's logit_bias)")
+      ->check(CLI::Validator(
+          [](std::string& spec) {
+            try {
+              parse_logit_bias_value(spec);
+              return std::string();
+            } catch (const Error& e) {
+              return std::string(e.what());
+            }
+          },
+          ""))
+      ->group(kSamplingGroup);
   cmd.add_option("--seed", seed, "Random seed (-1: random)")
       ->check(integer_range(int64_t{-1}, INT64_MAX))
       ->capture_default_str()
@@ -311,7 +326,33 @@ runtime::GenerateOptions SamplingOptions::generate_options() const {
   o.draft = runtime::parse_draft_mode(draft);
   o.draft_max = draft_max;
   o.draft_accept = runtime::parse_draft_accept(draft_accept);
+  o.logit_bias = parse_logit_bias(logit_bias);
   return o;
+}
+
+std::pair<runtime::TokenId, float> parse_logit_bias_value(const std::string& spec) {
+  const size_t sign = spec.find_first_of("+-", 1);
+  const std::string id = spec.substr(0, sign);
+  const bool id_ok = !id.empty() && id.size() <= 9 && id.find_first_not_of("0123456789") == std::string::npos;
+  char* end = nullptr;
+  const float bias = sign == std::string::npos ? NAN : std::strtof(spec.c_str() + sign, &end);
+  if (!id_ok || end == nullptr || *end != '\0' || !(bias >= -100.0f && bias <= 100.0f)) {
+    throw Error("'" + spec + "' is not TOKEN_ID+BIAS or TOKEN_ID-BIAS with a bias in [-100, 100] (506-100 bans "
+                "token 506)");
+  }
+  return {static_cast<runtime::TokenId>(std::stol(id)), bias};
+}
+
+std::vector<std::pair<runtime::TokenId, float>> parse_logit_bias(const std::vector<std::string>& specs) {
+  std::vector<std::pair<runtime::TokenId, float>> out;
+  for (const std::string& spec : specs) out.push_back(parse_logit_bias_value(spec));
+  std::sort(out.begin(), out.end());
+  for (size_t i = 1; i < out.size(); ++i) {
+    if (out[i].first == out[i - 1].first) {
+      throw Error("--logit-bias names token " + std::to_string(out[i].first) + " twice");
+    }
+  }
+  return out;
 }
 
 }  // namespace kestrel::tools

@@ -91,6 +91,7 @@ struct SamplingOptions {
   std::string draft = "auto";
   size_t draft_max = runtime::kMaxDraft;
   std::string draft_accept = "exact";
+  std::vector<std::string> logit_bias;  // --logit-bias TOKEN_ID(+|-)BIAS, as llama.cpp's -l
 
   /// Adds -n (in the command's own options), the sampling options (kSamplingGroup) and the
   /// speculative decoding ones (kDraftGroup).
@@ -99,5 +100,12 @@ struct SamplingOptions {
   /// With --draft IMAGE: loads it as `engine`'s draft model (load_draft_model).
   void load_draft(runtime::Engine& engine, const ModelOptions& model) const;
 };
+
+/// One --logit-bias value, "506-100" or "1234+2.5", as (token, bias). Throws kestrel::Error for
+/// a malformed value or a bias outside [-100, 100].
+std::pair<runtime::TokenId, float> parse_logit_bias_value(const std::string& spec);
+/// --logit-bias values as (token, bias) pairs, ids ascending. Throws kestrel::Error as
+/// parse_logit_bias_value does, or for a token named twice.
+std::vector<std::pair<runtime::TokenId, float>> parse_logit_bias(const std::vector<std::string>& specs);
 
 }  // namespace kestrel::tools

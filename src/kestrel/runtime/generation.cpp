@@ -49,6 +49,14 @@ Generation::Generation(Session& session, std::span<const TokenId> prompt, const 
     throw Error("the prompt has " + std::to_string(prompt.size()) + " tokens, which does not fit the context of " +
                 std::to_string(n_ctx) + " tokens (raise --ctx or shorten the prompt)");
   }
+  const size_t n_vocab = session.engine().model().info().n_vocab;
+  for (size_t i = 0; i < options.logit_bias.size(); ++i) {
+    const TokenId t = options.logit_bias[i].first;
+    if (t < 0 || static_cast<size_t>(t) >= n_vocab) {
+      throw Error("logit bias for token " + std::to_string(t) + ", outside the vocabulary of " + std::to_string(n_vocab));
+    }
+    if (i > 0 && t <= options.logit_bias[i - 1].first) throw Error("logit biases must name distinct tokens, ids ascending");
+  }
   result_.prompt_tokens = prompt.size();
   result_.finish_reason = "length";
   t0_ = Clock::now();
