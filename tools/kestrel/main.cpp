@@ -109,7 +109,10 @@ int main(int argc, char** argv) {
   if (argc > 1 && argv[1][0] != '-' &&
       std::none_of(std::begin(commands), std::end(commands), [&](const auto& c) { return c.first == std::string_view(argv[1]); })) {
     std::string names;
-    for (const auto& [name, command] : commands) names += (names.empty() ? "" : ", ") + std::string(name);
+    for (const auto& [name, command] : commands) {
+      if (!names.empty()) names += ", ";
+      names += name;
+    }
     std::fprintf(stderr, "kestrel: error: unknown command '%s' (commands: %s)\nRun with --help for more information.\n",
                  argv[1], names.c_str());
     return 2;  // usage error

@@ -32,6 +32,13 @@ size_t held_back(std::string_view text, const std::vector<std::string>& stops) {
   return hold;
 }
 
+// Bias entries (ids ascending) matching a candidate, found by one binary search per candidate:
+// O(candidates x log biases) a step, not candidates x biases (16,384 x up to 1,024 on FlashHead).
+const std::pair<TokenId, float>* find_bias(std::span<const std::pair<TokenId, float>> bias, TokenId token) {
+  const auto it = std::lower_bound(bias.begin(), bias.end(), std::make_pair(token, -INFINITY));
+  return it != bias.end() && it->first == token ? &*it : nullptr;
+}
+
 }  // namespace
 
 Generation::Generation(Session& session, std::span<const TokenId> prompt, const GenerateOptions& options,
@@ -225,13 +232,19 @@ TokenScores Generation::constrain(TokenScores scores, size_t row) {
 
 TokenScores Generation::with_raised_tokens(TokenScores scores, size_t row) {
   if (scores.ids.empty()) return scores;
-  raised_.assign(scores.ids.begin(), scores.ids.end());
-  for (const auto& [token, bias] : options_.logit_bias) {
-    if (bias > 0.0f && std::find(scores.ids.begin(), scores.ids.end(), token) == scores.ids.end()) {
-      raised_.push_back(token);
-    }
+  const auto& bias = options_.logit_bias;
+  bias_seen_.assign(bias.size(), 0);
+  for (const TokenId id : scores.ids) {
+    if (const auto* b = find_bias(bias, id)) bias_seen_[static_cast<size_t>(b - bias.data())] = 1;
   }
-  return raised_.size() == scores.size() ? scores : session_.rescore(row, raised_);
+  size_t missing = 0;
+  for (size_t k = 0; k < bias.size(); ++k) missing += bias[k].second > 0.0f && !bias_seen_[k];
+  if (missing == 0) return scores;
+  raised_.assign(scores.ids.begin(), scores.ids.end());
+  for (size_t k = 0; k < bias.size(); ++k) {
+    if (bias[k].second > 0.0f && !bias_seen_[k]) raised_.push_back(bias[k].first);
+  }
+  return session_.rescore(row, raised_);
 }
 
 void Generation::apply_logit_bias(TokenScores scores) const {
@@ -243,8 +256,7 @@ void Generation::apply_logit_bias(TokenScores scores) const {
     return;
   }
   for (size_t i = 0; i < scores.size(); ++i) {
-    const auto it = std::lower_bound(bias.begin(), bias.end(), std::make_pair(scores.ids[i], -INFINITY));
-    if (it != bias.end() && it->first == scores.ids[i]) scores.logits[i] += it->second;
+    if (const auto* b = find_bias(bias, scores.ids[i])) scores.logits[i] += b->second;
   }
 }
 

@@ -115,6 +115,7 @@ class Generation {
   std::optional<TokenConstraint> constraint_;
   std::vector<TokenId> allowed_;  // the grammar's allowed tokens, when few
   std::vector<TokenId> raised_;   // candidates and the tokens logit_bias raises (with_raised_tokens)
+  std::vector<uint8_t> bias_seen_;  // per logit_bias entry: among this step's candidates
   std::vector<TokenId> decode_input_;  // last_, then the draft
   Clock::time_point t0_, t_first_;
   double prefill_ms_ = 0;  // with max_tokens 0 (no first token, no ttft): the prefill's time
