@@ -7,6 +7,7 @@
 
 #include "kestrel/base/error.h"
 #include "kestrel/formats/dequant.h"
+#include "kestrel/kernels/x86_sums.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kestrel/kernels/ops.cpp"
@@ -67,7 +68,13 @@ float ExpShifted(float* scores, size_t n, float* max_out) {
   const hn::ScalableTag<float> d;
   const size_t N = hn::Lanes(d);
   float max_score = -INFINITY;
-  for (size_t j = 0; j < n; ++j) max_score = std::max(max_score, scores[j]);
+  size_t m = 0;
+  if (n >= N) {  // the maximum is exact in any order
+    auto vm = hn::LoadU(d, scores);
+    for (m = N; m + N <= n; m += N) vm = hn::Max(vm, hn::LoadU(d, scores + m));
+    max_score = hn::GetLane(hn::MaxOfLanes(d, vm));
+  }
+  for (; m < n; ++m) max_score = std::max(max_score, scores[m]);
   const auto vmax = hn::Set(d, max_score);
   auto vsum = hn::Zero(d);
   size_t j = 0;
@@ -104,30 +111,8 @@ inline void PrefetchRow(const hwy::float16_t* base, size_t row, size_t capacity,
 constexpr size_t kValueRows = 16;
 
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-// The 16 sums of 16 vectors of 16 floats in one vector, each by the tree of
-// _mm512_reduce_add_ps (what SumOfLanes compiles to here: upper half onto lower half at 256,
-// 128, 64 and 32 bits), so a score has the same bits as from SumOfLanes. 45 shuffles and adds,
-// against 16 x 8 for the vectors one by one. 128-bit lane l of the result holds the sums of
-// v[l], v[4 + l], v[8 + l], v[12 + l] in that order.
-inline __m512 SumsOf16(const __m512* v) {
-  __m512 h[8], w[4], x[2];
-  for (int i = 0; i < 8; ++i) {  // [v.lo256 + v.hi256 | v'.lo256 + v'.hi256]
-    h[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
-                         _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
-  }
-  for (int i = 0; i < 4; ++i) {  // 128-bit lane j: vector 4i + j, its lo128 + hi128
-    w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(h[2 * i], h[2 * i + 1], 0x88),
-                         _mm512_shuffle_f32x4(h[2 * i], h[2 * i + 1], 0xDD));
-  }
-  for (int i = 0; i < 2; ++i) {  // per lane [a0 + a2, a1 + a3, b0 + b2, b1 + b3]
-    x[i] = _mm512_add_ps(_mm512_shuffle_ps(w[2 * i], w[2 * i + 1], 0x44),
-                         _mm512_shuffle_ps(w[2 * i], w[2 * i + 1], 0xEE));
-  }
-  return _mm512_add_ps(_mm512_shuffle_ps(x[0], x[1], 0x88), _mm512_shuffle_ps(x[0], x[1], 0xDD));
-}
-
 // Scores of 4 queries against cache rows j0..j0+3: a 4 x 4 tile of dot products (each K and Q
-// chunk loaded once for 4 products), reduced together by SumsOf16. Row r comes from krows[r]
+// chunk loaded once for 4 products), reduced together by sums_of_16 (x86_sums.h). Row r comes from krows[r]
 // (fp16) or, when kf is given, from kf + r * head_dim (the rows already converted).
 inline void ScoresTile4x4(const float* const* qs, const hwy::float16_t* const* krows, const float* kf,
                           size_t head_dim, float* const* score_rows) {
@@ -148,7 +133,7 @@ inline void ScoresTile4x4(const float* const* qs, const hwy::float16_t* const* k
   }
   __m512 raw[16];
   for (size_t i = 0; i < 16; ++i) raw[i] = acc[i].raw;
-  const __m512 sums = SumsOf16(raw);  // lane i: query i, rows 0..3
+  const __m512 sums = sums_of_16(raw);  // lane i: query i, rows 0..3
   _mm_storeu_ps(score_rows[0], _mm512_castps512_ps128(sums));
   _mm_storeu_ps(score_rows[1], _mm512_extractf32x4_ps(sums, 1));
   _mm_storeu_ps(score_rows[2], _mm512_extractf32x4_ps(sums, 2));
@@ -387,6 +372,7 @@ namespace kestrel::kernels {
 HWY_EXPORT(SumSquares);
 HWY_EXPORT(AttendGroup);
 HWY_EXPORT(AttendBlock);
+HWY_EXPORT(ExpShifted);
 HWY_EXPORT(GeluTanhMul);
 HWY_EXPORT(Softcap);
 HWY_EXPORT(ToFp16);
@@ -436,6 +422,10 @@ void rope_neox(float* x, size_t n_heads, size_t head_dim, size_t n_rot, const fl
 }
 
 void to_fp16(const float* x, uint16_t* y, size_t n) { HWY_DYNAMIC_DISPATCH(ToFp16)(x, y, n); }
+
+float exp_shifted(float* scores, size_t n, float* max_out) {
+  return HWY_DYNAMIC_DISPATCH(ExpShifted)(scores, n, max_out);
+}
 
 void attend(const float* q, const uint16_t* k, const uint16_t* v, size_t stride, size_t capacity,
             size_t head_dim, size_t pos_begin, size_t pos_end, float* scores, float* out) {

@@ -59,11 +59,17 @@ void attend_group(const float* q, size_t group, const uint16_t* k, const uint16_
 /// i seeing positions [begins[i], ends[i]) (its causal / sliding-window range). K and V rows of
 /// the union of the ranges are read once for all queries. `scores` needs n_queries * (max end
 /// - min begin) floats; outs[i] receives query i's output [head_dim]. head_dim must be a
-/// multiple of 16. Throws kestrel::Error otherwise.
+/// multiple of 16. Throws kestrel::Error otherwise. Float32 products (the fp16 cache widened
+/// exactly): per query the same bits as attend() over its range, on every SIMD target.
+/// (attention_bf16.h has the bfloat16 tile prefill uses where the CPU has AVX512-BF16.)
 constexpr size_t kMaxBlockQueries = 16;
 void attend_block(const float* const* queries, size_t n_queries, const size_t* begins,
                   const size_t* ends, const uint16_t* k, const uint16_t* v, size_t stride,
                   size_t capacity, size_t head_dim, float* scores, float* const* outs);
+
+/// In place: scores[0..n) = exp(scores - max) with max their maximum (written to *max_out);
+/// returns the sum. Vectorized (Highway's Exp, ~1 ulp).
+float exp_shifted(float* scores, size_t n, float* max_out);
 
 /// The attention of `group` heads over part of the visible positions, unnormalized, so that
 /// several threads can each take a slice of a long cache during decode and merge (the

@@ -4,6 +4,7 @@
 #include <utility>
 #include <vector>
 
+#include "kestrel/kernels/attention_bf16.h"
 #include "kestrel/kernels/matmul.h"
 #include "kestrel/kernels/ops.h"
 
@@ -38,6 +39,9 @@ constexpr size_t kSlice = 128;
 // Prefill tiles (tokens x one KV head's query heads) a thread takes at a time: few enough that
 // the last ones, the costliest of a causal layer, end close together on every thread.
 constexpr size_t kPrefillTilesPerGrab = 2;
+
+// Positions of K and V a thread converts to bfloat16 at a time (whole blocks of 16).
+constexpr size_t kConvertPositions = 64;
 
 struct RowsScratch {
   std::vector<Unit> units;
@@ -143,6 +147,31 @@ void cached_attention(const AttentionShape& s, const float* q, size_t n, size_t 
     // Prefill: a tile of consecutive tokens times the heads of one KV head reads each K/V row once.
     const size_t tile_tokens = std::max<size_t>(1, kernels::kMaxBlockQueries / group);
     const size_t n_tiles = (n + tile_tokens - 1) / tile_tokens;
+    // With AVX512-BF16: the chunk's visible K and V converted to bfloat16 once per KV head, for
+    // every tile (a row of a sliding layer is seen by window / tile_tokens tiles).
+    const bool bf16 = s.bf16_tiles && kernels::bf16_attention_available(hd);
+    const size_t first = visible(s, pos0).first & ~size_t{1};
+    const size_t kv_end = first + (pos0 + n - first + 15) / 16 * 16;
+    thread_local std::vector<uint16_t> kv_bf16;
+    std::vector<kernels::KvBf16> views;
+    if (bf16) {
+      const size_t head_elems = (kv_end - first) * hd;
+      if (kv_bf16.size() < 2 * s.n_kv_heads * head_elems) kv_bf16.resize(2 * s.n_kv_heads * head_elems);
+      const size_t pieces = (kv_end - first + kConvertPositions - 1) / kConvertPositions;
+      uint16_t* const buffer = kv_bf16.data();  // this thread's (the workers' thread_local differ)
+      pool.parallel_for(s.n_kv_heads * pieces, 1, [&](size_t b, size_t e) {
+        for (size_t item = b; item < e; ++item) {
+          const size_t g = item / pieces, p0 = first + (item % pieces) * kConvertPositions;
+          uint16_t* kb = buffer + 2 * g * head_elems;
+          kernels::kv_to_bf16(kc + g * hd, vc + g * hd, lc.stride, lc.capacity, hd, first, pos0 + n, p0,
+                              std::min(kv_end, p0 + kConvertPositions), kb, kb + head_elems);
+        }
+      });
+      for (size_t g = 0; g < s.n_kv_heads; ++g) {
+        const uint16_t* kb = buffer + 2 * g * head_elems;
+        views.push_back({kb, kb + head_elems, first, kv_end});
+      }
+    }
     // Causal tiles cost in proportion to the positions they see (later tokens see more), so
     // the tiles are handed out as threads become free: static halves left one thread with
     // three quarters of a global layer's work.
@@ -166,8 +195,12 @@ void cached_attention(const AttentionShape& s, const float* q, size_t n, size_t 
             ends[n_q] = end;
           }
         }
-        kernels::attend_block(queries, n_q, begins, ends, kc + g * hd, vc + g * hd, lc.stride,
-                              lc.capacity, hd, scores.data(), outs);
+        if (bf16) {
+          kernels::attend_block_bf16(queries, n_q, begins, ends, views[g], hd, outs);
+        } else {
+          kernels::attend_block(queries, n_q, begins, ends, kc + g * hd, vc + g * hd, lc.stride,
+                                lc.capacity, hd, scores.data(), outs);
+        }
       }
     });
     return;

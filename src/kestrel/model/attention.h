@@ -17,6 +17,12 @@ struct AttentionShape {
   size_t n_kv_heads = 0;  // divides n_heads; query head h reads KV head h / (n_heads / n_kv_heads)
   size_t head_dim = 0;
   size_t window = 0;      // sliding window W (a query at p sees p-W+1 .. p); 0 = global
+  /// Prefill tiles may take bfloat16 products (kernels/attention_bf16.h) where the CPU has
+  /// AVX512-BF16: set for quantized layers (INT4, Q8_0: their products round the activations
+  /// to bfloat16 or int8 already); float32, BF16 and FP16 layers (the llama.cpp and
+  /// transformers parity paths, the BF16 baseline that KL is measured against) keep float32
+  /// attention.
+  bool bf16_tiles = false;
 };
 
 /// out[t] = softmax(q[t] . K) V for t < n, the query at position pos0 + t seeing the cached
