@@ -18,10 +18,11 @@ struct AttentionShape {
   size_t head_dim = 0;
   size_t window = 0;      // sliding window W (a query at p sees p-W+1 .. p); 0 = global
   /// Prefill tiles may take bfloat16 products (kernels/attention_bf16.h) where the CPU has
-  /// AVX512-BF16: set for quantized layers (INT4, Q8_0: their products round the activations
-  /// to bfloat16 or int8 already); float32, BF16 and FP16 layers (the llama.cpp and
-  /// transformers parity paths, the BF16 baseline that KL is measured against) keep float32
-  /// attention.
+  /// AVX512-BF16: set where the layers' products take int8 activations (INT4 and Q8_0 layers
+  /// with their int8 copies, the default on AVX512-VNNI), whose accuracy rule (docs/benchmarks.md:
+  /// no worse than llama.cpp's own 8-bit rounding) this rounding is measured under. With bf16
+  /// activations, and for float32 / BF16 / FP16 layers (the llama.cpp and transformers parity
+  /// paths, the BF16 baseline that KL is measured against), attention stays float32.
   bool bf16_tiles = false;
 };
 

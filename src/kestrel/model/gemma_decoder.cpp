@@ -373,8 +373,8 @@ void GemmaDecoder::attention_block(size_t il, size_t n, std::span<const Segment>
 
   // Segments of prefill size attend by tiles; the rows of the others (decode rows, short
   // verification chunks) all in one parallel loop, each as it would alone.
-  const bool quantized = l.wq.type == kernels::WeightType::kW4 || l.wq.type == kernels::WeightType::kQ8_0;
-  const AttentionShape shape{c.n_heads, n_kv, hd, lc.window, quantized};
+  const bool int8_products = l.wq.interleaved_int8 != nullptr || l.wq.interleaved_q8 != nullptr;
+  const AttentionShape shape{c.n_heads, n_kv, hd, lc.window, int8_products};
   thread_local std::vector<AttentionRow> rows;
   rows.clear();
   for (const Segment& seg : segs) {
