@@ -126,7 +126,9 @@ TEST(KvCache, TruncateIsExactAtTheSlidingRingsEdgesGemma3) {
   // The GGUF's auto form as `kestrel run -m GGUF` loads it (the float32 source path is covered
   // by the tiny Gemma 4s above): int8 activations where the CPU has AVX2 or VNNI, ~3x faster to
   // prefill than float32 on CPUs without AVX-512 (CI time); bit-exact either way (measured with
-  // bf16 and int8 on an AVX2 Zen 1).
+  // bf16 and int8 on an AVX2 Zen 1). Where the CPU has AVX512-BF16 its prefill attention is the
+  // bfloat16 tile (kernels/attention_bf16.h), converted from another first position for a
+  // prefix than for the whole: exact too, since a query's output does not depend on its tile.
   LoadOptions options;
   options.precision = quant::Precision::kAuto;
   Loaded m(path, options);

@@ -12,19 +12,14 @@
 #include "kestrel/formats/dequant.h"
 #include "kestrel/kernels/attention_bf16.h"
 #include "kestrel/kernels/ops.h"
+#include "random_vector.h"
 
 namespace k = kestrel::kernels;
 namespace gguf = kestrel::gguf;
 
 namespace {
 
-std::vector<float> random_vector(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = dist(rng);
-  return v;
-}
+using kestrel::testing::random_vector;
 
 double bf16(float x) { return gguf::bf16_to_fp32(gguf::fp32_to_bf16(x)); }
 

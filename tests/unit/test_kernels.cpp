@@ -13,18 +13,13 @@
 #include "kestrel/kernels/matmul.h"
 #include "kestrel/kernels/ops.h"
 #include "hwy/targets.h"
+#include "random_vector.h"
 
 namespace k = kestrel::kernels;
 
 namespace {
 
-std::vector<float> random_vector(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = dist(rng);
-  return v;
-}
+using kestrel::testing::random_vector;
 
 // Q8_0 blocks written by hand: d = max|x| / 127, q = round(x / d) (ggml quantize_row_q8_0_ref).
 std::vector<uint8_t> to_q8_0(const std::vector<float>& w) {
