@@ -12,7 +12,9 @@ reports medians.
 
   * Peers built by hand (e.g. ik_llama.cpp, the fastest CPU engine): their own llama-bench, with
     `-p N_PROMPT -n 0` for prefill and `-gp N_PROMPT,N_OUT` for decode (N_OUT tokens generated
-    after an N_PROMPT-token prompt, timed after the prompt), `-r RUNS`; medians of its samples.
+    after an N_PROMPT-token prompt, timed after the prompt), `-r 1` once per round, in turn with
+    the other engines (a shared host's speed drifts over minutes: RUNS samples taken back to
+    back would all fall in one window); medians of the rounds.
     llama-bench feeds random token ids rather than the OpenAssistant text (speed does not depend
     on the ids).
 
@@ -150,8 +152,11 @@ def main():
                           logits_all=False, verbose=False)
     tokens = prompt_tokens(llm, args.oasst, args.prompt)
     runs = [("kestrel (GGUF, auto form)", model, [])] + [parse_spec(i) for i in args.image]
+    peers = [parse_spec(p) for p in args.peer_bench]
     results = {name: [] for name, _, _ in runs}
     results["llama.cpp"] = []
+    for label, _, _ in peers:
+        results[label] = []
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
         f.write(" ".join(map(str, tokens)))
         ids_file = f.name
@@ -168,17 +173,17 @@ def main():
             l = run_llamacpp(llm, tokens, args.out_tokens)
             results["llama.cpp"].append(l[:2])
             same = sum(a == b for a, b in zip(first_tokens, l[2]))
-            print(f"run {r + 1}/{args.runs} (prefill/decode tok/s): " + " | ".join(line) +
-                  f" | llama.cpp {l[0]:.1f}/{l[1]:.1f}", file=sys.stderr)
+            line.append(f"llama.cpp {l[0]:.1f}/{l[1]:.1f}")
+            for label, binary, extra in peers:
+                pb = run_peer_bench(binary, extra, model, args.prompt, args.out_tokens, args.threads, 1)
+                results[label].append(pb)
+                line.append(f"{label} {pb[0]:.1f}/{pb[1]:.1f}")
+            print(f"run {r + 1}/{args.runs} (prefill/decode tok/s): " + " | ".join(line), file=sys.stderr)
     finally:
         os.unlink(ids_file)
 
     med = {name: (statistics.median(p for p, _ in v), statistics.median(d for _, d in v))
            for name, v in results.items()}
-    for spec in args.peer_bench:
-        label, binary, extra = parse_spec(spec)
-        med[label] = run_peer_bench(binary, extra, model, args.prompt, args.out_tokens, args.threads, args.runs)
-        print(f"{label} (llama-bench, median of {args.runs}): {med[label][0]:.1f}/{med[label][1]:.1f}", file=sys.stderr)
     lines = [
         f"Model `{os.path.basename(model)}`, prompt {args.prompt} tokens, {args.out_tokens} out "
         f"(greedy, EOS ignored), {args.threads} threads, median of {args.runs} runs. "
