@@ -175,6 +175,12 @@ def test_zero_tokens_to_generate_report_the_prefill_rate():
     assert r.returncode == 0, r.stderr
     rate = float(re.search(r"prefill ([\d.]+) tok/s", r.stderr).group(1))
     assert rate > 0, r.stderr
+    # Decode is timed after the first token: one token (or none) has no decode rate ("decode 0.0
+    # tok/s" before); two have one.
+    for n, shown in ((0, False), (1, False), (2, True)):
+        r = kestrel("run", "-p", "Hello", "-n", n, "-t", 2, "--ignore-eos")
+        assert r.returncode == 0, r.stderr
+        assert ("decode n/a" not in r.stderr) == shown and bool(re.search(r"decode [\d.]+ tok/s", r.stderr)) == shown, r.stderr
 
 
 @needs_model

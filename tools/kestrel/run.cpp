@@ -141,9 +141,12 @@ int run(const RunOptions& o) {
   });
   std::printf("\n");
   std::fflush(stdout);
-  std::fprintf(stderr, "[%zu prompt tokens, %zu generated, prefill %.1f tok/s, decode %.1f tok/s, drafted %zu, accepted %zu]\n",
-               result.prompt_tokens, result.tokens.size(), result.prefill_tok_s,
-               result.decode_tok_s, result.drafted_tokens, result.accepted_tokens);
+  // Decode is timed after the first token: with fewer than two there is no rate to print.
+  char decode[48] = "decode n/a";
+  if (result.tokens.size() >= 2) std::snprintf(decode, sizeof decode, "decode %.1f tok/s", result.decode_tok_s);
+  std::fprintf(stderr, "[%zu prompt tokens, %zu generated, prefill %.1f tok/s, %s, drafted %zu, accepted %zu]\n",
+               result.prompt_tokens, result.tokens.size(), result.prefill_tok_s, decode, result.drafted_tokens,
+               result.accepted_tokens);
   return 0;
 }
 

@@ -19,7 +19,7 @@ constexpr size_t kMaxHeadDim = 512;
 #ifdef KESTREL_HAVE_BF16_DOT
 namespace {
 
-// Bytes of V pairs one pass over the queries reads: within L2 with the tile's other data.
+// Bytes of V pairs that every quad of queries reads in turn: a block stays in L1 (32 KiB).
 constexpr size_t kValueBlockBytes = 16384;
 
 alignas(64) const uint16_t kZeroRow[kMaxHeadDim] = {};
