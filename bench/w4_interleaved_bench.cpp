@@ -183,9 +183,10 @@ BENCHMARK(Int8<1>)->Name("W4/Int8/1") KESTREL_SHAPES->Args({640, 2048, 16});
 BENCHMARK(Int8<2>)->Name("W4/Int8/2") KESTREL_SHAPES->Args({640, 2048, 16});
 BENCHMARK(Int8<4>)->Name("W4/Int8/4") KESTREL_SHAPES->Args({640, 2048, 16});
 BENCHMARK(Int8<7>)->Name("W4/Int8/7") KESTREL_SHAPES->Args({640, 2048, 16});
-// A prefill chunk of 64 tokens (matmul: the prefill tiles; gemv_w4_int8: 4-token tiles).
+// A prefill chunk of 64 tokens (matmul: the prefill tiles; gemv_w4_int8: 8-token tiles on
+// AVX512-VNNI, 4-token ones on AVX2), and E4B's ffn_gate with 8-bit group parameters.
 BENCHMARK(Matmul<64>)->Name("W4/Matmul/64")->Args({2048, 640, 16})->Args({640, 2048, 16});
-BENCHMARK(Int8<64>)->Name("W4/Int8/64")->Args({2048, 640, 16})->Args({640, 2048, 16});
+BENCHMARK(Int8<64>)->Name("W4/Int8/64")->Args({2048, 640, 16})->Args({640, 2048, 16})->Args({10240, 2560, 8});
 
 }  // namespace
 

@@ -115,8 +115,9 @@ TEST(W4Int8, EverySimdPathAgreesWithThePortableBitForBit) {
     for (Params p : kAll) {
       const RandomW4 w(rows, cols, G, p, rows + cols * 3 + static_cast<uint64_t>(p));
       const k::W4Int8Interleaved il = k::interleave_w4_int8(w.view());
-      // Decode rows, and prefill chunks past the 4-token tile (whole and partial tiles).
-      for (size_t n : {1, 2, 3, 4, 5, 6, 7, 8, 9, 13}) {
+      // Decode rows, and prefill chunks past the 4-token (AVX2) and 8-token (AVX512-VNNI)
+      // tiles: whole and partial tiles.
+      for (size_t n : {1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 16, 21}) {
         const auto x = activations(n, cols, n * 5 + rows);
         std::vector<float> fast(n * rows), portable(n * rows);
         k::gemv_w4_int8_on(isa, il, x.data(), n, cols, fast.data(), rows, 0, rows);

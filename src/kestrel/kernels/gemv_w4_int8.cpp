@@ -25,7 +25,10 @@ namespace {
 
 constexpr size_t kBlock = 16;          // rows per interleaved block
 constexpr size_t kXBlock = 32;         // columns per activation block
-constexpr size_t kMaxTileTokens = 4;   // tokens per pass over a block of rows
+constexpr size_t kMaxTileTokens = 4;   // tokens per pass over a block of rows (AVX2, portable)
+// AVX512-VNNI: 8 tokens a pass share each unpacked code vector and group parameter (twice as
+// many vpdpbusd per vpand / shift / scale conversion as 4); the same bits, per token, as 4.
+constexpr size_t kMaxTileTokensVnni = 8;
 constexpr size_t kPrefetchBytes = 1024;         // codes requested this far ahead
 constexpr size_t kPrefetchParams = 8 * kBlock;  // group parameters requested 8 groups ahead
 
@@ -94,15 +97,17 @@ KESTREL_VNNI_TARGET inline __m512i broadcast4(const int8_t* p) {
   return _mm512_set1_epi32(v);
 }
 
-// Block `block`'s 16 rows for NT tokens (1..4) starting at token t0 into out[t][0..16).
+// Block `block`'s 16 rows for NT tokens (1..8) starting at token t0 into out[t][0..16).
 template <size_t NT, bool kParams8>
 KESTREL_VNNI_TARGET void block16(const W4Int8Interleaved& il, size_t block, const Activations& a, size_t t0,
                                  float (*out)[kBlock]) {
   const size_t G = il.group_size, n_groups = il.cols / G, octets = il.cols / 8;
   const size_t blocks_per_group = G / kXBlock;
   // Independent integer chains per token: 2 (low / high nibbles), 4 with few tokens (also by
-  // octet parity) to hide vpdpbusd's latency. Integer sums are exact in any order.
-  constexpr size_t kChains = NT <= 2 ? 4 : 2;
+  // octet parity) to hide vpdpbusd's latency, 1 with 5-8 tokens (their chains are enough, and
+  // the registers are not: 8 tokens' sums, zero-point sums and chains take 24 of 32). Integer
+  // sums are exact in any order.
+  constexpr size_t kChains = NT <= 2 ? 4 : NT <= 4 ? 2 : 1;
   const __m512i low = _mm512_set1_epi8(0x0F);
   const uint8_t* codes = &il.codes[block * octets * 64];
   const TokenRows<NT> rows(a, t0, il.cols);
@@ -141,17 +146,18 @@ KESTREL_VNNI_TARGET void block16(const W4Int8Interleaved& il, size_t block, cons
         _mm_prefetch(reinterpret_cast<const char*>(codes + 64 * o + kPrefetchBytes), _MM_HINT_T0);
         const __m512i bytes = _mm512_loadu_si512(codes + 64 * o);
         const __m512i lo = _mm512_and_si512(bytes, low), hi = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low);
-        const size_t c0 = kChains == 4 ? 2 * (oi & 1) : 0;
+        const size_t c0 = kChains == 4 ? 2 * (oi & 1) : 0, c1 = kChains == 1 ? 0 : c0 + 1;
         for (size_t t = 0; t < NT; ++t) {
           // Activations 8o .. 8o + 3 and 8o + 4 .. 8o + 7, each broadcast straight from memory
           // (vpdpbusd's {1to16} operand, a load port): one 8-byte load split in registers
           // would broadcast from a general register on the port that also runs vpdpbusd.
           dot[t][c0] = _mm512_dpbusd_epi32(dot[t][c0], lo, broadcast4(xq[t] + 8 * o));
-          dot[t][c0 + 1] = _mm512_dpbusd_epi32(dot[t][c0 + 1], hi, broadcast4(xq[t] + 8 * o + 4));
+          dot[t][c1] = _mm512_dpbusd_epi32(dot[t][c1], hi, broadcast4(xq[t] + 8 * o + 4));
         }
       }
       for (size_t t = 0; t < NT; ++t) {
-        __m512i sum = _mm512_add_epi32(dot[t][0], dot[t][1]);
+        __m512i sum = dot[t][0];
+        if constexpr (kChains >= 2) sum = _mm512_add_epi32(sum, dot[t][1]);
         if constexpr (kChains == 4) sum = _mm512_add_epi32(sum, _mm512_add_epi32(dot[t][2], dot[t][3]));
         acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(d, _mm512_set1_ps(xd[t][b])), acc[t]);
         macc[t] = _mm512_fmadd_ps(m, _mm512_set1_ps(xs[t][b]), macc[t]);
@@ -199,6 +205,10 @@ void block_tokens(const W4Int8Interleaved& il, size_t block, const Activations& 
                   float (*out)[kBlock]) {
   if (il.params8()) {
     switch (n) {
+      case 8: return block16<8, true>(il, block, a, t0, out);
+      case 7: return block16<7, true>(il, block, a, t0, out);
+      case 6: return block16<6, true>(il, block, a, t0, out);
+      case 5: return block16<5, true>(il, block, a, t0, out);
       case 4: return block16<4, true>(il, block, a, t0, out);
       case 3: return block16<3, true>(il, block, a, t0, out);
       case 2: return block16<2, true>(il, block, a, t0, out);
@@ -206,6 +216,10 @@ void block_tokens(const W4Int8Interleaved& il, size_t block, const Activations& 
     }
   }
   switch (n) {
+    case 8: return block16<8, false>(il, block, a, t0, out);
+    case 7: return block16<7, false>(il, block, a, t0, out);
+    case 6: return block16<6, false>(il, block, a, t0, out);
+    case 5: return block16<5, false>(il, block, a, t0, out);
     case 4: return block16<4, false>(il, block, a, t0, out);
     case 3: return block16<3, false>(il, block, a, t0, out);
     case 2: return block16<2, false>(il, block, a, t0, out);
@@ -524,11 +538,12 @@ void gemv_w4_int8_on(Int8Isa isa, const W4Int8Interleaved& il, const float* x, s
     } else {
       quantize_avx2(x, n_tokens, x_stride, il.cols, a);
     }
-    float out[kMaxTileTokens][kBlock];
+    float out[kMaxTileTokensVnni][kBlock];
+    const size_t tile = vnni ? kMaxTileTokensVnni : kMaxTileTokens;
     for (size_t blk = row_begin / kBlock; blk * kBlock < row_end; ++blk) {
       const size_t lo = std::max(row_begin, blk * kBlock), hi = std::min(row_end, (blk + 1) * kBlock);
-      for (size_t t0 = 0; t0 < n_tokens; t0 += kMaxTileTokens) {
-        const size_t n = std::min(kMaxTileTokens, n_tokens - t0);
+      for (size_t t0 = 0; t0 < n_tokens; t0 += tile) {
+        const size_t n = std::min(tile, n_tokens - t0);
         if (vnni) {
           block_tokens(il, blk, a, t0, n, out);
         } else {
