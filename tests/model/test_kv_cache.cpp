@@ -136,6 +136,26 @@ TEST(KvCache, TruncateIsExactAtTheSlidingRingsEdgesGemma3) {
   check_ring_edges(m, 512, 767, 800, 150, 1024);
 }
 
+TEST(KvCache, APromptGivesTheSameBitsHoweverItIsCutIntoPiecesOfATileOrMore) {
+  // forward_hidden cuts a long prompt into 256-token passes; 256 k + 1..7 tokens left a last
+  // pass under kTileMinTokens (decode kernels, other rounding), so `kestrel run` and the
+  // server (whose scheduler cuts no such piece) answered differently. Now 263 tokens in one call
+  // equal 100 + 163 and 255 + 8 (auto form: int8 products, and the bfloat16 attention tile
+  // where the CPU has AVX512-BF16).
+  KESTREL_DEFAULT_MODEL_OR_SKIP(path)
+  LoadOptions options;
+  options.precision = quant::Precision::kAuto;
+  Loaded m(path, options);
+  const auto a = random_tokens(263, m.model->info().n_vocab, 5), b = random_tokens(1, m.model->info().n_vocab, 6);
+  const auto whole = m.fresh(a, b, 512);
+  for (const size_t cut : {size_t{100}, size_t{255}}) {
+    KvCache cache = m.model->new_cache(512);
+    m.model->forward_hidden(first(a, cut), cache, Logits::kLast, m.nullptr_hidden(), m.pool);
+    m.model->forward_hidden(std::span(a).subspan(cut), cache, Logits::kLast, m.nullptr_hidden(), m.pool);
+    EXPECT_EQ(m.logits(b, cache), whole) << "cut at " << cut;
+  }
+}
+
 TEST(KvCache, TruncateWithinTheRingAndBadArguments) {
   Loaded m(tiny_gemma4("e2b_tiny"));
   const size_t n_vocab = m.model->info().n_vocab;

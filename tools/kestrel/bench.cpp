@@ -479,8 +479,8 @@ Command add_bench_command(CLI::App& app) {
   cmd->add_option("--draft-max", o->draft_max, "Tokens drafted per verification at most")
       ->check(integer_range(size_t{0}, runtime::kMaxDraft))
       ->capture_default_str();
-  cmd->add_option("--prefill-chunk", o->prefill_chunk, "With --concurrency: the scheduler's prefill chunk")
-      ->check(integer_range(size_t{1}, size_t{256}))
+  cmd->add_option("--prefill-chunk", o->prefill_chunk, "With --concurrency: the scheduler's prefill chunk (8-256)")
+      ->check(integer_range(size_t{8}, size_t{256}))
       ->capture_default_str();
   cmd->add_flag("--sensors", o->sensors,
                 "Only list the power/energy sensors found (and why others are not used), measure the idle "

@@ -66,8 +66,9 @@ Command add_serve_command(CLI::App& app) {
       ->check(integer_range(size_t{1}, size_t{256}))
       ->capture_default_str();
   cmd->add_option("--prefill-chunk", s.prefill_chunk,
-                  "Prompt tokens a request prefills per step while others decode (bounds their gap)")
-      ->check(integer_range(size_t{1}, size_t{256}))
+                  "Prompt tokens a request prefills per step while others decode (bounds their gap; "
+                  "at least 8: shorter pieces would take the decode kernels and change answers)")
+      ->check(integer_range(size_t{8}, size_t{256}))
       ->capture_default_str();
   cmd->add_option("--draft", s.draft,
                   "Speculative decoding while a single request is running: none, ngram (prompt lookup), "

@@ -229,8 +229,13 @@ void GemmaDecoder::forward_hidden(std::span<const TokenId> tokens, KvCache& cach
                                   float* hidden, ThreadPool& pool, ActivationObserver* observer) const {
   check(tokens, cache);
   const size_t d = config_.d_model;
-  for (size_t start = 0; start < tokens.size(); start += kMaxUbatch) {
-    const size_t n = std::min(kMaxUbatch, tokens.size() - start);
+  for (size_t start = 0, n = 0; start < tokens.size(); start += n) {
+    n = std::min(kMaxUbatch, tokens.size() - start);
+    // No last piece shorter than kTileMinTokens after a full one: it would take the decode
+    // kernels, which round otherwise, and a prompt of 256 k + 1..7 tokens would not give the
+    // tokens the server's scheduler (which cuts no such piece) gives.
+    const size_t rest = tokens.size() - start - n;
+    if (rest > 0 && rest < kernels::kTileMinTokens) n -= kernels::kTileMinTokens;
     float* out = nullptr;  // where this ubatch's hidden rows go, if anywhere
     if (which == Logits::kAll) out = hidden + start * d;
     if (which == Logits::kLast && start + n == tokens.size()) out = hidden;

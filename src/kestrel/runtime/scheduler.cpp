@@ -221,9 +221,11 @@ void Scheduler::step() {
   }
   for (auto& job : running_) {
     if (!job->generation->prefilling() || budget == 0) continue;
-    size_t chunk = std::min(budget, decoding ? options_.prefill_chunk : budget);
-    // No remainder shorter than kShortRows: it would take the other kernel path (see below).
+    size_t chunk = std::min(budget, decoding ? std::max(options_.prefill_chunk, kShortRows) : budget);
+    // No piece and no remainder shorter than kShortRows: they would take the other kernel path
+    // (see below). A budget left under kShortRows waits for the next step.
     const size_t remaining = job->generation->input(SIZE_MAX).size();
+    if (chunk < std::min(remaining, kShortRows)) continue;
     if (remaining > chunk && remaining - chunk < kShortRows) {
       chunk = remaining <= budget ? remaining : (chunk > kShortRows ? chunk - kShortRows : chunk);
     }
