@@ -112,8 +112,8 @@ constexpr size_t kValueRows = 16;
 
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
 // Scores of 4 queries against cache rows j0..j0+3: a 4 x 4 tile of dot products (each K and Q
-// chunk loaded once for 4 products), reduced together by sums_of_16 (x86_sums.h). Row r comes from krows[r]
-// (fp16) or, when kf is given, from kf + r * head_dim (the rows already converted).
+// chunk loaded once for 4 products), reduced together by sums_of_16 (x86_sums.h). Row r comes
+// from krows[r] (fp16) or, when kf is given, from kf + r * head_dim (the rows already converted).
 inline void ScoresTile4x4(const float* const* qs, const hwy::float16_t* const* krows, const float* kf,
                           size_t head_dim, float* const* score_rows) {
   const hn::ScalableTag<float> d;

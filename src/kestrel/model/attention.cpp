@@ -50,6 +50,36 @@ struct RowsScratch {
   std::vector<kernels::AttentionPartial> parts;
 };
 
+// The K and V that a prefill chunk of n tokens from pos0 sees, per KV head, converted to
+// bfloat16 (kernels/attention_bf16.h: from the first visible position, rounded down to even,
+// to the chunk's end, rounded up to a block of 16) into a buffer of the calling thread's that
+// the views point into until its next call. Pieces of kConvertPositions over the pool.
+std::vector<kernels::KvBf16> kv_to_bf16(const AttentionShape& s, size_t n, size_t pos0, const LayerCache& lc,
+                                        ThreadPool& pool) {
+  const size_t hd = s.head_dim;
+  const size_t first = visible(s, pos0).first & ~size_t{1};
+  const size_t end = first + (pos0 + n - first + 15) / 16 * 16;
+  const size_t head_elems = (end - first) * hd;
+  thread_local std::vector<uint16_t> converted;
+  if (converted.size() < 2 * s.n_kv_heads * head_elems) converted.resize(2 * s.n_kv_heads * head_elems);
+  uint16_t* const buffer = converted.data();  // this thread's (the workers' thread_local differ)
+  const size_t pieces = (end - first + kConvertPositions - 1) / kConvertPositions;
+  pool.parallel_for(s.n_kv_heads * pieces, 1, [&](size_t b, size_t e) {
+    for (size_t item = b; item < e; ++item) {
+      const size_t g = item / pieces, p0 = first + (item % pieces) * kConvertPositions;
+      uint16_t* kb = buffer + 2 * g * head_elems;
+      kernels::kv_to_bf16(lc.k.data() + g * hd, lc.v.data() + g * hd, lc.stride, lc.capacity, hd, first, pos0 + n,
+                          p0, std::min(end, p0 + kConvertPositions), kb, kb + head_elems);
+    }
+  });
+  std::vector<kernels::KvBf16> views;
+  for (size_t g = 0; g < s.n_kv_heads; ++g) {
+    const uint16_t* kb = buffer + 2 * g * head_elems;
+    views.push_back({kb, kb + head_elems, first, end});
+  }
+  return views;
+}
+
 }  // namespace
 
 void cached_attention_rows(const AttentionShape& s, std::span<const AttentionRow> rows, ThreadPool& pool) {
@@ -147,37 +177,17 @@ void cached_attention(const AttentionShape& s, const float* q, size_t n, size_t 
     // Prefill: a tile of consecutive tokens times the heads of one KV head reads each K/V row once.
     const size_t tile_tokens = std::max<size_t>(1, kernels::kMaxBlockQueries / group);
     const size_t n_tiles = (n + tile_tokens - 1) / tile_tokens;
-    // With AVX512-BF16: the chunk's visible K and V converted to bfloat16 once per KV head, for
-    // every tile (a row of a sliding layer is seen by window / tile_tokens tiles).
+    // With AVX512-BF16 (layers on int8 activations): bfloat16 tiles over the chunk's K and V,
+    // converted once per KV head for every tile.
     const bool bf16 = s.bf16_tiles && kernels::bf16_attention_available(hd);
-    const size_t first = visible(s, pos0).first & ~size_t{1};
-    const size_t kv_end = first + (pos0 + n - first + 15) / 16 * 16;
-    thread_local std::vector<uint16_t> kv_bf16;
     std::vector<kernels::KvBf16> views;
-    if (bf16) {
-      const size_t head_elems = (kv_end - first) * hd;
-      if (kv_bf16.size() < 2 * s.n_kv_heads * head_elems) kv_bf16.resize(2 * s.n_kv_heads * head_elems);
-      const size_t pieces = (kv_end - first + kConvertPositions - 1) / kConvertPositions;
-      uint16_t* const buffer = kv_bf16.data();  // this thread's (the workers' thread_local differ)
-      pool.parallel_for(s.n_kv_heads * pieces, 1, [&](size_t b, size_t e) {
-        for (size_t item = b; item < e; ++item) {
-          const size_t g = item / pieces, p0 = first + (item % pieces) * kConvertPositions;
-          uint16_t* kb = buffer + 2 * g * head_elems;
-          kernels::kv_to_bf16(kc + g * hd, vc + g * hd, lc.stride, lc.capacity, hd, first, pos0 + n, p0,
-                              std::min(kv_end, p0 + kConvertPositions), kb, kb + head_elems);
-        }
-      });
-      for (size_t g = 0; g < s.n_kv_heads; ++g) {
-        const uint16_t* kb = buffer + 2 * g * head_elems;
-        views.push_back({kb, kb + head_elems, first, kv_end});
-      }
-    }
+    if (bf16) views = kv_to_bf16(s, n, pos0, lc, pool);
     // Causal tiles cost in proportion to the positions they see (later tokens see more), so
     // the tiles are handed out as threads become free: static halves left one thread with
     // three quarters of a global layer's work.
     pool.parallel_for_dynamic(n_tiles * s.n_kv_heads, kPrefillTilesPerGrab, [&](size_t b, size_t e) {
-      thread_local std::vector<float> scores;
-      const size_t need = kernels::kMaxBlockQueries * (std::min(pos0 + n, lc.capacity) + tile_tokens);
+      thread_local std::vector<float> scores;  // the float32 tiles' (the bfloat16 ones keep their own)
+      const size_t need = bf16 ? 0 : kernels::kMaxBlockQueries * (std::min(pos0 + n, lc.capacity) + tile_tokens);
       if (scores.size() < need) scores.resize(need);
       for (size_t item = b; item < e; ++item) {
         const size_t tile = item / s.n_kv_heads, g = item % s.n_kv_heads;
