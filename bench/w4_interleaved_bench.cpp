@@ -99,7 +99,7 @@ void Interleaved16(benchmark::State& state) {
 
 // The int8-activation kernel (gemv_w4_int8.h), checked first against float64 W x within the
 // activations' rounding bound sum_b (max|x_b| / 254) sum_{i in b} |w_i| (+ 1e-5 sum |w_i x_i|
-// for float32 rounding).
+// for float32 rounding; blocks of 128 columns where the kernel takes superblocks).
 template <size_t NT>
 void Int8(benchmark::State& state) {
   Fixture& f = fixture(state);
@@ -112,9 +112,11 @@ void Int8(benchmark::State& state) {
     for (size_t t = 0; t < NT; ++t) {
       const float* x = &f.x[t * f.cols];
       double bound = 0, magnitude = 0, exact = 0;
-      for (size_t b = 0; b < f.cols / 32; ++b) {
+      // The activations' blocks: 32 columns, or the superblocks of 128 that 8-bit parameters take.
+      const size_t block = k::w4_int8_superblocks(f.int8) ? 128 : 32;
+      for (size_t b = 0; b < f.cols / block; ++b) {
         double amax = 0, wabs = 0;
-        for (size_t c = 32 * b; c < 32 * b + 32; ++c) {
+        for (size_t c = block * b; c < block * b + block; ++c) {
           amax = std::max(amax, static_cast<double>(std::fabs(x[c])));
           wabs += std::fabs(row[c]);
           magnitude += std::fabs(row[c] * x[c]);
@@ -184,9 +186,10 @@ BENCHMARK(Int8<2>)->Name("W4/Int8/2") KESTREL_SHAPES->Args({640, 2048, 16});
 BENCHMARK(Int8<4>)->Name("W4/Int8/4") KESTREL_SHAPES->Args({640, 2048, 16});
 BENCHMARK(Int8<7>)->Name("W4/Int8/7") KESTREL_SHAPES->Args({640, 2048, 16});
 // A prefill chunk of 64 tokens (matmul: the prefill tiles; gemv_w4_int8: 8-token tiles on
-// AVX512-VNNI, 4-token ones on AVX2), and E4B's ffn_gate with 8-bit group parameters.
+// AVX512-VNNI, 4-token ones on AVX2), and E4B's ffn_gate and 270M's ffn_up with 8-bit group
+// parameters (the superblock path).
 BENCHMARK(Matmul<64>)->Name("W4/Matmul/64")->Args({2048, 640, 16})->Args({640, 2048, 16});
-BENCHMARK(Int8<64>)->Name("W4/Int8/64")->Args({2048, 640, 16})->Args({640, 2048, 16})->Args({10240, 2560, 8});
+BENCHMARK(Int8<64>)->Name("W4/Int8/64")->Args({2048, 640, 16})->Args({640, 2048, 16})->Args({10240, 2560, 8})->Args({2048, 640, 8});
 
 }  // namespace
 

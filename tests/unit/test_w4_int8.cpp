@@ -1,6 +1,7 @@
 // The int8-activation INT4 decode kernel (kernels/gemv_w4_int8.h): equal to a float64 sum of
-// the formula its header states (activations quantized here independently; the integer dot
-// products are exact, so only float32 rounding separates them);
+// the formula its header states, for 32-column blocks and for superblocks of 128 (8-bit group
+// parameters) (activations quantized here independently; the integer dot products are exact,
+// so only float32 rounding separates them);
 // every SIMD path (int8_isa.h) agrees with the portable one bit for bit; each token's result is the same whatever the token count (1..7) and
 // row range; and against float64 W x of the dequantized weights the error stays within the
 // activations' rounding bound, sum_b (d_xb / 2) sum_{i in b} |w_i|.
@@ -54,6 +55,85 @@ Quantized quantize(const float* x, size_t cols) {
   return out;
 }
 
+// The superblock quantization the header states (8-bit group parameters, cols a multiple of
+// 128), written here independently: one d_x per 128 columns.
+Quantized quantize_128(const float* x, size_t cols) {
+  Quantized out;
+  out.q.resize(cols);
+  for (size_t k = 0; k < cols / 128; ++k) {
+    float amax = 0.0f;
+    for (size_t i = 0; i < 128; ++i) amax = std::max(amax, std::fabs(x[k * 128 + i]));
+    const float d = amax / 127.0f;
+    for (size_t i = 0; i < 128; ++i) {
+      out.q[k * 128 + i] = d > 0.0f ? static_cast<int>(std::nearbyint(x[k * 128 + i] / d)) : 0;
+    }
+    out.d.push_back(d);
+  }
+  return out;
+}
+
+// What the header's formula gives for row r and token x (float64 sums of exact integers), with
+// the float32 rounding's scale (`magnitude`), float64 W x, and the activations' rounding bound.
+struct Expected {
+  double formula = 0, magnitude = 0, wx = 0, rounding = 0;
+  size_t float_steps = 0;
+};
+Expected expected_blocks(const RandomW4& w, size_t r, size_t G, const float* x) {
+  const size_t cols = w.cols;
+  const Quantized xq = quantize(x, cols);
+  Expected e;
+  for (size_t b = 0; b < cols / 32; ++b) {
+    float d, m;
+    w.params(r, b * 32 / G, d, m);
+    long dot = 0;
+    double wabs = 0;
+    for (size_t c = b * 32; c < (b + 1) * 32; ++c) {
+      dot += static_cast<long>(w.code(r, c)) * xq.q[c];
+      const double wv = static_cast<double>(d) * w.code(r, c) + m;
+      e.wx += wv * x[c];
+      wabs += std::fabs(wv);
+    }
+    const double main = static_cast<double>(d) * xq.d[b] * static_cast<double>(dot);
+    const double offset = static_cast<double>(m) * xq.d[b] * xq.s[b];
+    e.formula += main + offset;
+    e.magnitude += std::fabs(main) + std::fabs(offset);
+    e.rounding += xq.d[b] / 2 * wabs;
+  }
+  e.float_steps = 2 * (cols / 32) + 4;  // per block two products and two fmas, then the sum
+  return e;
+}
+// Superblocks: per 128 columns d_x * sum_g (d_g D_g + m_g S_g), d_g = d_row * s_g and
+// m_g = -m_row * n_g (RandomW4::params gives their float32 products, a 2^-24 step from the
+// kernel's exact integers times d_row, m_row).
+Expected expected_superblocks(const RandomW4& w, size_t r, size_t G, const float* x) {
+  const size_t cols = w.cols;
+  const Quantized xq = quantize_128(x, cols);
+  Expected e;
+  for (size_t k = 0; k < cols / 128; ++k) {
+    double wabs = 0;
+    for (size_t g = k * 128 / G; g < (k + 1) * 128 / G; ++g) {
+      float d, m;
+      w.params(r, g, d, m);
+      long dot = 0, sum = 0;
+      for (size_t c = g * G; c < (g + 1) * G; ++c) {
+        dot += static_cast<long>(w.code(r, c)) * xq.q[c];
+        sum += xq.q[c];
+        const double wv = static_cast<double>(d) * w.code(r, c) + m;
+        e.wx += wv * x[c];
+        wabs += std::fabs(wv);
+      }
+      const double main = static_cast<double>(d) * xq.d[k] * static_cast<double>(dot);
+      const double offset = static_cast<double>(m) * xq.d[k] * static_cast<double>(sum);
+      e.formula += main + offset;
+      e.magnitude += std::fabs(main) + std::fabs(offset);
+    }
+    e.rounding += xq.d[k] / 2 * wabs;
+  }
+  // per superblock two conversions of integers past 2^24 and two fmas; d_g, m_g; the last step
+  e.float_steps = 4 * (cols / 128) + 8;
+  return e;
+}
+
 const std::vector<std::tuple<size_t, size_t, size_t>> kShapes = {
     {16, 32, 32}, {32, 640, 32}, {48, 256, 64}, {32, 512, 128}, {64, 2560, 32}};
 const Params kAll[] = {Params::kSymmetric16, Params::kAffine16, Params::kAffine8, Params::kSymmetric8};
@@ -63,34 +143,18 @@ TEST(W4Int8, EqualsTheStatedFormulaAndIsWithinTheActivationRoundingOfWx) {
     for (Params p : kAll) {
       const RandomW4 w(rows, cols, G, p, rows * 7 + cols + static_cast<uint64_t>(p));
       const k::W4Int8Interleaved il = k::interleave_w4_int8(w.view());
-      const size_t n = 7, nb = cols / 32;
+      const size_t n = 7;
       const auto x = activations(n, cols, rows + 11 * cols);
       std::vector<float> y(n * rows);
       k::gemv_w4_int8(il, x.data(), n, cols, y.data(), rows, 0, rows);
+      const bool super = k::w4_int8_superblocks(il);
+      // 8-bit parameters on superblocks exactly where cols is a multiple of 128.
+      ASSERT_EQ(super, (p == Params::kAffine8 || p == Params::kSymmetric8) && cols % 128 == 0 && 128 % G == 0);
       for (size_t t = 0; t < n; ++t) {
-        const Quantized xq = quantize(&x[t * cols], cols);
         for (size_t r = 0; r < rows; ++r) {
-          double formula = 0, magnitude = 0, wx = 0, rounding = 0;
-          for (size_t b = 0; b < nb; ++b) {
-            float d, m;
-            w.params(r, b * 32 / G, d, m);
-            long dot = 0;
-            double wabs = 0;
-            for (size_t c = b * 32; c < (b + 1) * 32; ++c) {
-              dot += static_cast<long>(w.code(r, c)) * xq.q[c];
-              const double wv = static_cast<double>(d) * w.code(r, c) + m;
-              wx += wv * x[t * cols + c];
-              wabs += std::fabs(wv);
-            }
-            const double main = static_cast<double>(d) * xq.d[b] * static_cast<double>(dot);
-            const double offset = static_cast<double>(m) * xq.d[b] * xq.s[b];
-            formula += main + offset;
-            magnitude += std::fabs(main) + std::fabs(offset);
-            rounding += xq.d[b] / 2 * wabs;
-          }
-          // float32: per block two products and two fmas, each rounding once (2^-24 relative),
-          // then the final sum: (2 nb + 4) * 2^-24 * magnitude bounds it, with room to spare.
-          const double f32 = (2.0 * static_cast<double>(nb) + 4) * 0x1p-24 * magnitude + 1e-30;
+          const Expected e = super ? expected_superblocks(w, r, G, &x[t * cols]) : expected_blocks(w, r, G, &x[t * cols]);
+          const double formula = e.formula, wx = e.wx, rounding = e.rounding;
+          const double f32 = static_cast<double>(e.float_steps) * 0x1p-24 * e.magnitude + 1e-30;
           const float got = y[t * rows + r];
           ASSERT_LE(std::fabs(got - formula), f32)
               << "formula: rows " << rows << " cols " << cols << " G " << G << " params " << static_cast<int>(p)

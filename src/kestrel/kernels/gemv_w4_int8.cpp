@@ -84,6 +84,99 @@ void check(const W4Int8Interleaved& il, size_t row_begin, size_t row_end) {
   if (row_end > il.rows || row_begin > row_end) throw Error("gemv_w4_int8: rows past the matrix");
 }
 
+// ---- 8-bit group parameters: activations per 128-column superblock, integer group scales ----
+// (gemv_w4_int8.h, "Superblocks").
+
+constexpr size_t kSuper = 128;  // columns per activation superblock
+
+bool superblocks(const W4Int8Interleaved& il) {
+  return il.params8() && il.cols % kSuper == 0 && kSuper % il.group_size == 0;
+}
+
+// The activations of one superblock call: int8 values, per token and superblock dx, per token
+// and group S_g (one int16 of padding at the end: the pair loads read S_g and S_g+1).
+struct SuperActivations {
+  std::vector<int8_t> q;      // [n_tokens][cols]
+  std::vector<float> dx;      // [n_tokens][cols / 128]
+  std::vector<int16_t> sums;  // [n_tokens][cols / group_size] + 1
+};
+
+void size_super(SuperActivations& a, size_t n_tokens, size_t cols, size_t G) {
+  a.q.resize(n_tokens * cols);
+  a.dx.resize(n_tokens * (cols / kSuper));
+  a.sums.assign(n_tokens * (cols / G) + 1, 0);
+}
+
+// The group sums S_g of token t's int8 values (exact integers: the same on every path).
+void group_sums(SuperActivations& a, size_t t, size_t cols, size_t G) {
+  const int8_t* q = &a.q[t * cols];
+  for (size_t g = 0; g < cols / G; ++g) {
+    int32_t s = 0;
+    for (size_t i = 0; i < G; ++i) s += q[g * G + i];
+    a.sums[t * (cols / G) + g] = static_cast<int16_t>(s);
+  }
+}
+
+// The portable quantization: per superblock dx = max|x| / 127, q = round-to-nearest-even(x / dx)
+// clamped to [-127, 127] (0 where dx = 0).
+void quantize_super(const float* x, size_t n_tokens, size_t x_stride, size_t cols, size_t G, SuperActivations& a) {
+  size_super(a, n_tokens, cols, G);
+  for (size_t t = 0; t < n_tokens; ++t) {
+    for (size_t k = 0; k < cols / kSuper; ++k) {
+      const float* v = x + t * x_stride + k * kSuper;
+      float amax = 0.0f;
+      for (size_t i = 0; i < kSuper; ++i) amax = std::max(amax, std::fabs(v[i]));
+      const float d = amax / 127.0f;
+      int8_t* out = &a.q[t * cols + k * kSuper];
+      for (size_t i = 0; i < kSuper; ++i) {
+        out[i] = d > 0.0f ? static_cast<int8_t>(std::clamp(std::nearbyint(v[i] / d), -127.0f, 127.0f)) : 0;
+      }
+      a.dx[t * (cols / kSuper) + k] = d;
+    }
+    group_sums(a, t, cols, G);
+  }
+}
+
+// The portable path: per row and token, per superblock k in order (integers exact),
+//   T1 = sum_g s_g * D_g  (symmetric: s_g * (D_g - 8 S_g)),  T2 = sum_g n_g * S_g,
+//   acc1 = fma(float(T1), dx_k, acc1),  acc2 = fma(float(T2), dx_k, acc2),
+// then y = fma(d_row, acc1, -(m_row * acc2)) (symmetric: d_row * acc1).
+void scalar_super(const W4Int8Interleaved& il, const SuperActivations& a, size_t n_tokens, float* y, size_t y_stride,
+                  size_t row_begin, size_t row_end) {
+  const size_t G = il.group_size, n_groups = il.cols / G, octets = il.cols / 8, gps = kSuper / G;
+  const bool affine = !il.mins8.empty();
+  for (size_t r = row_begin; r < row_end; ++r) {
+    const size_t block = r / kBlock, i = r % kBlock;
+    const uint8_t* codes = &il.codes[block * octets * 64];
+    for (size_t t = 0; t < n_tokens; ++t) {
+      const int8_t* xq = &a.q[t * il.cols];
+      const int16_t* sg = &a.sums[t * n_groups];
+      float acc1 = 0.0f, acc2 = 0.0f;
+      for (size_t k = 0; k < il.cols / kSuper; ++k) {
+        int32_t t1 = 0, t2 = 0;
+        for (size_t g = k * gps; g < (k + 1) * gps; ++g) {
+          const size_t at = (block * n_groups + g) * kBlock + i;
+          int32_t dot = 0;
+          for (size_t c = g * G; c < (g + 1) * G; ++c) {
+            const uint8_t byte = codes[(c / 8) * 64 + code_byte(i, c % 8)];
+            dot += (c % 8 < 4 ? byte & 0x0F : byte >> 4) * xq[c];
+          }
+          if (affine) {
+            t1 += static_cast<int32_t>(il.scales8[at]) * dot;
+            t2 += static_cast<int32_t>(il.mins8[at]) * sg[g];
+          } else {
+            t1 += static_cast<int32_t>(il.scales8[at]) * (dot - 8 * sg[g]);
+          }
+        }
+        const float dx = a.dx[t * (il.cols / kSuper) + k];
+        acc1 = std::fma(static_cast<float>(t1), dx, acc1);
+        acc2 = std::fma(static_cast<float>(t2), dx, acc2);
+      }
+      y[t * y_stride + r] = affine ? std::fma(il.row_d[r], acc1, -(il.row_m[r] * acc2)) : il.row_d[r] * acc1;
+    }
+  }
+}
+
 #ifdef KESTREL_HAVE_VNNI
 
 KESTREL_VNNI_TARGET inline __m512 u8(const uint8_t* p) {
@@ -369,6 +462,277 @@ void block_tokens_avx2(const W4Int8Interleaved& il, size_t block, const Activati
   }
 }
 
+// quantize_super with AVX-512: the same numbers (max|x| exact in any order, an IEEE division,
+// rounding to nearest even).
+KESTREL_VNNI_TARGET void quantize_super_avx512(const float* x, size_t n_tokens, size_t x_stride, size_t cols, size_t G,
+                                               SuperActivations& a) {
+  size_super(a, n_tokens, cols, G);
+  const __m512 limit = _mm512_set1_ps(127.0f), neg_limit = _mm512_set1_ps(-127.0f);
+  constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  for (size_t t = 0; t < n_tokens; ++t) {
+    for (size_t k = 0; k < cols / kSuper; ++k) {
+      const float* v = x + t * x_stride + k * kSuper;
+      __m512 vs[kSuper / 16];
+      __m512 m = _mm512_setzero_ps();
+      for (size_t j = 0; j < kSuper / 16; ++j) {
+        vs[j] = _mm512_loadu_ps(v + 16 * j);
+        m = _mm512_max_ps(m, _mm512_abs_ps(vs[j]));
+      }
+      const float d = _mm512_reduce_max_ps(m) / 127.0f;
+      int8_t* out = &a.q[t * cols + k * kSuper];
+      if (d > 0.0f) {
+        const __m512 dv = _mm512_set1_ps(d);
+        for (size_t j = 0; j < kSuper / 16; ++j) {
+          const __m512 r = _mm512_min_ps(_mm512_max_ps(_mm512_roundscale_ps(_mm512_div_ps(vs[j], dv), kNearest), neg_limit), limit);
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 16 * j), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(r)));
+        }
+      } else {
+        std::memset(out, 0, kSuper);
+      }
+      a.dx[t * (cols / kSuper) + k] = d;
+    }
+    group_sums(a, t, cols, G);
+  }
+}
+
+// Superblock path, AVX512-VNNI: block `block`'s 16 rows for NT tokens (1..8) from t0 into
+// out[t][0..16): the integers of scalar_super (vpdpbusd per group, vpmulld by s_g, vpdpwssd of
+// the pairs (n_g, n_g+1) against (S_g, S_g+1)), then its float32 steps.
+template <size_t NT, bool kAffine>
+KESTREL_VNNI_TARGET void super16(const W4Int8Interleaved& il, size_t block, const SuperActivations& a, size_t t0,
+                                 float (*out)[kBlock]) {
+  const size_t G = il.group_size, n_groups = il.cols / G, octets = il.cols / 8, gps = kSuper / G;
+  const size_t n_super = il.cols / kSuper;
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  const uint8_t* codes = &il.codes[block * octets * 64];
+  const int8_t* xq[NT];
+  const float* dx[NT];
+  const int16_t* sg[NT];
+  for (size_t t = 0; t < NT; ++t) {
+    xq[t] = &a.q[(t0 + t) * il.cols];
+    dx[t] = &a.dx[(t0 + t) * n_super];
+    sg[t] = &a.sums[(t0 + t) * n_groups];
+  }
+  __m512 acc1[NT], acc2[NT];
+  for (size_t t = 0; t < NT; ++t) acc1[t] = acc2[t] = _mm512_setzero_ps();
+  for (size_t k = 0; k < n_super; ++k) {
+    __m512i t1[NT];
+    for (size_t t = 0; t < NT; ++t) t1[t] = _mm512_setzero_si512();
+    for (size_t g = k * gps; g < (k + 1) * gps; ++g) {
+      const size_t at = (block * n_groups + g) * kBlock;
+      const __m512i s = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(&il.scales8[at])));
+      __m512i dot[NT];
+      for (size_t t = 0; t < NT; ++t) dot[t] = _mm512_setzero_si512();
+      for (size_t o = g * (G / 8); o < (g + 1) * (G / 8); ++o) {
+        _mm_prefetch(reinterpret_cast<const char*>(codes + 64 * o + kPrefetchBytes), _MM_HINT_T0);
+        const __m512i bytes = _mm512_loadu_si512(codes + 64 * o);
+        const __m512i lo = _mm512_and_si512(bytes, low), hi = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low);
+        for (size_t t = 0; t < NT; ++t) {
+          dot[t] = _mm512_dpbusd_epi32(dot[t], lo, broadcast4(xq[t] + 8 * o));
+          dot[t] = _mm512_dpbusd_epi32(dot[t], hi, broadcast4(xq[t] + 8 * o + 4));
+        }
+      }
+      for (size_t t = 0; t < NT; ++t) {
+        __m512i d = dot[t];
+        if constexpr (!kAffine) d = _mm512_sub_epi32(d, _mm512_set1_epi32(8 * sg[t][g]));
+        t1[t] = _mm512_add_epi32(t1[t], _mm512_mullo_epi32(d, s));
+      }
+    }
+    for (size_t t = 0; t < NT; ++t) acc1[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t1[t]), _mm512_set1_ps(dx[t][k]), acc1[t]);
+    if constexpr (kAffine) {
+      __m512i pairs[kSuper / 64];  // lane i: (n_g, n_g+1) of row i as two int16 (n_g+1 = 0 past the superblock)
+      const size_t n_pairs = (gps + 1) / 2;
+      for (size_t p = 0; p < n_pairs; ++p) {
+        const size_t g = k * gps + 2 * p, at = (block * n_groups + g) * kBlock;
+        __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(&il.mins8[at])));
+        if (2 * p + 1 < gps) {
+          v = _mm512_or_si512(v, _mm512_slli_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128(
+                                                        reinterpret_cast<const __m128i*>(&il.mins8[at + kBlock]))),
+                                                    16));
+        }
+        pairs[p] = v;
+      }
+      for (size_t t = 0; t < NT; ++t) {
+        __m512i t2 = _mm512_setzero_si512();
+        for (size_t p = 0; p < n_pairs; ++p) {
+          int32_t s2;
+          std::memcpy(&s2, &sg[t][k * gps + 2 * p], sizeof(s2));
+          t2 = _mm512_dpwssd_epi32(t2, pairs[p], _mm512_set1_epi32(s2));
+        }
+        acc2[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t2), _mm512_set1_ps(dx[t][k]), acc2[t]);
+      }
+    }
+  }
+  const __m512 row_d = _mm512_loadu_ps(&il.row_d[block * kBlock]);
+  for (size_t t = 0; t < NT; ++t) {
+    if constexpr (kAffine) {
+      const __m512 row_m = _mm512_loadu_ps(&il.row_m[block * kBlock]);
+      _mm512_storeu_ps(out[t], _mm512_fmsub_ps(row_d, acc1[t], _mm512_mul_ps(row_m, acc2[t])));
+    } else {
+      _mm512_storeu_ps(out[t], _mm512_mul_ps(row_d, acc1[t]));
+    }
+  }
+}
+
+template <bool kAffine>
+void super_tokens_t(const W4Int8Interleaved& il, size_t block, const SuperActivations& a, size_t t0, size_t n,
+                    float (*out)[kBlock]) {
+  switch (n) {
+    case 8: return super16<8, kAffine>(il, block, a, t0, out);
+    case 7: return super16<7, kAffine>(il, block, a, t0, out);
+    case 6: return super16<6, kAffine>(il, block, a, t0, out);
+    case 5: return super16<5, kAffine>(il, block, a, t0, out);
+    case 4: return super16<4, kAffine>(il, block, a, t0, out);
+    case 3: return super16<3, kAffine>(il, block, a, t0, out);
+    case 2: return super16<2, kAffine>(il, block, a, t0, out);
+    default: return super16<1, kAffine>(il, block, a, t0, out);
+  }
+}
+
+void super_tokens(const W4Int8Interleaved& il, size_t block, const SuperActivations& a, size_t t0, size_t n,
+                  float (*out)[kBlock]) {
+  if (il.mins8.empty()) return super_tokens_t<false>(il, block, a, t0, n, out);
+  super_tokens_t<true>(il, block, a, t0, n, out);
+}
+
+// quantize_super with AVX2: the same numbers.
+KESTREL_AVX2_TARGET void quantize_super_avx2(const float* x, size_t n_tokens, size_t x_stride, size_t cols, size_t G,
+                                             SuperActivations& a) {
+  size_super(a, n_tokens, cols, G);
+  const __m256 sign = _mm256_set1_ps(-0.0f), limit = _mm256_set1_ps(127.0f), neg_limit = _mm256_set1_ps(-127.0f);
+  // packs_epi32 then packs_epi16 interleave 128-bit lanes: this puts the 32 bytes back in order.
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (size_t t = 0; t < n_tokens; ++t) {
+    for (size_t k = 0; k < cols / kSuper; ++k) {
+      const float* v = x + t * x_stride + k * kSuper;
+      __m256 m = _mm256_setzero_ps();
+      for (size_t j = 0; j < kSuper / 8; ++j) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(v + 8 * j)));
+      __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+      m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+      m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+      const float d = _mm_cvtss_f32(m4) / 127.0f;
+      int8_t* out = &a.q[t * cols + k * kSuper];
+      if (d > 0.0f) {
+        const __m256 dv = _mm256_set1_ps(d);
+        for (size_t j = 0; j < kSuper / 32; ++j) {
+          __m256i i[4];
+          for (size_t h = 0; h < 4; ++h) {
+            const __m256 r = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(v + 32 * j + 8 * h), dv),
+                                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            i[h] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(r, neg_limit), limit));
+          }
+          const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 32 * j), _mm256_permutevar8x32_epi32(bytes, order));
+        }
+      } else {
+        std::memset(out, 0, kSuper);
+      }
+      a.dx[t * (cols / kSuper) + k] = d;
+    }
+    group_sums(a, t, cols, G);
+  }
+}
+
+// Superblock path, AVX2: the 8 rows of half `h` of block `block` for NT tokens (1..4) into
+// out[t][8h .. 8h + 8): per 32 columns vpmaddubsw sums in int16 as block8_avx2 does, vpmaddwd by
+// ones to int32, then scalar_super's integers (vpmulld by s_g; vpmaddwd of the (n_g, n_g+1)
+// pairs against (S_g, S_g+1)) and its float32 steps.
+template <size_t NT, bool kAffine>
+KESTREL_AVX2_TARGET void super8_avx2(const W4Int8Interleaved& il, size_t block, size_t h, const SuperActivations& a,
+                                     size_t t0, float (*out)[kBlock]) {
+  const size_t G = il.group_size, n_groups = il.cols / G, octets = il.cols / 8, gps = kSuper / G;
+  const size_t n_super = il.cols / kSuper;
+  const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  const uint8_t* codes = &il.codes[block * octets * 64 + 32 * h];
+  const int8_t* xq[NT];
+  const float* dx[NT];
+  const int16_t* sg[NT];
+  for (size_t t = 0; t < NT; ++t) {
+    xq[t] = &a.q[(t0 + t) * il.cols];
+    dx[t] = &a.dx[(t0 + t) * n_super];
+    sg[t] = &a.sums[(t0 + t) * n_groups];
+  }
+  __m256 acc1[NT], acc2[NT];
+  for (size_t t = 0; t < NT; ++t) acc1[t] = acc2[t] = _mm256_setzero_ps();
+  for (size_t k = 0; k < n_super; ++k) {
+    __m256i t1[NT];
+    for (size_t t = 0; t < NT; ++t) t1[t] = _mm256_setzero_si256();
+    for (size_t g = k * gps; g < (k + 1) * gps; ++g) {
+      const size_t at = (block * n_groups + g) * kBlock + 8 * h;
+      const __m256i s = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(&il.scales8[at])));
+      __m256i dot[NT];
+      for (size_t t = 0; t < NT; ++t) dot[t] = _mm256_setzero_si256();
+      for (size_t b = g * (G / kXBlock); b < (g + 1) * (G / kXBlock); ++b) {
+        __m256i d16[NT];
+        for (size_t t = 0; t < NT; ++t) d16[t] = _mm256_setzero_si256();
+#pragma GCC unroll 1
+        for (size_t o = b * (kXBlock / 8); o < (b + 1) * (kXBlock / 8); ++o) {
+          _mm_prefetch(reinterpret_cast<const char*>(codes + 64 * o + kPrefetchBytes), _MM_HINT_T0);
+          const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + 64 * o));
+          const __m256i lo = _mm256_and_si256(bytes, low), hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low);
+          for (size_t t = 0; t < NT; ++t) {
+            d16[t] = _mm256_add_epi16(d16[t], _mm256_maddubs_epi16(lo, broadcast4_avx2(xq[t] + 8 * o)));
+            d16[t] = _mm256_add_epi16(d16[t], _mm256_maddubs_epi16(hi, broadcast4_avx2(xq[t] + 8 * o + 4)));
+          }
+        }
+        for (size_t t = 0; t < NT; ++t) dot[t] = _mm256_add_epi32(dot[t], _mm256_madd_epi16(d16[t], ones));
+      }
+      for (size_t t = 0; t < NT; ++t) {
+        __m256i d = dot[t];
+        if constexpr (!kAffine) d = _mm256_sub_epi32(d, _mm256_set1_epi32(8 * sg[t][g]));
+        t1[t] = _mm256_add_epi32(t1[t], _mm256_mullo_epi32(d, s));
+      }
+    }
+    for (size_t t = 0; t < NT; ++t) acc1[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t1[t]), _mm256_set1_ps(dx[t][k]), acc1[t]);
+    if constexpr (kAffine) {
+      for (size_t t = 0; t < NT; ++t) {
+        __m256i t2 = _mm256_setzero_si256();
+        for (size_t g = k * gps; g < (k + 1) * gps; g += 2) {
+          const size_t at = (block * n_groups + g) * kBlock + 8 * h;
+          __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(&il.mins8[at])));
+          if (g + 1 < (k + 1) * gps) {
+            v = _mm256_or_si256(v, _mm256_slli_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                                                         reinterpret_cast<const __m128i*>(&il.mins8[at + kBlock]))),
+                                                     16));
+          }
+          int32_t s2;
+          std::memcpy(&s2, &sg[t][g], sizeof(s2));
+          t2 = _mm256_add_epi32(t2, _mm256_madd_epi16(v, _mm256_set1_epi32(s2)));
+        }
+        acc2[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t2), _mm256_set1_ps(dx[t][k]), acc2[t]);
+      }
+    }
+  }
+  const __m256 row_d = _mm256_loadu_ps(&il.row_d[block * kBlock + 8 * h]);
+  for (size_t t = 0; t < NT; ++t) {
+    if constexpr (kAffine) {
+      const __m256 row_m = _mm256_loadu_ps(&il.row_m[block * kBlock + 8 * h]);
+      _mm256_storeu_ps(&out[t][8 * h], _mm256_fmsub_ps(row_d, acc1[t], _mm256_mul_ps(row_m, acc2[t])));
+    } else {
+      _mm256_storeu_ps(&out[t][8 * h], _mm256_mul_ps(row_d, acc1[t]));
+    }
+  }
+}
+
+template <bool kAffine>
+void super_tokens_avx2_t(const W4Int8Interleaved& il, size_t block, const SuperActivations& a, size_t t0, size_t n,
+                         float (*out)[kBlock]) {
+  for (size_t h = 0; h < 2; ++h) {
+    switch (n) {
+      case 4: super8_avx2<4, kAffine>(il, block, h, a, t0, out); break;
+      case 3: super8_avx2<3, kAffine>(il, block, h, a, t0, out); break;
+      case 2: super8_avx2<2, kAffine>(il, block, h, a, t0, out); break;
+      default: super8_avx2<1, kAffine>(il, block, h, a, t0, out); break;
+    }
+  }
+}
+
+void super_tokens_avx2(const W4Int8Interleaved& il, size_t block, const SuperActivations& a, size_t t0, size_t n,
+                       float (*out)[kBlock]) {
+  if (il.mins8.empty()) return super_tokens_avx2_t<false>(il, block, a, t0, n, out);
+  super_tokens_avx2_t<true>(il, block, a, t0, n, out);
+}
+
 #endif  // KESTREL_HAVE_VNNI
 
 void scalar(const W4Int8Interleaved& il, const Activations& a, size_t n_tokens, float* y, size_t y_stride,
@@ -529,11 +893,19 @@ void gemv_w4_int8_on(Int8Isa isa, const W4Int8Interleaved& il, const float* x, s
                      float* y, size_t y_stride, size_t row_begin, size_t row_end) {
   check(il, row_begin, row_end);
   if (!int8_isa_available(isa)) throw Error(std::string("gemv_w4_int8: ") + int8_isa_name(isa) + " is not available");
+  const bool super = superblocks(il);
   thread_local Activations a;
+  thread_local SuperActivations sa;
 #ifdef KESTREL_HAVE_VNNI
   if (isa != Int8Isa::kPortable) {
     const bool vnni = isa == Int8Isa::kAvx512Vnni;
-    if (vnni) {
+    if (super) {
+      if (vnni) {
+        quantize_super_avx512(x, n_tokens, x_stride, il.cols, il.group_size, sa);
+      } else {
+        quantize_super_avx2(x, n_tokens, x_stride, il.cols, il.group_size, sa);
+      }
+    } else if (vnni) {
       quantize_avx512(x, n_tokens, x_stride, il.cols, a);
     } else {
       quantize_avx2(x, n_tokens, x_stride, il.cols, a);
@@ -544,7 +916,9 @@ void gemv_w4_int8_on(Int8Isa isa, const W4Int8Interleaved& il, const float* x, s
       const size_t lo = std::max(row_begin, blk * kBlock), hi = std::min(row_end, (blk + 1) * kBlock);
       for (size_t t0 = 0; t0 < n_tokens; t0 += tile) {
         const size_t n = std::min(tile, n_tokens - t0);
-        if (vnni) {
+        if (super) {
+          (vnni ? super_tokens : super_tokens_avx2)(il, blk, sa, t0, n, out);
+        } else if (vnni) {
           block_tokens(il, blk, a, t0, n, out);
         } else {
           block_tokens_avx2(il, blk, a, t0, n, out);
@@ -557,8 +931,15 @@ void gemv_w4_int8_on(Int8Isa isa, const W4Int8Interleaved& il, const float* x, s
     return;
   }
 #endif
+  if (super) {
+    quantize_super(x, n_tokens, x_stride, il.cols, il.group_size, sa);
+    scalar_super(il, sa, n_tokens, y, y_stride, row_begin, row_end);
+    return;
+  }
   quantize(x, n_tokens, x_stride, il.cols, a);
   scalar(il, a, n_tokens, y, y_stride, row_begin, row_end);
 }
+
+bool w4_int8_superblocks(const W4Int8Interleaved& il) { return superblocks(il); }
 
 }  // namespace kestrel::kernels

@@ -34,6 +34,23 @@
 // parameters as gemv_w4_interleaved.h holds them: per block and group the 16 rows' fp16 d and
 // m, or for 8-bit parameters u8 s_g, n_g and per-row float32 d_row, m_row (d = d_row * s_g,
 // m = -m_row * n_g, or m = d * -8 without n_g: float32 products).
+//
+// Superblocks (8-bit group parameters, cols a multiple of 128, group_size dividing 128; since
+// 2026-12-04): the activations are quantized per superblock k of 128 columns instead, d_xk =
+// max|x| / 127 and xq_i as above, S_g = sum_{i in g} xq_i per group; the group parameters stay
+// integers until a superblock ends (llama.cpp's Q4_K x Q8_K products do the same with 6-bit
+// scales per 256), so a group costs one integer multiply per token instead of three float32
+// steps per 32 columns. Per row r and token, per superblock in order:
+//   T1   = sum_{g in k} s_g * D_g        (symmetric groups: s_g * (D_g - 8 S_g))   int32, exact:
+//   T2   = sum_{g in k} n_g * S_g        (affine groups only)          |T1|, |T2| < 2^26
+//   acc1 = fma(float(T1), d_xk, acc1),  acc2 = fma(float(T2), d_xk, acc2)
+//   y    = fma(d_row, acc1, -(m_row * acc2))     (symmetric: d_row * acc1)
+// i.e. y = sum_k d_xk sum_g (d_g D_g + m_g S_g) with d_g = d_row s_g, m_g = -m_row n_g, the
+// products the 32-column formula rounds per block. Coarser activation scales round more: on the
+// default model built with --scale-bits 8, KL against bf16 activations 0.00137 -> 0.00316, still
+// two thirds of llama.cpp's for its own 8-bit activation rounding (docs/quantization.md).
+// w4_int8_superblocks() tells which formula a copy takes. Every path (VNNI: vpmulld for s_g,
+// vpdpwssd for the n_g pairs; AVX2: vpmulld, vpmaddwd; portable) gives the same bits.
 #pragma once
 
 #include <cstddef>
@@ -104,6 +121,11 @@ void gemv_w4_int8(const W4Int8Interleaved& il, const float* x, size_t n_tokens, 
 /// kestrel::Error where int8_isa_available(isa) is false. For tests and benchmarks.
 void gemv_w4_int8_on(Int8Isa isa, const W4Int8Interleaved& il, const float* x, size_t n_tokens, size_t x_stride,
                      float* y, size_t y_stride, size_t row_begin, size_t row_end);
+
+/// True when gemv_w4_int8 runs `il` on the superblock path (the header's "Superblocks": 8-bit
+/// group parameters, cols a multiple of 128, group_size dividing 128), false for the 32-column
+/// blocks of the formula above.
+bool w4_int8_superblocks(const W4Int8Interleaved& il);
 
 /// The portable path of gemv_w4_int8 (every CPU; gemv_w4_int8_on(Int8Isa::kPortable, ...)).
 void gemv_w4_int8_scalar(const W4Int8Interleaved& il, const float* x, size_t n_tokens, size_t x_stride, float* y,
