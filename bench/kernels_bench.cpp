@@ -267,19 +267,23 @@ BENCHMARK(PeakBf16Dot)->Name("Compute/PeakBf16Dot")->UseRealTime();
 // The peak int8 multiply-accumulate rate of AVX512-VNNI: 12 independent chains of vpdpbusd
 // (64 MACs each: 16 lanes x 4 u8 x s8 products) per thread, on registers only; with kFmas > 0,
 // each step also issues that many float32 FMA chains (16 lanes each), to show whether the
-// int8 kernels' float32 epilogue (a multiply and two FMAs per 8 vpdpbusd in gemv_w4_int8)
-// shares the pipes that run vpdpbusd.
-template <int kFmas>
+// int8 kernels' float32 epilogue (a multiply and two FMAs per 8 vpdpbusd in gemv_w4_int8's
+// 32-column formula) shares the pipes that run vpdpbusd; with kAdds > 0, that many vpaddd
+// chains instead (the superblock formula's integer adds; Zen 4 runs them beside vpdpbusd).
+template <int kFmas, int kAdds = 0>
 __attribute__((target("avx512f,avx512bw,avx512vnni"))) double int8_dot_chains(size_t n) {
-  __m512i acc[12];
+  __m512i acc[12], iacc[kAdds > 0 ? kAdds : 1];
   __m512 facc[kFmas > 0 ? kFmas : 1];
   for (auto& a : acc) a = _mm512_setzero_si512();
+  for (auto& x : iacc) x = _mm512_setzero_si512();
   for (auto& f : facc) f = _mm512_setzero_ps();
-  const __m512i a = _mm512_set1_epi8(1), b = _mm512_set1_epi8(2);
+  __m512i a = _mm512_set1_epi8(1), b = _mm512_set1_epi8(2);
   const __m512 fa = _mm512_set1_ps(1e-9f), fb = _mm512_set1_ps(1.0f);
   for (size_t i = 0; i < n; ++i) {
+    if constexpr (kAdds > 0) __asm__("" : "+v"(a), "+v"(b));  // no folding the adds across steps
     for (auto& x : acc) x = _mm512_dpbusd_epi32(x, a, b);
     for (int k = 0; k < kFmas; ++k) facc[k] = _mm512_fmadd_ps(fa, fb, facc[k]);
+    for (int k = 0; k < kAdds; ++k) iacc[k] = _mm512_add_epi32(iacc[k], b);
   }
   alignas(64) int32_t lanes[16];
   double sum = 0;
@@ -288,6 +292,7 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) double int8_dot_chains(si
     for (int32_t l : lanes) sum += l;
   }
   for (const auto& f : facc) sum += _mm512_reduce_add_ps(f);
+  for (const auto& x : iacc) sum += _mm512_reduce_add_epi32(x);
   return sum;
 }
 
@@ -314,16 +319,17 @@ void PeakFma(benchmark::State& state) {
 }
 BENCHMARK(PeakFma)->Name("Compute/PeakFma")->UseRealTime();
 
-template <int kFmas>
+template <int kFmas, int kAdds = 0>
 void PeakInt8Dot(benchmark::State& state) {
   if (!k::int8_isa_available(k::Int8Isa::kAvx512Vnni)) {
     state.SkipWithError("this CPU has no AVX512-VNNI (or KESTREL_NO_VNNI is set)");
     return;
   }
-  RunPeak(state, int8_dot_chains<kFmas>, 12 * 64);
+  RunPeak(state, int8_dot_chains<kFmas, kAdds>, 12 * 64);
 }
 BENCHMARK(PeakInt8Dot<0>)->Name("Compute/PeakInt8Dot")->UseRealTime();
 BENCHMARK(PeakInt8Dot<4>)->Name("Compute/PeakInt8Dot+4Fma")->UseRealTime();
+BENCHMARK(PeakInt8Dot<0, 4>)->Name("Compute/PeakInt8Dot+4Add")->UseRealTime();
 #endif
 
 }  // namespace
