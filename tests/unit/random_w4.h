@@ -81,7 +81,8 @@ struct RandomW4 {
 };
 
 // Activations with a block of zeros, a block with one large outlier, a tiny block and a block of
-// ties.
+// ties, per 32 columns; past 256 columns the same per 128 (the superblocks of gemv_w4_int8.h): a
+// superblock of zeros, and one whose max is 127 with ties.
 inline std::vector<float> activations(size_t n_tokens, size_t cols, uint64_t seed) {
   std::vector<float> x = kestrel::testing::edge_activations(n_tokens, cols, seed);
   for (size_t t = 0; t < n_tokens; ++t) {
@@ -91,6 +92,13 @@ inline std::vector<float> activations(size_t n_tokens, size_t cols, uint64_t see
     if (cols >= 128) {  // d_x = 1 exactly, and ties: x / d_x = k + 1/2 rounds to the even k
       x[t * cols + 96] = 127.0f;
       for (size_t i = 97; i < 128; ++i) x[t * cols + i] = static_cast<float>(static_cast<int>(i % 13) - 6) + 0.5f;
+    }
+    if (cols >= 256) {
+      for (size_t i = 128; i < 256; ++i) x[t * cols + i] = 0.0f;
+    }
+    if (cols >= 384) {
+      x[t * cols + 256] = 127.0f;
+      for (size_t i = 257; i < 384; ++i) x[t * cols + i] = static_cast<float>(static_cast<int>(i % 13) - 6) + 0.5f;
     }
   }
   return x;

@@ -135,7 +135,9 @@ Expected expected_superblocks(const RandomW4& w, size_t r, size_t G, const float
 }
 
 const std::vector<std::tuple<size_t, size_t, size_t>> kShapes = {
-    {16, 32, 32}, {32, 640, 32}, {48, 256, 64}, {32, 512, 128}, {64, 2560, 32}};
+    {16, 32, 32}, {32, 640, 32}, {48, 256, 64}, {32, 512, 128}, {64, 2560, 32},
+    // 8-bit parameters on 32-column blocks: cols not a multiple of 128, groups not dividing 128
+    {16, 160, 32}, {16, 384, 96}, {16, 512, 256}};
 const Params kAll[] = {Params::kSymmetric16, Params::kAffine16, Params::kAffine8, Params::kSymmetric8};
 
 TEST(W4Int8, EqualsTheStatedFormulaAndIsWithinTheActivationRoundingOfWx) {
@@ -239,7 +241,9 @@ TEST(W4Int8, EachTokenIsTheSameWhateverTheTokenCountAndRowRange) {
 // differ from the row-major (bf16 / float32) kernels' that a matrix without the copy takes.
 TEST(W4Int8, MatmulUsesTheInt8CopyForEveryTokenCount) {
   const size_t rows = 64, cols = 640;
-  const RandomW4 w(rows, cols, 32, Params::kAffine16, 21);
+  for (Params p : {Params::kAffine16, Params::kAffine8}) {  // 32-column blocks, superblocks
+  SCOPED_TRACE(static_cast<int>(p));
+  const RandomW4 w(rows, cols, 32, p, 21);
   const k::W4Int8Interleaved il = k::interleave_w4_int8(w.view());
   k::Matrix m = w.view();
   m.interleaved_int8 = &il;
@@ -257,6 +261,7 @@ TEST(W4Int8, MatmulUsesTheInt8CopyForEveryTokenCount) {
     EXPECT_EQ(std::memcmp(same_input.data(), plain.data(), plain.size() * sizeof(float)), 0) << n << " tokens";
     EXPECT_NE(std::memcmp(row_major.data(), plain.data(), plain.size() * sizeof(float)), 0)
         << n << " tokens: the row-major kernels round the activations otherwise";
+  }
   }
 }
 

@@ -1,6 +1,7 @@
 // The row-major int8 kernel for INT4 matrices (kernels/gemv_w4_rows.h): every path this CPU
 // runs writes, for every token range and row range, exactly the bits of gemv_w4_int8's portable
-// path on an interleaved copy of the same matrix, and of the header's float32 steps written out
+// path on an interleaved copy of the same matrix where that copy takes 32-column blocks (not its
+// superblocks for 8-bit parameters), and of the header's float32 steps written out
 // here from the codes and parameters (for row counts the copy does not take too); the float64
 // sum of the formula bounds both.
 #include <gtest/gtest.h>
@@ -50,7 +51,7 @@ float stated_steps(const RandomW4& w, const k::Q8Activations& xq, size_t t, size
 
 TEST(W4Int8Rows, EveryPathWritesTheInterleavedKernelsBits) {
   const std::vector<std::tuple<size_t, size_t, size_t>> shapes = {
-      {8, 32, 32}, {16, 640, 32}, {37, 256, 64}, {32, 512, 128}, {64, 2560, 32}};
+      {8, 32, 32}, {16, 640, 32}, {37, 256, 64}, {32, 512, 128}, {64, 2560, 32}, {16, 160, 32}};
   for (auto [rows, cols, G] : shapes) {
     for (Params p : {Params::kSymmetric16, Params::kAffine16, Params::kAffine8, Params::kSymmetric8}) {
       SCOPED_TRACE(std::to_string(rows) + "x" + std::to_string(cols) + " group " + std::to_string(G) +

@@ -112,7 +112,8 @@ W4Int8Interleaved interleave_w4_int8(const Matrix& w, ThreadPool* pool = nullptr
 /// on the fastest path this CPU has (best_int8_isa(), int8_isa.h: AVX512-VNNI, AVX2, else
 /// portable); the same bits on every path. Error against W x: the activations' rounding,
 /// at most d_xb / 2 per element, i.e. |y - W x| <= sum_b (d_xb / 2) sum_{i in b} |w_ri| plus
-/// float32 rounding. Throws kestrel::Error for rows past the matrix. Every call quantizes all
+/// float32 rounding, b the blocks of 32 columns, or the superblocks of 128 where
+/// w4_int8_superblocks(il). Throws kestrel::Error for rows past the matrix. Every call quantizes all
 /// n_tokens rows of x (matmul splits prefill by tokens so that threads do not repeat it).
 void gemv_w4_int8(const W4Int8Interleaved& il, const float* x, size_t n_tokens, size_t x_stride, float* y,
                   size_t y_stride, size_t row_begin, size_t row_end);

@@ -1,6 +1,7 @@
 // Products of an INT4 (kW4) matrix, its rows as stored (matmul.h's layout), with int8-quantized
 // activations (quantize_q8_activations): the numbers gemv_w4_int8 computes from its interleaved
-// copy, bit for bit, without that copy. For an INT4 output head (an image built with
+// copy on 32-column blocks, bit for bit, without that copy (8-bit parameters with cols a multiple
+// of 128 take superblocks there, not here: gemv_w4_int8.h). For an INT4 output head (an image built with
 // `--embedding int4`, whose tied head is the embedding): Gemma 4's 262,144 x 2,560 head would
 // need a 335 MB copy, and a FlashHead image's stage 2 reads a few scattered clusters of rows.
 //

@@ -59,7 +59,8 @@ struct Matrix {
   const Q8Interleaved* interleaved_q8 = nullptr;
   /// kQ8_0 or kW4, where int8 activations are chosen but no copy is kept (an output head: a
   /// FlashHead image's, or an INT4 one): every product from the rows as stored (gemv_q8_rows.h,
-  /// gemv_w4_rows.h), the bits the interleaved copy's kernel would give. Kept by row_slice (its
+  /// gemv_w4_rows.h), the bits the interleaved copy's kernel would give on 32-column blocks (not
+  /// its superblocks for 8-bit parameters: gemv_w4_int8.h). Kept by row_slice (its
   /// rows stay as stored).
   bool int8_rows = false;
   size_t row_bytes() const;

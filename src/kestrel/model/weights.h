@@ -51,7 +51,8 @@ class WeightStore {
   /// The same choice for a FlashHead image's head, without a copy (~190 MB for Gemma 3's Q8_0
   /// head of 262,144 rows): its products, FlashHead's stage 2 and the dense head alike, run on
   /// the rows as stored (kernels::Matrix::int8_rows: gemv_q8_rows.h, gemv_w4_rows.h), with the
-  /// copy's bits.
+  /// copy's bits on 32-column blocks (an INT4 head with 8-bit parameters rounds per 32 columns
+  /// here, where a copy would take superblocks of 128: gemv_w4_int8.h).
   kernels::Matrix with_int8_head_rows(kernels::Matrix head);
   bool has(const std::string& name) const { return file_->find_tensor(name) != nullptr; }
   /// Parameters seen so far.
