@@ -31,43 +31,27 @@ using kestrel::testing::activations;
 using kestrel::testing::Params;
 using kestrel::testing::RandomW4;
 
-// The activation quantization the header states, written here independently.
+// The activation quantization the header states, written here independently: per block of
+// `block` columns (32, or the superblocks' 128) d_x and the block's sum S of the int8 values.
 struct Quantized {
   std::vector<int> q;         // [cols]
-  std::vector<double> d, s;   // [cols / 32]: d_xb, S_b
+  std::vector<double> d, s;   // [cols / block]: d_xb, S_b
 };
-Quantized quantize(const float* x, size_t cols) {
+Quantized quantize(const float* x, size_t cols, size_t block = 32) {
   Quantized out;
   out.q.resize(cols);
-  for (size_t b = 0; b < cols / 32; ++b) {
+  for (size_t b = 0; b < cols / block; ++b) {
     float amax = 0.0f;
-    for (size_t i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[b * 32 + i]));
+    for (size_t i = 0; i < block; ++i) amax = std::max(amax, std::fabs(x[b * block + i]));
     const float d = amax / 127.0f;
     int sum = 0;
-    for (size_t i = 0; i < 32; ++i) {
-      const int q = d > 0.0f ? static_cast<int>(std::nearbyint(x[b * 32 + i] / d)) : 0;
-      out.q[b * 32 + i] = q;
+    for (size_t i = 0; i < block; ++i) {
+      const int q = d > 0.0f ? static_cast<int>(std::nearbyint(x[b * block + i] / d)) : 0;
+      out.q[b * block + i] = q;
       sum += q;
     }
     out.d.push_back(d);
     out.s.push_back(sum);
-  }
-  return out;
-}
-
-// The superblock quantization the header states (8-bit group parameters, cols a multiple of
-// 128), written here independently: one d_x per 128 columns.
-Quantized quantize_128(const float* x, size_t cols) {
-  Quantized out;
-  out.q.resize(cols);
-  for (size_t k = 0; k < cols / 128; ++k) {
-    float amax = 0.0f;
-    for (size_t i = 0; i < 128; ++i) amax = std::max(amax, std::fabs(x[k * 128 + i]));
-    const float d = amax / 127.0f;
-    for (size_t i = 0; i < 128; ++i) {
-      out.q[k * 128 + i] = d > 0.0f ? static_cast<int>(std::nearbyint(x[k * 128 + i] / d)) : 0;
-    }
-    out.d.push_back(d);
   }
   return out;
 }
@@ -107,7 +91,7 @@ Expected expected_blocks(const RandomW4& w, size_t r, size_t G, const float* x) 
 // kernel's exact integers times d_row, m_row).
 Expected expected_superblocks(const RandomW4& w, size_t r, size_t G, const float* x) {
   const size_t cols = w.cols;
-  const Quantized xq = quantize_128(x, cols);
+  const Quantized xq = quantize(x, cols, 128);
   Expected e;
   for (size_t k = 0; k < cols / 128; ++k) {
     double wabs = 0;

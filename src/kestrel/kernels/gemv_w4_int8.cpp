@@ -117,6 +117,21 @@ void group_sums(SuperActivations& a, size_t t, size_t cols, size_t G) {
   }
 }
 
+// Tokens t0 .. t0 + NT of a superblock call: their int8 values, dx and group sums.
+template <size_t NT>
+struct SuperTokens {
+  const int8_t* q[NT];
+  const float* dx[NT];
+  const int16_t* sums[NT];
+  SuperTokens(const SuperActivations& a, size_t t0, size_t cols, size_t G) {
+    for (size_t t = 0; t < NT; ++t) {
+      q[t] = &a.q[(t0 + t) * cols];
+      dx[t] = &a.dx[(t0 + t) * (cols / kSuper)];
+      sums[t] = &a.sums[(t0 + t) * (cols / G)];
+    }
+  }
+};
+
 // The portable quantization: per superblock dx = max|x| / 127, q = round-to-nearest-even(x / dx)
 // clamped to [-127, 127] (0 where dx = 0).
 void quantize_super(const float* x, size_t n_tokens, size_t x_stride, size_t cols, size_t G, SuperActivations& a) {
@@ -505,14 +520,10 @@ KESTREL_VNNI_TARGET void super16(const W4Int8Interleaved& il, size_t block, cons
   const size_t n_super = il.cols / kSuper;
   const __m512i low = _mm512_set1_epi8(0x0F);
   const uint8_t* codes = &il.codes[block * octets * 64];
-  const int8_t* xq[NT];
-  const float* dx[NT];
-  const int16_t* sg[NT];
-  for (size_t t = 0; t < NT; ++t) {
-    xq[t] = &a.q[(t0 + t) * il.cols];
-    dx[t] = &a.dx[(t0 + t) * n_super];
-    sg[t] = &a.sums[(t0 + t) * n_groups];
-  }
+  const SuperTokens<NT> rows(a, t0, il.cols, G);
+  const auto& xq = rows.q;
+  const auto& dx = rows.dx;
+  const auto& sg = rows.sums;
   __m512 acc1[NT], acc2[NT];
   for (size_t t = 0; t < NT; ++t) acc1[t] = acc2[t] = _mm512_setzero_ps();
   for (size_t k = 0; k < n_super; ++k) {
@@ -644,14 +655,10 @@ KESTREL_AVX2_TARGET void super8_avx2(const W4Int8Interleaved& il, size_t block, 
   const size_t n_super = il.cols / kSuper;
   const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
   const uint8_t* codes = &il.codes[block * octets * 64 + 32 * h];
-  const int8_t* xq[NT];
-  const float* dx[NT];
-  const int16_t* sg[NT];
-  for (size_t t = 0; t < NT; ++t) {
-    xq[t] = &a.q[(t0 + t) * il.cols];
-    dx[t] = &a.dx[(t0 + t) * n_super];
-    sg[t] = &a.sums[(t0 + t) * n_groups];
-  }
+  const SuperTokens<NT> rows(a, t0, il.cols, G);
+  const auto& xq = rows.q;
+  const auto& dx = rows.dx;
+  const auto& sg = rows.sums;
   __m256 acc1[NT], acc2[NT];
   for (size_t t = 0; t < NT; ++t) acc1[t] = acc2[t] = _mm256_setzero_ps();
   for (size_t k = 0; k < n_super; ++k) {
