@@ -156,6 +156,31 @@ TEST(KvCache, APromptGivesTheSameBitsHoweverItIsCutIntoPiecesOfATileOrMore) {
   }
 }
 
+TEST(KvCache, PrefilledCountsTheLeadingPositionsThatPrefillSizedChunksWrote) {
+  // A prompt reuses only positions a cold run would have written the same way (prefill tiles):
+  // not a short prompt's rows (a 2-token first request's BOS, reused by every later prompt,
+  // changed their greedy answers on the server), nor decode steps'.
+  Loaded m(tiny_gemma4("e2b_tiny"));
+  const auto a = random_tokens(20, m.model->info().n_vocab, 4);
+  KvCache cache = m.model->new_cache(64);
+  m.model->forward_hidden(first(a, 3), cache, Logits::kLast, m.nullptr_hidden(), m.pool);
+  EXPECT_EQ(cache.prefilled(), 0u) << "a prompt under a tile: rows";
+  cache.clear();
+  m.model->forward_hidden(first(a, 12), cache, Logits::kLast, m.nullptr_hidden(), m.pool);
+  EXPECT_EQ(cache.prefilled(), 12u);
+  m.model->forward_hidden(std::span(a).subspan(12, 1), cache, Logits::kLast, m.nullptr_hidden(), m.pool);
+  EXPECT_EQ(cache.prefilled(), 12u) << "a decode step";
+  m.model->forward_hidden(std::span(a).subspan(13, 7), cache, Logits::kLast, m.nullptr_hidden(), m.pool);
+  EXPECT_EQ(cache.n_past, 20u);
+  EXPECT_EQ(cache.prefilled(), 12u) << "after rows, prefill-sized chunks no longer count";
+  EXPECT_EQ(cache.truncate(10), 10u);
+  EXPECT_EQ(cache.prefilled(), 10u);
+  m.model->forward_hidden(std::span(a).subspan(10, 10), cache, Logits::kLast, m.nullptr_hidden(), m.pool);
+  EXPECT_EQ(cache.prefilled(), 20u);
+  cache.clear();
+  EXPECT_EQ(cache.prefilled(), 0u);
+}
+
 TEST(KvCache, TruncateWithinTheRingAndBadArguments) {
   Loaded m(tiny_gemma4("e2b_tiny"));
   const size_t n_vocab = m.model->info().n_vocab;

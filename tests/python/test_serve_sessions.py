@@ -51,7 +51,8 @@ def test_follow_up_turn_prefills_only_the_new_tokens(server, client):
     turn2 = turn1 + [{"role": "assistant", "content": answer1}, {"role": "user", "content": "And on day 12?"}]
     answer2, u2 = chat(client, turn2)
     cached = u2.prompt_tokens_details.cached_tokens
-    # everything of turn 1 (its prompt and, re-tokenized, most of its answer) comes from the cache
+    # turn 1's prompt comes from the cache (its answer, written by decode steps, is prefilled
+    # again: KvCache::prefilled())
     assert u1.prompt_tokens <= cached < u2.prompt_tokens, (u1.prompt_tokens, cached, u2.prompt_tokens)
     assert server.metric('kestrel_prompt_cache_requests_total{result="hit"}') == hits + 1
     # the same answer as a cold run of the full prompt

@@ -319,7 +319,7 @@ void GemmaDecoder::forward_chunk(std::span<const TokenId> tokens, std::span<cons
   }
   // Each segment: its tokens into its cache, rms(x) · w_out of the rows `which` asks for.
   for (const Segment& seg : segs) {
-    seg.cache->append(tokens.subspan(seg.first, seg.n));
+    seg.cache->append(tokens.subspan(seg.first, seg.n), seg.n >= kernels::kTileMinTokens);
     if (seg.hidden == nullptr) continue;
     const size_t first = which == Logits::kAll ? 0 : seg.n - 1;
     for (size_t t = first; t < seg.n; ++t) {

@@ -62,7 +62,8 @@ size_t KvCache::max_ring_window() const {
   return w;
 }
 
-void KvCache::append(std::span<const TokenId> ids) {
+void KvCache::append(std::span<const TokenId> ids, bool prefill) {
+  if (prefill && prefilled_ == n_past) prefilled_ = n_past + ids.size();
   tokens_.insert(tokens_.end(), ids.begin(), ids.end());
   n_past += ids.size();
   if (const size_t cap = min_ring_capacity(); cap > 0 && n_past > cap) {
@@ -88,12 +89,14 @@ size_t KvCache::truncate(size_t n) {
     return 0;
   }
   n_past = keep;
+  prefilled_ = std::min(prefilled_, keep);
   tokens_.resize(keep);
   return keep;
 }
 
 void KvCache::clear() {
   n_past = 0;
+  prefilled_ = 0;
   tokens_.clear();
   ring_floor_ = 0;
 }

@@ -62,8 +62,14 @@ struct KvCache {
   /// The token ids at positions [0, n_past).
   std::span<const TokenId> tokens() const { return tokens_; }
   /// Records that `ids` were written at positions n_past.. and advances n_past (called by the
-  /// model once a forward chunk's keys and values are in place).
-  void append(std::span<const TokenId> ids);
+  /// model once a forward chunk's keys and values are in place). `prefill`: written by a chunk of
+  /// prefill size (kernels::kTileMinTokens or more: prefill tiles), as a cold run writes every
+  /// prompt position; rows written otherwise (decode steps, verifications, prompts of fewer
+  /// tokens) round differently and end prefilled().
+  void append(std::span<const TokenId> ids, bool prefill = false);
+  /// Positions [0, prefilled()) were all written by chunks of prefill size: the ones a prompt
+  /// may reuse and still get a cold run's bits (Session::reuse_prefix).
+  size_t prefilled() const { return prefilled_; }
   /// The largest m <= n such that truncate(m) keeps m positions exactly: n itself, or 0 when a
   /// ring no longer holds the window that position n's query needs.
   size_t exact_prefix(size_t n) const;
@@ -80,6 +86,7 @@ struct KvCache {
 
  private:
   std::vector<TokenId> tokens_;
+  size_t prefilled_ = 0;
   // Every ring holds all positions in [ring_floor_, n_past): writing position p overwrote
   // p - capacity of each ring, so ring_floor_ = max over writes of (p + 1 - min ring capacity).
   size_t ring_floor_ = 0;

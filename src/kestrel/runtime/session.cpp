@@ -114,25 +114,28 @@ Session& Session::draft_session() {
 
 namespace {
 
-// The prompt tokens a session may keep: the common prefix, leaving the last
-// min(prompt.size(), kTileMinTokens) of them to feed (prompt not empty, so at least the last,
-// which scores the next token): a cold run prefills a prompt's last rows by prefill tiles, and a
-// shorter rest would go through the decode kernels, which round differently (a greedy near-tie
-// could then answer otherwise than the cold run).
-size_t keepable(std::span<const TokenId> cached, std::span<const TokenId> prompt) {
-  return std::min(model::common_prefix(cached, prompt), prompt.size() - std::min(prompt.size(), kernels::kTileMinTokens));
+// The prompt tokens a session may keep: the common prefix of positions that chunks of prefill
+// size wrote (as a cold run writes a prompt), leaving the last min(prompt.size(),
+// kTileMinTokens) of them to feed (prompt not empty, so at least the last, which scores the next
+// token): a cold run prefills a prompt's rows by prefill tiles, and rows that decode steps, a
+// verification or a short prompt wrote, or a shorter rest fed now, round differently (a greedy
+// near-tie could then answer otherwise than the cold run: a 2-token prompt's first position,
+// reused by every later prompt, changed their answers).
+size_t keepable(const model::KvCache& cache, std::span<const TokenId> prompt) {
+  const size_t common = model::common_prefix(cache.tokens().first(cache.prefilled()), prompt);
+  return std::min(common, prompt.size() - std::min(prompt.size(), kernels::kTileMinTokens));
 }
 
 }  // namespace
 
 size_t Session::reusable_prefix(std::span<const TokenId> prompt) const {
   if (prompt.empty()) return 0;
-  return cache_.exact_prefix(keepable(cache_.tokens(), prompt));
+  return cache_.exact_prefix(keepable(cache_, prompt));
 }
 
 size_t Session::reuse_prefix(std::span<const TokenId> prompt) {
   if (prompt.empty()) return 0;
-  return cache_.truncate(keepable(cache_.tokens(), prompt));
+  return cache_.truncate(keepable(cache_, prompt));
 }
 
 GenerateResult Session::generate(std::span<const TokenId> prompt, const GenerateOptions& options,
