@@ -19,6 +19,7 @@
 #include "kestrel/base/thread_pool.h"
 #include "kestrel/formats/dequant.h"
 #include "kestrel/kernels/gemv_q8_interleaved.h"
+#include "kestrel/kernels/gemm_w8a8.h"
 #include "kestrel/kernels/gemv_w4_int8.h"
 #include "random_q8.h"
 #include "random_w4.h"
@@ -192,9 +193,13 @@ TEST(W4Int8, EachTokenIsTheSameWhateverTheTokenCountAndRowRange) {
       auto run = [&](const float* xs, size_t n, float* y, size_t y_stride, size_t lo, size_t hi) {
         k::gemv_w4_int8_on(isa, il, xs, n, cols, y, y_stride, lo, hi);
       };
-      std::vector<float> all(n_max * rows);
-      run(x.data(), n_max, all.data(), rows, 0, rows);
+      // Two references: the 13-token call (prefill: the W8A8 copy where the matrix has one) and
+      // each token alone (decode: the INT4 codes).
+      std::vector<float> prefill(n_max * rows), decode(n_max * rows);
+      run(x.data(), n_max, prefill.data(), rows, 0, rows);
+      for (size_t t = 0; t < n_max; ++t) run(&x[t * cols], 1, &decode[t * rows], rows, 0, rows);
       for (size_t n = 1; n <= n_max; ++n) {
+        const std::vector<float>& all = n >= k::kTileMinTokens ? prefill : decode;
         for (size_t first = 0; first + n <= n_max; first += 2) {
           for (auto [lo, hi] : std::vector<std::pair<size_t, size_t>>{{0, rows}, {5, 61}, {16, 32}, {17, 18}}) {
             std::vector<float> y(n * rows, -1.0f);
@@ -249,6 +254,83 @@ TEST(W4Int8, MatmulUsesTheInt8CopyForEveryTokenCount) {
   }
 }
 
+// The W8A8 prefill copy (gemm_w8a8.h) of matrices with 8-bit group parameters on superblocks:
+// chunks of kTileMinTokens tokens or more give exactly the header's formula, computed here from
+// the dequantized rows (matrix_row) with this file's own activation quantizer, and stay within
+// the two roundings' bound of float64 W x: sum_k (d_xk / 2) sum |v R| + sum (R / 2) |x|.
+TEST(W8A8, PrefillChunksGiveTheStatedFormulaAndStayWithinBothRoundingsOfWx) {
+  ASSERT_TRUE(k::w8a8_default()) << "KESTREL_W8A8=0 in the environment";
+  const std::vector<std::tuple<size_t, size_t, size_t>> shapes = {
+      {16, 128, 32}, {32, 640, 64}, {48, 2560, 128}, {16, 384, 64}};
+  for (auto [rows, cols, G] : shapes) {
+    for (Params p : {Params::kAffine8, Params::kSymmetric8}) {
+      SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(cols) + " G " + std::to_string(G));
+      const RandomW4 w(rows, cols, G, p, rows * 5 + cols + static_cast<uint64_t>(p));
+      const k::W4Int8Interleaved il = k::interleave_w4_int8(w.view());
+      ASSERT_FALSE(il.w8.empty());
+      const size_t n = 11;
+      const auto x = activations(n, cols, rows + 3 * cols);
+      std::vector<float> y(n * rows);
+      k::gemv_w4_int8(il, x.data(), n, cols, y.data(), rows, 0, rows);
+      std::vector<float> row(cols);
+      for (size_t r = 0; r < rows; ++r) {
+        k::matrix_row(w.view(), r, row.data());
+        float amax = 0.0f;
+        for (float v : row) amax = std::max(amax, std::fabs(v));
+        const float scale = amax / 127.0f;
+        std::vector<int> v(cols);
+        for (size_t c = 0; c < cols; ++c) v[c] = scale > 0.0f ? static_cast<int>(std::nearbyint(row[c] / scale)) : 0;
+        for (size_t t = 0; t < n; ++t) {
+          const float* xt = &x[t * cols];
+          const Quantized xq = quantize(xt, cols, 128);
+          float acc = 0.0f;
+          double wx = 0, bound = 0;
+          for (size_t kb = 0; kb < cols / 128; ++kb) {
+            long dot = 0;
+            double vabs = 0;
+            for (size_t c = kb * 128; c < (kb + 1) * 128; ++c) {
+              dot += static_cast<long>(v[c]) * xq.q[c];
+              vabs += std::fabs(v[c] * static_cast<double>(scale));
+              float d, m;
+              w.params(r, c / G, d, m);
+              wx += (static_cast<double>(d) * w.code(r, c) + m) * xt[c];
+              bound += static_cast<double>(scale) / 2 * std::fabs(xt[c]);
+            }
+            acc = std::fma(static_cast<float>(dot), static_cast<float>(xq.d[kb]), acc);
+            bound += xq.d[kb] / 2 * vabs;
+          }
+          const float formula = scale * acc;
+          uint32_t got_bits, want_bits;
+          std::memcpy(&got_bits, &y[t * rows + r], 4);
+          std::memcpy(&want_bits, &formula, 4);
+          ASSERT_EQ(got_bits, want_bits) << "params " << static_cast<int>(p) << " token " << t << " row " << r;
+          ASSERT_LE(std::fabs(formula - wx), bound * (1 + 1e-6) + 1e-5 * std::fabs(wx) + 1e-30)
+              << "token " << t << " row " << r;
+        }
+      }
+    }
+  }
+}
+
+// A product's token split over threads (4-token shares) gives the whole product's bits: the
+// choice of the W8A8 copy follows product_tokens, not the share.
+TEST(W8A8, SharesOfAPrefillProductTakeTheCopy) {
+  const size_t rows = 32, cols = 256;
+  const RandomW4 w(rows, cols, 64, Params::kAffine8, 5);
+  const k::W4Int8Interleaved il = k::interleave_w4_int8(w.view());
+  const size_t n = 12;
+  const auto x = activations(n, cols, 2);
+  std::vector<float> whole(n * rows), shares(n * rows), alone(n * rows);
+  k::gemv_w4_int8(il, x.data(), n, cols, whole.data(), rows, 0, rows);
+  for (size_t t0 = 0; t0 < n; t0 += 4) {
+    k::gemv_w4_int8(il, &x[t0 * cols], 4, cols, &shares[t0 * rows], rows, 0, rows, n);
+    k::gemv_w4_int8(il, &x[t0 * cols], 4, cols, &alone[t0 * rows], rows, 0, rows);
+  }
+  EXPECT_EQ(std::memcmp(whole.data(), shares.data(), whole.size() * sizeof(float)), 0);
+  EXPECT_NE(std::memcmp(whole.data(), alone.data(), whole.size() * sizeof(float)), 0)
+      << "4-token calls of their own are decode-sized: the INT4 codes, other bits";
+}
+
 TEST(W4Int8, InterleavingOverAThreadPoolGivesTheSameCopy) {
   kestrel::ThreadPool pool(3);
   for (auto [rows, cols, G] : kShapes) {
@@ -263,6 +345,8 @@ TEST(W4Int8, InterleavingOverAThreadPoolGivesTheSameCopy) {
       EXPECT_EQ(one.mins8, three.mins8);
       EXPECT_EQ(one.row_d, three.row_d);
       EXPECT_EQ(one.row_m, three.row_m);
+      EXPECT_EQ(one.w8, three.w8);
+      EXPECT_EQ(one.w8_scale, three.w8_scale);
     }
   }
 }

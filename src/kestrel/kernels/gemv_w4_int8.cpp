@@ -8,8 +8,10 @@
 
 #include "kestrel/base/error.h"
 #include "kestrel/formats/dequant.h"
+#include "kestrel/kernels/gemm_w8a8.h"
 #include "kestrel/kernels/gemv_q8_interleaved.h"
 #include "kestrel/kernels/int8_isa.h"
+#include "kestrel/kernels/int8_super_activations.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -87,19 +89,9 @@ void check(const W4Int8Interleaved& il, size_t row_begin, size_t row_end) {
 // ---- 8-bit group parameters: activations per 128-column superblock, integer group scales ----
 // (gemv_w4_int8.h, "Superblocks").
 
-constexpr size_t kSuper = 128;  // columns per activation superblock
-
 bool superblocks(const W4Int8Interleaved& il) {
   return il.params8() && il.cols % kSuper == 0 && kSuper % il.group_size == 0;
 }
-
-// The activations of one superblock call: int8 values, per token and superblock dx, per token
-// and group S_g (one int16 of padding at the end: the pair loads read S_g and S_g+1).
-struct SuperActivations {
-  std::vector<int8_t> q;      // [n_tokens][cols]
-  std::vector<float> dx;      // [n_tokens][cols / 128]
-  std::vector<int16_t> sums;  // [n_tokens][cols / group_size] + 1
-};
 
 void size_super(SuperActivations& a, size_t n_tokens, size_t cols, size_t G) {
   a.q.resize(n_tokens * cols);
@@ -883,6 +875,7 @@ W4Int8Interleaved interleave_w4_int8(const Matrix& w, ThreadPool* pool) {
   } else {
     blocks(0, n_blocks);
   }
+  if (superblocks(il) && w8a8_default()) requantize_w8(w, il, pool);
   return il;
 }
 
@@ -892,26 +885,27 @@ void gemv_w4_int8_scalar(const W4Int8Interleaved& il, const float* x, size_t n_t
 }
 
 void gemv_w4_int8(const W4Int8Interleaved& il, const float* x, size_t n_tokens, size_t x_stride, float* y,
-                  size_t y_stride, size_t row_begin, size_t row_end) {
-  gemv_w4_int8_on(best_int8_isa(), il, x, n_tokens, x_stride, y, y_stride, row_begin, row_end);
+                  size_t y_stride, size_t row_begin, size_t row_end, size_t product_tokens) {
+  gemv_w4_int8_on(best_int8_isa(), il, x, n_tokens, x_stride, y, y_stride, row_begin, row_end, product_tokens);
 }
 
 void gemv_w4_int8_on(Int8Isa isa, const W4Int8Interleaved& il, const float* x, size_t n_tokens, size_t x_stride,
-                     float* y, size_t y_stride, size_t row_begin, size_t row_end) {
+                     float* y, size_t y_stride, size_t row_begin, size_t row_end, size_t product_tokens) {
   check(il, row_begin, row_end);
   if (!int8_isa_available(isa)) throw Error(std::string("gemv_w4_int8: ") + int8_isa_name(isa) + " is not available");
   const bool super = superblocks(il);
   thread_local Activations a;
   thread_local SuperActivations sa;
+  if (super && std::max(n_tokens, product_tokens) >= kTileMinTokens && !il.w8.empty()) {
+    quantize_super_on(isa, x, n_tokens, x_stride, il.cols, kSuper, sa);
+    gemm_w8a8_on(isa, il, sa, n_tokens, y, y_stride, row_begin, row_end);
+    return;
+  }
 #ifdef KESTREL_HAVE_VNNI
   if (isa != Int8Isa::kPortable) {
     const bool vnni = isa == Int8Isa::kAvx512Vnni;
     if (super) {
-      if (vnni) {
-        quantize_super_avx512(x, n_tokens, x_stride, il.cols, il.group_size, sa);
-      } else {
-        quantize_super_avx2(x, n_tokens, x_stride, il.cols, il.group_size, sa);
-      }
+      quantize_super_on(isa, x, n_tokens, x_stride, il.cols, il.group_size, sa);
     } else if (vnni) {
       quantize_avx512(x, n_tokens, x_stride, il.cols, a);
     } else {
@@ -948,5 +942,15 @@ void gemv_w4_int8_on(Int8Isa isa, const W4Int8Interleaved& il, const float* x, s
 }
 
 bool w4_int8_superblocks(const W4Int8Interleaved& il) { return superblocks(il); }
+
+void quantize_super_on(Int8Isa isa, const float* x, size_t n_tokens, size_t x_stride, size_t cols, size_t G,
+                       SuperActivations& a) {
+  if (!int8_isa_available(isa)) throw Error(std::string("quantize_super: ") + int8_isa_name(isa) + " is not available");
+#ifdef KESTREL_HAVE_VNNI
+  if (isa == Int8Isa::kAvx512Vnni) return quantize_super_avx512(x, n_tokens, x_stride, cols, G, a);
+  if (isa == Int8Isa::kAvx2) return quantize_super_avx2(x, n_tokens, x_stride, cols, G, a);
+#endif
+  quantize_super(x, n_tokens, x_stride, cols, G, a);
+}
 
 }  // namespace kestrel::kernels

@@ -76,6 +76,10 @@ struct W4Int8Interleaved {
   std::vector<uint8_t> mins8;     // u8 n_g, same shape; empty: symmetric groups, m = -8 d
   std::vector<float> row_d;       // [rows] d_row (8-bit parameters)
   std::vector<float> row_m;       // [rows] m_row (8-bit parameters)
+  // The W8A8 copy for prefill (gemm_w8a8.h): superblock matrices where w8a8_default(); empty:
+  // none (every token count takes the codes above).
+  std::vector<uint8_t> w8;        // [rows / 16][cols / 4][64] v + 128
+  std::vector<float> w8_scale;    // [rows] R_r
   bool params8() const { return !scales8.empty(); }
 };
 
@@ -104,24 +108,30 @@ DecodeActivations parse_decode_activations(const std::string& name);
 bool w4_int8_supported(const Matrix& w);
 
 /// The int8-activation copy of `w` (throws kestrel::Error unless w4_int8_supported(w)); blocks of
-/// 16 rows split over `pool`'s threads when one is given.
+/// 16 rows split over `pool`'s threads when one is given. With superblocks and w8a8_default()
+/// (gemm_w8a8.h) it also holds the W8A8 copy, which products of kTileMinTokens tokens or more
+/// take.
 W4Int8Interleaved interleave_w4_int8(const Matrix& w, ThreadPool* pool = nullptr);
 
 /// y[t * y_stride + r] for t < n_tokens (any count >= 1), r in [row_begin, row_end)
 /// (at most il.rows): the header's formula with x[t * x_stride + i] (float32) quantized here,
 /// on the fastest path this CPU has (best_int8_isa(), int8_isa.h: AVX512-VNNI, AVX2, else
-/// portable); the same bits on every path. Error against W x: the activations' rounding,
+/// portable); the same bits on every path. With n_tokens >= kTileMinTokens and a W8A8 copy
+/// (il.w8 not empty), gemm_w8a8.h's formula instead (the error bound adds R_r / 2 per weight);
+/// product_tokens (0: n_tokens) is the token count of the whole product when this call computes
+/// a thread's share of it: the choice follows the whole product, so shares of fewer than
+/// kTileMinTokens tokens give the bits the whole call would. Error against W x: the activations' rounding,
 /// at most d_xb / 2 per element, i.e. |y - W x| <= sum_b (d_xb / 2) sum_{i in b} |w_ri| plus
 /// float32 rounding, b the blocks of 32 columns, or the superblocks of 128 where
 /// w4_int8_superblocks(il). Throws kestrel::Error for rows past the matrix. Every call quantizes all
 /// n_tokens rows of x (matmul splits prefill by tokens so that threads do not repeat it).
 void gemv_w4_int8(const W4Int8Interleaved& il, const float* x, size_t n_tokens, size_t x_stride, float* y,
-                  size_t y_stride, size_t row_begin, size_t row_end);
+                  size_t y_stride, size_t row_begin, size_t row_end, size_t product_tokens = 0);
 
 /// gemv_w4_int8 on the path of `isa` (int8_isa.h; every path gives the same bits). Throws
 /// kestrel::Error where int8_isa_available(isa) is false. For tests and benchmarks.
 void gemv_w4_int8_on(Int8Isa isa, const W4Int8Interleaved& il, const float* x, size_t n_tokens, size_t x_stride,
-                     float* y, size_t y_stride, size_t row_begin, size_t row_end);
+                     float* y, size_t y_stride, size_t row_begin, size_t row_end, size_t product_tokens = 0);
 
 /// True when gemv_w4_int8 runs `il` on the superblock path (the header's "Superblocks": 8-bit
 /// group parameters, cols a multiple of 128, group_size dividing 128), false for the 32-column

@@ -331,9 +331,9 @@ void DequantW4Row(const uint8_t* qs, const float* scales, const float* offsets, 
 }
 
 void MatmulW4Rows(const Matrix& w, const float* x, size_t n_tokens, size_t x_stride, float* y,
-                  size_t y_stride, size_t row_begin, size_t row_end) {
+                  size_t y_stride, size_t row_begin, size_t row_end, size_t product_tokens) {
   if (w.interleaved_int8 != nullptr) {  // int8 activations, any token count (gemv_w4_int8.h)
-    gemv_w4_int8(*w.interleaved_int8, x, n_tokens, x_stride, y, y_stride, row_begin, row_end);
+    gemv_w4_int8(*w.interleaved_int8, x, n_tokens, x_stride, y, y_stride, row_begin, row_end, product_tokens);
     return;
   }
   if (w.int8_rows) {  // the same bits from the rows as stored (gemv_w4_rows.h)
@@ -498,11 +498,13 @@ void MatmulHalfRows(const Matrix& w, const float* x, size_t n_tokens, size_t x_s
   }
 }
 
+// product_tokens: the token count of the whole product this call is a share of (the int8
+// copies' W8A8 prefill path is chosen by it, so the threads' token split does not change bits).
 void MatmulRows(const Matrix& w, const float* x, size_t n_tokens, size_t x_stride, float* y,
-                size_t y_stride, size_t row_begin, size_t row_end) {
+                size_t y_stride, size_t row_begin, size_t row_end, size_t product_tokens) {
   switch (w.type) {
     case WeightType::kW4:
-      return MatmulW4Rows(w, x, n_tokens, x_stride, y, y_stride, row_begin, row_end);
+      return MatmulW4Rows(w, x, n_tokens, x_stride, y, y_stride, row_begin, row_end, product_tokens);
     case WeightType::kBF16:
       return MatmulHalfRows<hwy::bfloat16_t>(w, x, n_tokens, x_stride, y, y_stride, row_begin, row_end);
     case WeightType::kF16:
@@ -615,7 +617,7 @@ void matmul_same_input(std::span<const MatmulOutput> outputs, const float* x, si
         const size_t n = std::min(kInt8PrefillChunk, end - t0);
         for (const auto& o : outputs) {
           HWY_DYNAMIC_DISPATCH(MatmulRows)(*o.w, x + t0 * x_stride, n, x_stride, o.y + t0 * o.y_stride,
-                                           o.y_stride, 0, o.w->rows);
+                                           o.y_stride, 0, o.w->rows, n_tokens);
         }
       }
     });
@@ -628,7 +630,7 @@ void matmul_same_input(std::span<const MatmulOutput> outputs, const float* x, si
       const size_t lo = std::max(begin, offset), hi = std::min(end, offset + o.w->rows);
       if (lo < hi) {
         HWY_DYNAMIC_DISPATCH(MatmulRows)(*o.w, x, n_tokens, x_stride, o.y, o.y_stride, lo - offset,
-                                         hi - offset);
+                                         hi - offset, n_tokens);
       }
       offset += o.w->rows;
     }
@@ -644,7 +646,7 @@ void matmul(const Matrix& w, const float* x, size_t n_tokens, size_t x_stride, f
 void matmul_rows(const Matrix& w, const float* x, size_t n_tokens, size_t x_stride, float* y,
                  size_t y_stride, size_t row_begin, size_t row_end) {
   HWY_DYNAMIC_DISPATCH(MatmulRows)(w, x, n_tokens, x_stride, y, y_stride, row_begin,
-                                   std::min(row_end, w.rows));
+                                   std::min(row_end, w.rows), n_tokens);
 }
 
 Matrix row_slice(const Matrix& w, size_t begin, size_t count) {
