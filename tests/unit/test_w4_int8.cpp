@@ -254,20 +254,20 @@ TEST(W4Int8, MatmulUsesTheInt8CopyForEveryTokenCount) {
   }
 }
 
-// The W8A8 prefill copy (gemm_w8a8.h) of matrices with 8-bit group parameters on superblocks:
-// chunks of kTileMinTokens tokens or more give exactly the header's formula, computed here from
+// The W8A8 prefill copy (gemm_w8a8.h, opt-in: built here by requantize_w8) of matrices with
+// 8-bit group parameters on superblocks: chunks of kTileMinTokens tokens or more give exactly the
+// header's formula, computed here from
 // the dequantized rows (matrix_row) with this file's own activation quantizer, and stay within
 // the two roundings' bound of float64 W x: sum_k (d_xk / 2) sum |v R| + sum (R / 2) |x|.
 TEST(W8A8, PrefillChunksGiveTheStatedFormulaAndStayWithinBothRoundingsOfWx) {
-  ASSERT_TRUE(k::w8a8_default()) << "KESTREL_W8A8=0 in the environment";
   const std::vector<std::tuple<size_t, size_t, size_t>> shapes = {
       {16, 128, 32}, {32, 640, 64}, {48, 2560, 128}, {16, 384, 64}};
   for (auto [rows, cols, G] : shapes) {
     for (Params p : {Params::kAffine8, Params::kSymmetric8}) {
       SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(cols) + " G " + std::to_string(G));
       const RandomW4 w(rows, cols, G, p, rows * 5 + cols + static_cast<uint64_t>(p));
-      const k::W4Int8Interleaved il = k::interleave_w4_int8(w.view());
-      ASSERT_FALSE(il.w8.empty());
+      k::W4Int8Interleaved il = k::interleave_w4_int8(w.view());
+      k::requantize_w8(w.view(), il);
       const size_t n = 11;
       const auto x = activations(n, cols, rows + 3 * cols);
       std::vector<float> y(n * rows);
@@ -317,7 +317,8 @@ TEST(W8A8, PrefillChunksGiveTheStatedFormulaAndStayWithinBothRoundingsOfWx) {
 TEST(W8A8, SharesOfAPrefillProductTakeTheCopy) {
   const size_t rows = 32, cols = 256;
   const RandomW4 w(rows, cols, 64, Params::kAffine8, 5);
-  const k::W4Int8Interleaved il = k::interleave_w4_int8(w.view());
+  k::W4Int8Interleaved il = k::interleave_w4_int8(w.view());
+  k::requantize_w8(w.view(), il);
   const size_t n = 12;
   const auto x = activations(n, cols, 2);
   std::vector<float> whole(n * rows), shares(n * rows), alone(n * rows);
@@ -329,6 +330,39 @@ TEST(W8A8, SharesOfAPrefillProductTakeTheCopy) {
   EXPECT_EQ(std::memcmp(whole.data(), shares.data(), whole.size() * sizeof(float)), 0);
   EXPECT_NE(std::memcmp(whole.data(), alone.data(), whole.size() * sizeof(float)), 0)
       << "4-token calls of their own are decode-sized: the INT4 codes, other bits";
+}
+
+TEST(W8A8, EverySimdPathAgreesWithThePortableBitForBit) {
+  kestrel::ThreadPool pool(3);
+  for (auto [rows, cols, G] : std::vector<std::tuple<size_t, size_t, size_t>>{{16, 128, 32}, {48, 640, 64}, {32, 2560, 128}}) {
+    for (Params p : {Params::kAffine8, Params::kSymmetric8}) {
+      const RandomW4 w(rows, cols, G, p, rows + cols + static_cast<uint64_t>(p));
+      k::W4Int8Interleaved il = k::interleave_w4_int8(w.view());
+      k::requantize_w8(w.view(), il, &pool);
+      k::W4Int8Interleaved one = k::interleave_w4_int8(w.view());
+      k::requantize_w8(w.view(), one);
+      ASSERT_EQ(il.w8, one.w8) << "requantizing over a pool";
+      ASSERT_EQ(il.w8_scale, one.w8_scale);
+      // Whole and partial 8-token (VNNI) and 4-token (AVX2) tiles, a row range inside a block.
+      for (size_t n : {8, 9, 13, 16, 21, 70}) {
+        const auto x = activations(n, cols, n + rows);
+        std::vector<float> portable(n * rows);
+        k::gemv_w4_int8_scalar(il, x.data(), n, cols, portable.data(), rows, 0, rows);
+        for (k::Int8Isa isa : k::int8_isas_available()) {
+          std::vector<float> fast(n * rows, -1.0f);
+          k::gemv_w4_int8_on(isa, il, x.data(), n, cols, fast.data(), rows, 3, rows - 2);
+          for (size_t t = 0; t < n; ++t) {
+            for (size_t r = 0; r < rows; ++r) {
+              const float want = r < 3 || r >= rows - 2 ? -1.0f : portable[t * rows + r];
+              ASSERT_EQ(std::memcmp(&fast[t * rows + r], &want, 4), 0)
+                  << k::int8_isa_name(isa) << " rows " << rows << " cols " << cols << " tokens " << n << " token " << t
+                  << " row " << r;
+            }
+          }
+        }
+      }
+    }
+  }
 }
 
 TEST(W4Int8, InterleavingOverAThreadPoolGivesTheSameCopy) {

@@ -183,7 +183,7 @@ void simd(bool vnni, const W4Int8Interleaved& il, const SuperActivations& a, siz
 bool w8a8_default() {
   static const bool on = [] {
     const char* v = std::getenv("KESTREL_W8A8");
-    if (v == nullptr || *v == '\0') return true;
+    if (v == nullptr || *v == '\0') return false;
     if (std::strcmp(v, "0") == 0) return false;
     if (std::strcmp(v, "1") == 0) return true;
     throw Error(std::string("KESTREL_W8A8 must be 0 (prefill from the INT4 copy) or 1 (an int8 copy), not '") + v +

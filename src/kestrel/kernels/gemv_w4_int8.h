@@ -1,10 +1,12 @@
 // INT4 (kW4) matrix products with int8-quantized activations (x86 AVX512-VNNI `vpdpbusd` or
 // AVX2 `vpmaddubsw`, with a portable path computing the same bits: int8_isa.h), for any number
 // of tokens: decode rows and, since
-// the int8 copy is chosen for a whole load, prefill chunks too (4-token tiles; each token's
-// result does not depend on how many tokens share the call, so a token's INT4 products are the
-// same bits in prefill and decode; the rest of a prefill step, attention and head tiles, still
-// rounds otherwise).
+// the int8 copy is chosen for a whole load, prefill chunks too (4- and 8-token tiles; each
+// token's result does not depend on how many tokens share the call, so with 16-bit group
+// parameters a token's INT4 products are the same bits in prefill and decode; with 8-bit ones
+// on superblocks and the opt-in W8A8 copy, gemm_w8a8.h, chunks of kTileMinTokens tokens or more
+// take that copy and round otherwise than decode, as attention and the head tiles of a prefill
+// step do).
 // The default where the CPU has AVX512-VNNI or AVX2 (w4_int8_default(); KESTREL_W4_INT8=0 or
 // --decode-act bf16 turns it off): rounding the activations to 8 bits costs less accuracy than
 // llama.cpp's own 8-bit activation rounding on the same model (docs/quantization.md).
@@ -76,8 +78,8 @@ struct W4Int8Interleaved {
   std::vector<uint8_t> mins8;     // u8 n_g, same shape; empty: symmetric groups, m = -8 d
   std::vector<float> row_d;       // [rows] d_row (8-bit parameters)
   std::vector<float> row_m;       // [rows] m_row (8-bit parameters)
-  // The W8A8 copy for prefill (gemm_w8a8.h): superblock matrices where w8a8_default(); empty:
-  // none (every token count takes the codes above).
+  // The W8A8 copy for prefill (gemm_w8a8.h): superblock matrices where w8a8_default()
+  // (KESTREL_W8A8=1, opt-in); empty: none (every token count takes the codes above).
   std::vector<uint8_t> w8;        // [rows / 16][cols / 4][64] v + 128
   std::vector<float> w8_scale;    // [rows] R_r
   bool params8() const { return !scales8.empty(); }
