@@ -2,13 +2,15 @@
 // the formula its header states, for 32-column blocks and for superblocks of 128 (8-bit group
 // parameters) (activations quantized here independently; the integer dot products are exact,
 // so only float32 rounding separates them);
-// every SIMD path (int8_isa.h) agrees with the portable one bit for bit; each token's result is the same whatever the token count (1..7) and
+// every SIMD path (int8_isa.h: AVX2, AVX512-VNNI, AMX tiles for whole 8-token tiles) agrees
+// with the portable one bit for bit; each token's result is the same whatever the token count (1..7) and
 // row range; and against float64 W x of the dequantized weights the error stays within the
 // activations' rounding bound, sum_b (d_xb / 2) sum_{i in b} |w_i|.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
@@ -159,7 +161,7 @@ TEST(W4Int8, EverySimdPathAgreesWithThePortableBitForBit) {
   for (k::Int8Isa isa : k::int8_isas_available()) {
     if (isa != k::Int8Isa::kPortable) simd.push_back(isa);
   }
-  if (simd.empty()) GTEST_SKIP() << "this CPU has no AVX2 or AVX512-VNNI: gemv_w4_int8 is the portable path";
+  if (simd.empty()) GTEST_SKIP() << "this CPU has no AVX2, AVX512-VNNI or AMX: gemv_w4_int8 is the portable path";
   for (k::Int8Isa isa : simd) {
   SCOPED_TRACE(k::int8_isa_name(isa));
   for (auto [rows, cols, G] : kShapes) {
@@ -423,4 +425,37 @@ TEST(W4Int8, DecodeActivationsParseAndChoose) {
   if (env == nullptr || *env == '\0') {
     EXPECT_EQ(k::w4_int8_default(), k::int8_simd_available());
   }
+}
+
+// Where the CPU reports AMX-TILE and AMX-INT8 (/proc/cpuinfo, read independently of the CPUID
+// and XCR0 checks int8_isa.cpp makes), Linux grants the tile state and the AMX path is taken for
+// prefill: EverySimdPathAgreesWithThePortableBitForBit then checks its tiles too.
+TEST(W4Int8, AmxIsTakenWhereTheCpuHasIt) {
+  std::FILE* f = std::fopen("/proc/cpuinfo", "r");
+  if (f == nullptr) GTEST_SKIP() << "skipped: no /proc/cpuinfo";
+  std::string flags;
+  char line[8192];
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    if (std::strncmp(line, "flags", 5) == 0) {
+      flags = line;
+      break;
+    }
+  }
+  std::fclose(f);
+  const bool amx = flags.find(" amx_tile") != std::string::npos && flags.find(" amx_int8") != std::string::npos;
+  const char* off = std::getenv("KESTREL_NO_AMX");
+  const char* no_vnni = std::getenv("KESTREL_NO_VNNI");
+  const bool turned_off = (off != nullptr && *off != '\0' && std::strcmp(off, "0") != 0) ||
+                          (no_vnni != nullptr && *no_vnni != '\0' && std::strcmp(no_vnni, "0") != 0);
+  if (!amx) {
+    EXPECT_FALSE(k::int8_isa_available(k::Int8Isa::kAmx));
+    GTEST_SKIP() << "skipped: no AMX";
+  }
+  if (turned_off) {
+    EXPECT_FALSE(k::int8_isa_available(k::Int8Isa::kAmx));
+    GTEST_SKIP() << "skipped: AMX turned off by KESTREL_NO_AMX / KESTREL_NO_VNNI";
+  }
+  EXPECT_TRUE(k::int8_isa_available(k::Int8Isa::kAmx)) << "the CPU has AMX but the kernels do not take it";
+  EXPECT_EQ(k::best_int8_isa(), k::Int8Isa::kAmx);
+  EXPECT_STREQ(k::int8_isa_name(k::Int8Isa::kAmx), "amx");
 }

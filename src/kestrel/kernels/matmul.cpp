@@ -589,11 +589,13 @@ bool splits_tokens(const Matrix& w, size_t n_tokens, const ThreadPool& pool) {
          n_tokens >= 4 * static_cast<size_t>(pool.size());
 }
 
-/// Tokens per thread's share: a multiple of the kernel's 4-token tile, at most kInt8PrefillChunk
-/// (larger shares run in chunks of it).
+/// Tokens per thread's share: a multiple of the kernels' 4-token tile (AVX2), or of 8 (AVX512-VNNI,
+/// AMX tiles: gemv_w4_amx.h) from 8 tokens a thread, at most kInt8PrefillChunk (larger shares
+/// run in chunks of it).
 size_t token_grain(size_t n_tokens, const ThreadPool& pool) {
   const size_t per_thread = (n_tokens + pool.size() - 1) / pool.size();
-  return std::min(kInt8PrefillChunk, (per_thread + 3) / 4 * 4);
+  const size_t tile = per_thread >= 8 ? 8 : 4;
+  return std::min(kInt8PrefillChunk, (per_thread + tile - 1) / tile * tile);
 }
 
 }  // namespace
