@@ -2,15 +2,13 @@
 // the formula its header states, for 32-column blocks and for superblocks of 128 (8-bit group
 // parameters) (activations quantized here independently; the integer dot products are exact,
 // so only float32 rounding separates them);
-// every SIMD path (int8_isa.h: AVX2, AVX512-VNNI, AMX tiles for whole 8-token tiles) agrees
-// with the portable one bit for bit; each token's result is the same whatever the token count (1..7) and
+// every SIMD path (int8_isa.h) agrees with the portable one bit for bit; each token's result is the same whatever the token count (1..7) and
 // row range; and against float64 W x of the dequantized weights the error stays within the
 // activations' rounding bound, sum_b (d_xb / 2) sum_{i in b} |w_i|.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
@@ -21,6 +19,7 @@
 #include "kestrel/base/thread_pool.h"
 #include "kestrel/formats/dequant.h"
 #include "kestrel/kernels/gemv_q8_interleaved.h"
+#include "kestrel/kernels/gemm_w4_amx_bf16.h"
 #include "kestrel/kernels/gemm_w8a8.h"
 #include "kestrel/kernels/gemv_w4_int8.h"
 #include "random_q8.h"
@@ -161,7 +160,7 @@ TEST(W4Int8, EverySimdPathAgreesWithThePortableBitForBit) {
   for (k::Int8Isa isa : k::int8_isas_available()) {
     if (isa != k::Int8Isa::kPortable) simd.push_back(isa);
   }
-  if (simd.empty()) GTEST_SKIP() << "this CPU has no AVX2, AVX512-VNNI or AMX: gemv_w4_int8 is the portable path";
+  if (simd.empty()) GTEST_SKIP() << "this CPU has no AVX2 or AVX512-VNNI: gemv_w4_int8 is the portable path";
   for (k::Int8Isa isa : simd) {
   SCOPED_TRACE(k::int8_isa_name(isa));
   for (auto [rows, cols, G] : kShapes) {
@@ -230,6 +229,8 @@ TEST(W4Int8, EachTokenIsTheSameWhateverTheTokenCountAndRowRange) {
 // for every token count: decode rows split over the threads by rows, prefill chunks (from
 // 4 tokens a thread) by tokens; each token's products are the kernel's bits either way, and
 // differ from the row-major (bf16 / float32) kernels' that a matrix without the copy takes.
+// Where the CPU has AMX-BF16, products of kAmxMinTokens tokens or more take its tiles instead
+// (gemm_w4_amx_bf16.h), with their bits, however the threads split them.
 TEST(W4Int8, MatmulUsesTheInt8CopyForEveryTokenCount) {
   const size_t rows = 64, cols = 640;
   for (Params p : {Params::kAffine16, Params::kAffine8}) {  // 32-column blocks, superblocks
@@ -238,16 +239,20 @@ TEST(W4Int8, MatmulUsesTheInt8CopyForEveryTokenCount) {
   const k::W4Int8Interleaved il = k::interleave_w4_int8(w.view());
   k::Matrix m = w.view();
   m.interleaved_int8 = &il;
-  const size_t n_max = 150;  // past two 64-token chunks of a thread's share
+  const size_t n_max = 800;  // past two chunks of a thread's share (64 tokens; 256 with AMX-BF16)
   const auto x = activations(n_max, cols, 8);
   kestrel::ThreadPool pool(3);
-  for (size_t n : {1, 2, 4, 7, 8, 11, 12, 13, 40, 150}) {
+  for (size_t n : {1, 2, 4, 7, 8, 11, 12, 13, 40, 63, 64, 150, 800}) {
     std::vector<float> via_matmul(n * rows), same_input(n * rows), plain(n * rows), row_major(n * rows);
     k::matmul(m, x.data(), n, cols, via_matmul.data(), rows, pool);
     const k::MatmulOutput outs[] = {{&m, same_input.data(), rows}};
     k::matmul_same_input(outs, x.data(), n, cols, pool);
     k::matmul(w.view(), x.data(), n, cols, row_major.data(), rows, pool);
-    k::gemv_w4_int8(il, x.data(), n, cols, plain.data(), rows, 0, rows);
+    if (n >= k::kAmxMinTokens && k::amx_bf16_available()) {
+      k::gemm_w4_amx_bf16(il, x.data(), n, cols, plain.data(), rows, 0, rows);
+    } else {
+      k::gemv_w4_int8(il, x.data(), n, cols, plain.data(), rows, 0, rows);
+    }
     EXPECT_EQ(std::memcmp(via_matmul.data(), plain.data(), plain.size() * sizeof(float)), 0) << n << " tokens";
     EXPECT_EQ(std::memcmp(same_input.data(), plain.data(), plain.size() * sizeof(float)), 0) << n << " tokens";
     EXPECT_NE(std::memcmp(row_major.data(), plain.data(), plain.size() * sizeof(float)), 0)
@@ -425,37 +430,4 @@ TEST(W4Int8, DecodeActivationsParseAndChoose) {
   if (env == nullptr || *env == '\0') {
     EXPECT_EQ(k::w4_int8_default(), k::int8_simd_available());
   }
-}
-
-// Where the CPU reports AMX-TILE and AMX-INT8 (/proc/cpuinfo, read independently of the CPUID
-// and XCR0 checks int8_isa.cpp makes), Linux grants the tile state and the AMX path is taken for
-// prefill: EverySimdPathAgreesWithThePortableBitForBit then checks its tiles too.
-TEST(W4Int8, AmxIsTakenWhereTheCpuHasIt) {
-  std::FILE* f = std::fopen("/proc/cpuinfo", "r");
-  if (f == nullptr) GTEST_SKIP() << "skipped: no /proc/cpuinfo";
-  std::string flags;
-  char line[8192];
-  while (std::fgets(line, sizeof(line), f) != nullptr) {
-    if (std::strncmp(line, "flags", 5) == 0) {
-      flags = line;
-      break;
-    }
-  }
-  std::fclose(f);
-  const bool amx = flags.find(" amx_tile") != std::string::npos && flags.find(" amx_int8") != std::string::npos;
-  const char* off = std::getenv("KESTREL_NO_AMX");
-  const char* no_vnni = std::getenv("KESTREL_NO_VNNI");
-  const bool turned_off = (off != nullptr && *off != '\0' && std::strcmp(off, "0") != 0) ||
-                          (no_vnni != nullptr && *no_vnni != '\0' && std::strcmp(no_vnni, "0") != 0);
-  if (!amx) {
-    EXPECT_FALSE(k::int8_isa_available(k::Int8Isa::kAmx));
-    GTEST_SKIP() << "skipped: no AMX";
-  }
-  if (turned_off) {
-    EXPECT_FALSE(k::int8_isa_available(k::Int8Isa::kAmx));
-    GTEST_SKIP() << "skipped: AMX turned off by KESTREL_NO_AMX / KESTREL_NO_VNNI";
-  }
-  EXPECT_TRUE(k::int8_isa_available(k::Int8Isa::kAmx)) << "the CPU has AMX but the kernels do not take it";
-  EXPECT_EQ(k::best_int8_isa(), k::Int8Isa::kAmx);
-  EXPECT_STREQ(k::int8_isa_name(k::Int8Isa::kAmx), "amx");
 }

@@ -230,7 +230,7 @@ void gemm_w8a8_on(Int8Isa isa, const W4Int8Interleaved& il, const SuperActivatio
   if (il.w8.empty()) throw Error("gemm_w8a8: the matrix has no int8 copy");
   if (!int8_isa_available(isa)) throw Error(std::string("gemm_w8a8: ") + int8_isa_name(isa) + " is not available");
 #ifdef KESTREL_HAVE_VNNI
-  if (isa != Int8Isa::kPortable) return simd(uses_avx512(isa), il, a, n_tokens, y, y_stride, row_begin, row_end);
+  if (isa != Int8Isa::kPortable) return simd(isa == Int8Isa::kAvx512Vnni, il, a, n_tokens, y, y_stride, row_begin, row_end);
 #endif
   scalar(il, a, n_tokens, y, y_stride, row_begin, row_end);
 }

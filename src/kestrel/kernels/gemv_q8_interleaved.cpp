@@ -269,7 +269,7 @@ void gemv_q8_interleaved_on(Int8Isa isa, const Q8Interleaved& il, const Q8Activa
       const size_t lo = std::max(row_begin, blk * kBlock), hi = std::min(row_end, (blk + 1) * kBlock);
       for (size_t t0 = 0; t0 < x.n_tokens; t0 += kMaxTileTokens) {
         const size_t n = std::min(kMaxTileTokens, x.n_tokens - t0);
-        if (uses_avx512(isa)) {
+        if (isa == Int8Isa::kAvx512Vnni) {
           block_tokens(il, blk, x, t0, n, out);
         } else {
           block_tokens_avx2(il, blk, x, t0, n, out);

@@ -9,7 +9,6 @@
 #include "kestrel/base/error.h"
 #include "kestrel/formats/dequant.h"
 #include "kestrel/kernels/gemm_w8a8.h"
-#include "kestrel/kernels/gemv_w4_amx.h"
 #include "kestrel/kernels/gemv_q8_interleaved.h"
 #include "kestrel/kernels/int8_isa.h"
 #include "kestrel/kernels/int8_super_activations.h"
@@ -904,7 +903,7 @@ void gemv_w4_int8_on(Int8Isa isa, const W4Int8Interleaved& il, const float* x, s
   }
 #ifdef KESTREL_HAVE_VNNI
   if (isa != Int8Isa::kPortable) {
-    const bool vnni = uses_avx512(isa);
+    const bool vnni = isa == Int8Isa::kAvx512Vnni;
     if (super) {
       quantize_super_on(isa, x, n_tokens, x_stride, il.cols, il.group_size, sa);
     } else if (vnni) {
@@ -912,21 +911,11 @@ void gemv_w4_int8_on(Int8Isa isa, const W4Int8Interleaved& il, const float* x, s
     } else {
       quantize_avx2(x, n_tokens, x_stride, il.cols, a);
     }
-    // AMX: whole 8-token tiles on the tiles (gemv_w4_amx.h), the rest on AVX512-VNNI.
-    size_t t_first = 0;
-    if (isa == Int8Isa::kAmx && n_tokens >= kAmxTokens) {
-      t_first = n_tokens / kAmxTokens * kAmxTokens;
-      if (super) {
-        w4_super_amx(il, sa, t_first, y, y_stride, row_begin, row_end);
-      } else {
-        w4_blocks_amx(il, a.q.q.data(), a.q.scale.data(), a.sx.data(), t_first, y, y_stride, row_begin, row_end);
-      }
-    }
     float out[kMaxTileTokensVnni][kBlock];
     const size_t tile = vnni ? kMaxTileTokensVnni : kMaxTileTokens;
-    for (size_t blk = row_begin / kBlock; t_first < n_tokens && blk * kBlock < row_end; ++blk) {
+    for (size_t blk = row_begin / kBlock; blk * kBlock < row_end; ++blk) {
       const size_t lo = std::max(row_begin, blk * kBlock), hi = std::min(row_end, (blk + 1) * kBlock);
-      for (size_t t0 = t_first; t0 < n_tokens; t0 += tile) {
+      for (size_t t0 = 0; t0 < n_tokens; t0 += tile) {
         const size_t n = std::min(tile, n_tokens - t0);
         if (super) {
           (vnni ? super_tokens : super_tokens_avx2)(il, blk, sa, t0, n, out);
@@ -958,7 +947,7 @@ void quantize_super_on(Int8Isa isa, const float* x, size_t n_tokens, size_t x_st
                        SuperActivations& a) {
   if (!int8_isa_available(isa)) throw Error(std::string("quantize_super: ") + int8_isa_name(isa) + " is not available");
 #ifdef KESTREL_HAVE_VNNI
-  if (uses_avx512(isa)) return quantize_super_avx512(x, n_tokens, x_stride, cols, G, a);
+  if (isa == Int8Isa::kAvx512Vnni) return quantize_super_avx512(x, n_tokens, x_stride, cols, G, a);
   if (isa == Int8Isa::kAvx2) return quantize_super_avx2(x, n_tokens, x_stride, cols, G, a);
 #endif
   quantize_super(x, n_tokens, x_stride, cols, G, a);

@@ -4,23 +4,20 @@
 //   kPortable     plain C++, every CPU;
 //   kAvx2         x86 AVX2 (+FMA, F16C): `vpmaddubsw` (u8 x s8, pairs summed to int16) and
 //                 `vpmaddwd` by ones for the int32 sums, 8 rows per 256-bit register;
-//   kAvx512Vnni   x86 AVX512-VNNI (+BW): `vpdpbusd`, 16 rows per 512-bit register;
-//   kAmx          x86 AMX-INT8 tiles (`tdpbsud`: 8 tokens x 16 rows x 32 or 64 columns per
-//                 instruction) for prefill, with AVX512-VNNI for the rest (decode rows, the
-//                 float32 steps); Sapphire Rapids and later, where Linux grants the tile state.
+//   kAvx512Vnni   x86 AVX512-VNNI (+BW): `vpdpbusd`, 16 rows per 512-bit register.
+// (AMX-INT8 tiles computing the same bits were tried on a 2-core Sapphire Rapids class Xeon and
+// were no faster: each 32-column block's sums must leave the tiles for their float32 scaling,
+// docs/quantization.md; prefill takes AMX-BF16 instead, gemm_w4_amx_bf16.h.)
 #pragma once
 
 #include <vector>
 
 namespace kestrel::kernels {
 
-enum class Int8Isa { kPortable, kAvx2, kAvx512Vnni, kAmx };
+enum class Int8Isa { kPortable, kAvx2, kAvx512Vnni };
 
 /// Whether this CPU runs `isa`'s path and the environment does not turn it off
-/// (KESTREL_NO_VNNI=1 for kAvx512Vnni and kAmx, KESTREL_NO_AVX2=1 for kAvx2, KESTREL_NO_AMX=1
-/// for kAmx). kAmx also needs the CPU's AMX-TILE and AMX-INT8, the OS's tile state in XCR0, and
-/// Linux's permission for this process (arch_prctl(ARCH_REQ_XCOMP_PERM, XTILEDATA), asked once
-/// here; refused: false, and the kernels take AVX512-VNNI). Read once per process.
+/// (KESTREL_NO_VNNI=1 for kAvx512Vnni, KESTREL_NO_AVX2=1 for kAvx2). Read once per process.
 bool int8_isa_available(Int8Isa isa);
 
 /// The fastest available path, the one gemv_w4_int8 and gemv_q8_interleaved take.
@@ -33,10 +30,19 @@ bool int8_simd_available();
 /// Every available path, kPortable first (for tests: each must give the same bits).
 std::vector<Int8Isa> int8_isas_available();
 
-/// Whether `isa` runs the AVX-512 code (kAvx512Vnni, and kAmx besides its tiles).
-inline bool uses_avx512(Int8Isa isa) { return isa == Int8Isa::kAvx512Vnni || isa == Int8Isa::kAmx; }
+/// Whether the CPU has AMX-TILE, the OS enables the tile state (XCR0 bits 17, 18), and Linux
+/// grants this process the tile data (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), Linux
+/// 5.16+; Documentation/arch/x86/xstate.rst): without it the first tile instruction faults.
+/// Asked once per process.
+bool amx_tiles_granted();
 
-/// "portable", "avx2", "avx512vnni" or "amx".
+/// The AMX units: int8 (`tdpbusd` and kin) and bf16 (`tdpbf16ps`).
+enum class AmxUnit { kInt8, kBf16 };
+
+/// Whether the CPU has the unit (CPUID; amx_tiles_granted() tells whether it may run).
+bool amx_cpu_has(AmxUnit unit);
+
+/// "portable", "avx2" or "avx512vnni".
 const char* int8_isa_name(Int8Isa isa);
 
 }  // namespace kestrel::kernels
