@@ -8,6 +8,7 @@
 
 #include "kestrel/formats/dequant.h"
 #include "kestrel/kernels/gemm_bf16.h"
+#include "kestrel/kernels/gemm_w4_amx_bf16.h"
 #include "kestrel/kernels/int8_isa.h"
 #include "kestrel/kernels/matmul.h"
 #include "kestrel/model/attention.h"
@@ -330,6 +331,47 @@ void PeakInt8Dot(benchmark::State& state) {
 BENCHMARK(PeakInt8Dot<0>)->Name("Compute/PeakInt8Dot")->UseRealTime();
 BENCHMARK(PeakInt8Dot<4>)->Name("Compute/PeakInt8Dot+4Fma")->UseRealTime();
 BENCHMARK(PeakInt8Dot<0, 4>)->Name("Compute/PeakInt8Dot+4Add")->UseRealTime();
+
+// AMX-BF16's ceiling (the prefill tiles, gemm_w4_amx_bf16.h): four independent accumulator
+// tiles, each `tdpbf16ps` 16 x 16 x 32 multiply-adds on operands already in tiles.
+struct alignas(64) AmxConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+__attribute__((target("amx-tile,amx-bf16"))) double amx_bf16_chains(size_t n) {
+  AmxConfig c;
+  for (size_t i = 0; i < 8; ++i) c.rows[i] = 16, c.colsb[i] = 64;
+  _tile_loadconfig(&c);
+  alignas(64) static const uint16_t ones[16 * 32] = {};
+  _tile_loadd(4, ones, 64);
+  _tile_loadd(5, ones, 64);
+  _tile_loadd(6, ones, 64);
+  _tile_loadd(7, ones, 64);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (size_t i = 0; i < n / 16; ++i) {
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  alignas(64) float out[16 * 16];
+  _tile_stored(0, out, 64);
+  _tile_release();
+  return out[0];
+}
+
+void PeakAmxBf16(benchmark::State& state) {
+  if (!k::amx_bf16_available()) {
+    state.SkipWithError("this CPU or OS has no AMX-BF16");
+    return;
+  }
+  RunPeak(state, amx_bf16_chains, 4 * 16 * 16 * 32 / 16);
+}
+BENCHMARK(PeakAmxBf16)->Name("Compute/PeakAmxBf16")->UseRealTime();
 #endif
 
 }  // namespace

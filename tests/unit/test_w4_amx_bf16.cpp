@@ -5,6 +5,10 @@
 // parameters, whole and partial tiles of tokens and rows, and each token's result the same
 // whatever the tokens beside it and the row range. Skipped where the CPU or OS has no AMX-BF16.
 #include <gtest/gtest.h>
+#if defined(__x86_64__) && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include <cmath>
 #include <cstdio>
@@ -84,15 +88,18 @@ TEST(W4AmxBf16, EachTokenIsTheSameWhateverTheTokensAndRowRange) {
     for (size_t n : {1, 7, 16, 23}) {
       for (size_t first : {0, 3, 17}) {
         for (auto [lo, hi] : std::vector<std::pair<size_t, size_t>>{{0, rows}, {5, 61}, {16, 32}, {17, 18}, {40, 64}}) {
-          std::vector<float> y(n * rows, -1.0f);
-          k::gemm_w4_amx_bf16(il, &x[first * cols], n, cols, y.data(), rows, lo, hi);
+          // Rows of x and y further apart than cols and rows (as matmul's callers pass them).
+          const size_t x_stride = cols + 32, y_stride = rows + 16;
+          std::vector<float> xs(n * x_stride, 1e30f), y(n * y_stride, -1.0f);
+          for (size_t t = 0; t < n; ++t) std::memcpy(&xs[t * x_stride], &x[(first + t) * cols], cols * sizeof(float));
+          k::gemm_w4_amx_bf16(il, xs.data(), n, x_stride, y.data(), y_stride, lo, hi);
           for (size_t t = 0; t < n; ++t) {
-            for (size_t r = 0; r < rows; ++r) {
+            for (size_t r = 0; r < y_stride; ++r) {
               if (r < lo || r >= hi) {
-                ASSERT_EQ(y[t * rows + r], -1.0f) << "wrote outside the row range";
+                ASSERT_EQ(y[t * y_stride + r], -1.0f) << "wrote outside the row range";
                 continue;
               }
-              ASSERT_EQ(std::memcmp(&y[t * rows + r], &all[(first + t) * rows + r], sizeof(float)), 0)
+              ASSERT_EQ(std::memcmp(&y[t * y_stride + r], &all[(first + t) * rows + r], sizeof(float)), 0)
                   << "params " << static_cast<int>(p) << " tokens " << n << " first " << first << " rows [" << lo
                   << ", " << hi << ") token " << t << " row " << r;
             }
@@ -130,10 +137,20 @@ TEST(W4AmxBf16, IsAvailableWhereTheCpuHasIt) {
   std::fclose(f);
   auto has = [&](const char* flag) { return flags.find(std::string(" ") + flag + " ") != std::string::npos; };
   const bool cpu = has("amx_tile") && has("amx_bf16") && has("avx512_bf16");
-  const char* off = std::getenv("KESTREL_NO_AMX");
-  if (!cpu || (off != nullptr && *off != '\0' && std::strcmp(off, "0") != 0)) {
+  if (!cpu) {
     EXPECT_FALSE(k::amx_bf16_available());
-    GTEST_SKIP() << (cpu ? "skipped: KESTREL_NO_AMX is set" : "skipped: no AMX-BF16");
+    EXPECT_FALSE(k::amx_prefill_enabled());
+    GTEST_SKIP() << "skipped: no AMX-BF16";
   }
+#if defined(__x86_64__) && defined(__linux__)
+  // Linux may refuse the tile state (before 5.16, or a seccomp policy): asked here directly.
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) != 0) {
+    EXPECT_FALSE(k::amx_bf16_available());
+    GTEST_SKIP() << "skipped: Linux refuses the AMX tile state";
+  }
+#endif
   EXPECT_TRUE(k::amx_bf16_available()) << "the CPU has AMX-BF16 but the kernel does not take it";
+  const char* on = std::getenv("KESTREL_AMX");
+  EXPECT_EQ(k::amx_prefill_enabled(), on != nullptr && std::strcmp(on, "1") == 0);
 }

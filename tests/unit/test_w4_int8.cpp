@@ -229,7 +229,7 @@ TEST(W4Int8, EachTokenIsTheSameWhateverTheTokenCountAndRowRange) {
 // for every token count: decode rows split over the threads by rows, prefill chunks (from
 // 4 tokens a thread) by tokens; each token's products are the kernel's bits either way, and
 // differ from the row-major (bf16 / float32) kernels' that a matrix without the copy takes.
-// Where the CPU has AMX-BF16, products of kAmxMinTokens tokens or more take its tiles instead
+// With KESTREL_AMX=1 on a CPU with AMX-BF16, products of kTileMinTokens tokens or more take its tiles instead
 // (gemm_w4_amx_bf16.h), with their bits, however the threads split them.
 TEST(W4Int8, MatmulUsesTheInt8CopyForEveryTokenCount) {
   const size_t rows = 64, cols = 640;
@@ -248,7 +248,7 @@ TEST(W4Int8, MatmulUsesTheInt8CopyForEveryTokenCount) {
     const k::MatmulOutput outs[] = {{&m, same_input.data(), rows}};
     k::matmul_same_input(outs, x.data(), n, cols, pool);
     k::matmul(w.view(), x.data(), n, cols, row_major.data(), rows, pool);
-    if (n >= k::kAmxMinTokens && k::amx_bf16_available()) {
+    if (n >= k::kTileMinTokens && k::amx_prefill_enabled()) {
       k::gemm_w4_amx_bf16(il, x.data(), n, cols, plain.data(), rows, 0, rows);
     } else {
       k::gemv_w4_int8(il, x.data(), n, cols, plain.data(), rows, 0, rows);

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "kestrel/base/error.h"
@@ -119,38 +120,48 @@ KESTREL_AMX_BF16_TARGET void activations_bf16(const float* x, size_t n_tokens, s
   std::memset(out + n_tokens * cols, 0, (n_padded - n_tokens) * cols * sizeof(uint16_t));
 }
 
-// Two row blocks (weights w0, w1) times two token tiles (bf16 rows x0, x1, `cols` apart): the
-// 32 x 32 float32 sums into sums[token][row] (rows 0-15 from w0, 16-31 from w1).
-KESTREL_AMX_BF16_TARGET void tile_2x2(const uint16_t* x0, const uint16_t* x1, const uint32_t* w0, const uint32_t* w1,
-                                      size_t cols, float (*sums)[2 * kBlock]) {
+// Two row blocks (weights w0, w1) times two token tiles (bf16 rows x0, x1, `cols` apart), or
+// one (x1 null): the float32 sums into sums[token][row] (rows 0-15 from w0, 16-31 from w1).
+KESTREL_AMX_BF16_TARGET void tiles(const uint16_t* x0, const uint16_t* x1, const uint32_t* w0, const uint32_t* w1,
+                                   size_t cols, float (*sums)[2 * kBlock]) {
+  const size_t stride = cols * sizeof(uint16_t);
+  constexpr size_t kOut = 2 * kBlock * sizeof(float);
   _tile_zero(0);
   _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
-  const size_t stride = cols * sizeof(uint16_t);
-  for (size_t c = 0; c < cols; c += kStep) {
-    _tile_loadd(4, x0 + c, stride);
-    _tile_loadd(5, x1 + c, stride);
-    _tile_loadd(6, w0 + c / 2 * kBlock, 64);
-    _tile_loadd(7, w1 + c / 2 * kBlock, 64);
-    _tile_dpbf16ps(0, 4, 6);
-    _tile_dpbf16ps(1, 4, 7);
-    _tile_dpbf16ps(2, 5, 6);
-    _tile_dpbf16ps(3, 5, 7);
+  if (x1 == nullptr) {
+    for (size_t c = 0; c < cols; c += kStep) {
+      _tile_loadd(4, x0 + c, stride);
+      _tile_loadd(6, w0 + c / 2 * kBlock, 64);
+      _tile_loadd(7, w1 + c / 2 * kBlock, 64);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+    }
+  } else {
+    _tile_zero(2);
+    _tile_zero(3);
+    for (size_t c = 0; c < cols; c += kStep) {
+      _tile_loadd(4, x0 + c, stride);
+      _tile_loadd(5, x1 + c, stride);
+      _tile_loadd(6, w0 + c / 2 * kBlock, 64);
+      _tile_loadd(7, w1 + c / 2 * kBlock, 64);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(2, &sums[kBlock][0], kOut);
+    _tile_stored(3, &sums[kBlock][kBlock], kOut);
   }
-  constexpr size_t kOut = 2 * kBlock * sizeof(float);
   _tile_stored(0, &sums[0][0], kOut);
   _tile_stored(1, &sums[0][kBlock], kOut);
-  _tile_stored(2, &sums[kBlock][0], kOut);
-  _tile_stored(3, &sums[kBlock][kBlock], kOut);
 }
 
 KESTREL_AMX_BF16_TARGET void run(const W4Int8Interleaved& il, const float* x, size_t n_tokens, size_t x_stride,
                                  float* y, size_t y_stride, size_t row_begin, size_t row_end) {
-  const size_t cols = il.cols, n_padded = (n_tokens + 2 * kBlock - 1) / (2 * kBlock) * (2 * kBlock);
+  const size_t cols = il.cols, n_padded = (n_tokens + kBlock - 1) / kBlock * kBlock;
   auto* xb = reinterpret_cast<uint16_t*>(scratch<0>(n_padded * cols * sizeof(uint16_t)));
   activations_bf16(x, n_tokens, x_stride, cols, n_padded, xb);
-  auto* wb = reinterpret_cast<uint32_t*>(scratch<1>(2 * kBlock * cols * sizeof(uint16_t) * 2));
+  auto* wb = reinterpret_cast<uint32_t*>(scratch<1>(2 * kBlock * cols * sizeof(uint16_t)));
   uint32_t* w0 = wb;
   uint32_t* w1 = wb + cols / 2 * kBlock;
   // The dequantized weights are plain stores; the tile loads are asm statements that name only
@@ -164,7 +175,8 @@ KESTREL_AMX_BF16_TARGET void run(const W4Int8Interleaved& il, const float* x, si
     if (two) dequantize_block(il, blk + 1, w1);
     __asm__ volatile("" ::: "memory");
     for (size_t t0 = 0; t0 < n_tokens; t0 += 2 * kBlock) {
-      tile_2x2(xb + t0 * cols, xb + (t0 + kBlock) * cols, w0, two ? w1 : w0, cols, sums);
+      const uint16_t* x1 = t0 + kBlock < n_padded ? xb + (t0 + kBlock) * cols : nullptr;
+      tiles(xb + t0 * cols, x1, w0, two ? w1 : w0, cols, sums);
       __asm__ volatile("" ::: "memory");
       const size_t lo = std::max(row_begin, blk * kBlock), hi = std::min(row_end, (blk + (two ? 2 : 1)) * kBlock);
       for (size_t t = t0; t < std::min(n_tokens, t0 + 2 * kBlock); ++t) {
@@ -177,22 +189,26 @@ KESTREL_AMX_BF16_TARGET void run(const W4Int8Interleaved& il, const float* x, si
 
 #endif  // KESTREL_HAVE_AMX_BF16
 
-bool turned_off(const char* variable) {
-  const char* v = std::getenv(variable);
-  return v != nullptr && *v != '\0' && std::strcmp(v, "0") != 0;
-}
-
 }  // namespace
 
 bool amx_bf16_available() {
 #ifdef KESTREL_HAVE_AMX_BF16
   static const bool on = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
-                         __builtin_cpu_supports("avx512vl") && !turned_off("KESTREL_NO_AMX") &&
-                         amx_cpu_has(AmxUnit::kBf16) && amx_tiles_granted();
+                         __builtin_cpu_supports("avx512vl") && amx_cpu_has(AmxUnit::kBf16) && amx_tiles_granted();
   return on;
 #else
   return false;
 #endif
+}
+
+bool amx_prefill_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("KESTREL_AMX");
+    if (v == nullptr || *v == '\0' || std::strcmp(v, "0") == 0) return false;
+    if (std::strcmp(v, "1") != 0) throw Error(std::string("KESTREL_AMX must be 0 or 1, not '") + v + "'");
+    return amx_bf16_available();
+  }();
+  return on;
 }
 
 void gemm_w4_amx_bf16(const W4Int8Interleaved& il, const float* x, size_t n_tokens, size_t x_stride, float* y,

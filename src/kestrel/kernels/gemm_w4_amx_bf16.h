@@ -27,18 +27,23 @@
 
 namespace kestrel::kernels {
 
-/// Products of at least this many tokens (the whole product's count, however the threads split
-/// it) take the tiles in matmul; fewer (decode rows, speculative verification, batched decode of
-/// several sessions, short prompts) keep the int8 kernels, whose bits do not depend on the token
-/// count. Measured on a 2-core Xeon with AMX, 2048 x 640, one thread, tokens per call: 8: 64
-/// GMAC/s against AVX512-VNNI's 196, 16: 127 / 199, 32: 209 / 200, 64: 323 / 194 (each call
-/// dequantizes its row blocks once, so short calls pay it for few tokens).
-inline constexpr size_t kAmxMinTokens = 64;
+/// matmul takes the tiles, where amx_prefill_enabled(), for products of kTileMinTokens tokens
+/// or more (the whole product's count, however the threads split it: matmul.h), the boundary
+/// the scheduler and the decoder keep for prefill rows, so that batching does not change a row's
+/// bits; fewer (decode rows, speculative verification, short prompt tails) keep the int8
+/// kernels. Short products pay the dequantization of every row block for few tokens: one
+/// thread, 2048 x 640, against AVX512-VNNI's int8 kernel, 16 tokens ~0.6x, 32 ~1.05x, 64 1.7x,
+/// 256 3x (docs/quantization.md).
 
 /// Whether the AMX-BF16 tiles run here: AMX-TILE and AMX-BF16, AVX512-BF16 (for the
-/// conversions), the OS's tile state and Linux's permission for it (int8_isa.h, kAmx), and
-/// KESTREL_NO_AMX not set. Read once.
+/// conversions), the OS's tile state and Linux's permission for it (int8_isa.h,
+/// amx_tiles_granted). Read once.
 bool amx_bf16_available();
+
+/// Whether matmul takes the tiles for prefill: amx_bf16_available() and KESTREL_AMX=1 (opt-in:
+/// the prefill's bf16 rounding moves the default model's greedy FlashHead-vs-dense agreement on
+/// its 20 test prompts from 18 to 17, under the bar of 18; docs/quantization.md). Read once.
+bool amx_prefill_enabled();
 
 /// y[t * y_stride + r] for t < n_tokens (any count >= 1) and r in [row_begin, row_end): the
 /// header's product of il's weights with x[t * x_stride + c] (float32). Throws kestrel::Error

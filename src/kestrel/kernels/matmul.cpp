@@ -334,10 +334,12 @@ void DequantW4Row(const uint8_t* qs, const float* scales, const float* offsets, 
 void MatmulW4Rows(const Matrix& w, const float* x, size_t n_tokens, size_t x_stride, float* y,
                   size_t y_stride, size_t row_begin, size_t row_end, size_t product_tokens) {
   if (w.interleaved_int8 != nullptr) {
-    // Prefill on AMX-BF16 tiles where the CPU has them (bf16 activations: gemm_w4_amx_bf16.h),
-    // from kAmxMinTokens tokens, chosen by the whole product's token count so that every thread's
-    // share takes it; else int8 activations (gemv_w4_int8.h).
-    if (std::max(n_tokens, product_tokens) >= kAmxMinTokens && amx_bf16_available()) {
+    // Prefill on AMX-BF16 tiles where enabled (KESTREL_AMX=1; bf16 activations:
+    // gemm_w4_amx_bf16.h), chosen by the whole product's token count so that every thread's
+    // share takes it, unless the opt-in W8A8 copy was built; else int8 activations
+    // (gemv_w4_int8.h).
+    if (std::max(n_tokens, product_tokens) >= kTileMinTokens && w.interleaved_int8->w8.empty() &&
+        amx_prefill_enabled()) {
       gemm_w4_amx_bf16(*w.interleaved_int8, x, n_tokens, x_stride, y, y_stride, row_begin, row_end);
       return;
     }
@@ -595,7 +597,7 @@ constexpr size_t kInt8PrefillChunk = 64;
 /// 64 tokens 339, 256 tokens 508 GMAC/s).
 constexpr size_t kAmxPrefillChunk = 256;
 
-size_t prefill_chunk() { return amx_bf16_available() ? kAmxPrefillChunk : kInt8PrefillChunk; }
+size_t prefill_chunk() { return amx_prefill_enabled() ? kAmxPrefillChunk : kInt8PrefillChunk; }
 
 /// Below 4 tokens a thread (the kernel's tile) the rows are split, as in decode.
 bool splits_tokens(const Matrix& w, size_t n_tokens, const ThreadPool& pool) {
