@@ -527,6 +527,20 @@ def test_a_bad_kestrel_w4_int8_is_an_error_not_int8(tmp_path):
     assert r.returncode == 0, r.stderr
 
 
+@needs_model
+def test_a_bad_kestrel_amx_is_an_error_before_any_load(tmp_path):
+    # KESTREL_AMX (the opt-in AMX-BF16 prefill, docs/quantization.md) takes 0 or 1; anything else
+    # is the user's error, said before the default image loads (not "the image does not load").
+    cache = tmp_path / "cache"
+    (cache / "images").mkdir(parents=True)
+    (cache / "images" / "gemma-3-270m-w4a16-flashhead.kimg").write_bytes(b"not an image")
+    env = {**os.environ, "KESTREL_AMX": "off", "KESTREL_CACHE": str(cache)}
+    msg = error_of(kestrel("run", "-p", "x", "-n", 1, "-t", 2, env=env))
+    assert "KESTREL_AMX must be 0 or 1" in msg and "'off'" in msg and "does not load" not in msg, msg
+    r = kestrel("run", "-p", "x", "-n", 1, "--precision", "w4a16", "-t", 2, env={**os.environ, "KESTREL_AMX": "1"})
+    assert r.returncode == 0, r.stderr
+
+
 def test_perplexity_kl_base_takes_default():
     # `default` names the default model for --kl-base as for -m: the model against itself.
     r = kestrel("perplexity", "-m", "default", "--kl-base", "default", "-f", ROOT / "README.md",

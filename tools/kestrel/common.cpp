@@ -12,6 +12,7 @@
 
 #include "kestrel/base/error.h"
 #include "kestrel/formats/gguf.h"
+#include "kestrel/kernels/gemm_w4_amx_bf16.h"
 #include "kestrel/kernels/gemv_w4_int8.h"
 #include "kestrel/runtime/model_path.h"
 #include "option_checks.h"
@@ -144,9 +145,10 @@ void warn_default_image(const std::exception& e) {
 }  // namespace
 
 runtime::RunnableModel ModelOptions::resolve() const {
-  // A bad KESTREL_W4_INT8 is the user's setting, not a broken image: say so before any load
+  // A bad KESTREL_W4_INT8 (or KESTREL_AMX) is the user's setting, not a broken image: say so before any load
   // (the default image's fallback below would otherwise report it as a damaged file).
   if (decode_act == "auto") (void)kernels::w4_int8_default();
+  (void)kernels::amx_prefill_enabled();  // KESTREL_AMX likewise
   runtime::RunnableModel m = runtime::runnable_model(model, precision == "auto");
   if (m.default_image) {
     // A cached image whose header does not read (an older format, a cut or damaged file) is

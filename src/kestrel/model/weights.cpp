@@ -2,6 +2,7 @@
 
 #include "kestrel/base/error.h"
 #include "kestrel/formats/dequant.h"
+#include "kestrel/kernels/gemm_w4_amx_bf16.h"
 #include "kestrel/kernels/gemv_w4_rows.h"
 #include "kestrel/quant/gguf_convert.h"
 
@@ -139,6 +140,7 @@ kernels::Matrix WeightStore::with_interleaved(kernels::Matrix m) {
   if (m.type == kernels::WeightType::kQ8_0) return with_int8_head(m);
   // int8 activations in the decode kernel, in place of the bf16 one, where the options ask.
   if (kernels::w4_int8_chosen(options_.decode_activations) && kernels::w4_int8_supported(m)) {
+    kernels::amx_prefill_enabled();  // KESTREL_AMX read here: a bad value fails the load, not a product
     m.interleaved_int8 = &owned_interleaved_int8_.emplace_back(kernels::interleave_w4_int8(m, pool_));
     return m;
   }
