@@ -8,16 +8,7 @@
 #include <vector>
 
 #include "kestrel/base/error.h"
-
-#if defined(__x86_64__) && defined(__GNUC__)
-// _mm512_set1_epi32 and its kin read an undefined vector first (GCC 12 warns).
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#include <immintrin.h>
-#define KESTREL_HAVE_VNNI 1
-#define KESTREL_VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vnni")))
-#define KESTREL_AVX2_TARGET __attribute__((target("avx2,fma")))
-#endif
+#include "kestrel/kernels/x86_int8_targets.h"
 
 namespace kestrel::kernels {
 namespace {
@@ -54,27 +45,12 @@ void scalar(const W4Int8Interleaved& il, const SuperActivations& a, size_t n_tok
 
 #ifdef KESTREL_HAVE_VNNI
 
-// Tokens t0 .. t0 + NT of a call: their int8 values, d_xk and S_k.
-template <size_t NT>
-struct Tokens {
-  const int8_t* q[NT];
-  const float* dx[NT];
-  const int16_t* sums[NT];
-  Tokens(const SuperActivations& a, size_t t0, size_t cols) {
-    for (size_t t = 0; t < NT; ++t) {
-      q[t] = &a.q[(t0 + t) * cols];
-      dx[t] = &a.dx[(t0 + t) * (cols / kSuper)];
-      sums[t] = &a.sums[(t0 + t) * (cols / kSuper)];
-    }
-  }
-};
-
 // AVX512-VNNI: superblocks [k0, k1) of block weights `wb` for NT tokens (1..8) from t0, adding
 // to acc[t][0..16). vpdpbusd of v + 128 against xq starts each superblock at -128 S_k.
 template <size_t NT>
 KESTREL_VNNI_TARGET void tile_vnni(const uint8_t* wb, const SuperActivations& a, size_t cols, size_t t0, size_t k0,
                                    size_t k1, float* acc) {
-  const Tokens<NT> x(a, t0, cols);
+  const SuperTokens<NT> x(a, t0, cols, kSuper);
   __m512 sum[NT];
   for (size_t t = 0; t < NT; ++t) sum[t] = _mm512_loadu_ps(acc + t * kBlock);
   for (size_t k = k0; k < k1; ++k) {
@@ -114,7 +90,7 @@ void tiles_vnni(const uint8_t* wb, const SuperActivations& a, size_t cols, size_
 template <size_t NT>
 KESTREL_AVX2_TARGET void tile_avx2(const uint8_t* wb, size_t h, const SuperActivations& a, size_t cols, size_t t0,
                                    size_t k0, size_t k1, float* acc) {
-  const Tokens<NT> x(a, t0, cols);
+  const SuperTokens<NT> x(a, t0, cols, kSuper);
   const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80)), ones = _mm256_set1_epi16(1);
   __m256 sum[NT];
   for (size_t t = 0; t < NT; ++t) sum[t] = _mm256_loadu_ps(acc + t * kBlock + 8 * h);

@@ -9,15 +9,7 @@
 #include "kestrel/base/error.h"
 #include "kestrel/formats/dequant.h"
 #include "kestrel/kernels/int8_isa.h"
-
-#if defined(__x86_64__) && defined(__GNUC__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#include <immintrin.h>
-#define KESTREL_HAVE_VNNI 1
-#define KESTREL_VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vnni")))
-#define KESTREL_AVX2_TARGET __attribute__((target("avx2,fma")))
-#endif
+#include "kestrel/kernels/x86_int8_targets.h"
 
 namespace kestrel::kernels {
 namespace {

@@ -12,15 +12,7 @@
 #include "kestrel/kernels/gemv_q8_interleaved.h"
 #include "kestrel/kernels/int8_isa.h"
 #include "kestrel/kernels/int8_super_activations.h"
-
-#if defined(__x86_64__) && defined(__GNUC__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#include <immintrin.h>
-#define KESTREL_HAVE_VNNI 1
-#define KESTREL_VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vnni,f16c")))
-#define KESTREL_AVX2_TARGET __attribute__((target("avx2,fma,f16c")))
-#endif
+#include "kestrel/kernels/x86_int8_targets.h"
 
 namespace kestrel::kernels {
 namespace {
@@ -108,21 +100,6 @@ void group_sums(SuperActivations& a, size_t t, size_t cols, size_t G) {
     a.sums[t * (cols / G) + g] = static_cast<int16_t>(s);
   }
 }
-
-// Tokens t0 .. t0 + NT of a superblock call: their int8 values, dx and group sums.
-template <size_t NT>
-struct SuperTokens {
-  const int8_t* q[NT];
-  const float* dx[NT];
-  const int16_t* sums[NT];
-  SuperTokens(const SuperActivations& a, size_t t0, size_t cols, size_t G) {
-    for (size_t t = 0; t < NT; ++t) {
-      q[t] = &a.q[(t0 + t) * cols];
-      dx[t] = &a.dx[(t0 + t) * (cols / kSuper)];
-      sums[t] = &a.sums[(t0 + t) * (cols / G)];
-    }
-  }
-};
 
 // The portable quantization: per superblock dx = max|x| / 127, q = round-to-nearest-even(x / dx)
 // clamped to [-127, 127] (0 where dx = 0).

@@ -29,4 +29,20 @@ struct SuperActivations {
 void quantize_super_on(Int8Isa isa, const float* x, size_t n_tokens, size_t x_stride, size_t cols, size_t G,
                        SuperActivations& a);
 
+/// Tokens t0 .. t0 + NT of `a` (cols columns, groups of G): pointers to their int8 values, d_xk and
+/// group sums S_g, for the kernels' token tiles.
+template <size_t NT>
+struct SuperTokens {
+  const int8_t* q[NT];
+  const float* dx[NT];
+  const int16_t* sums[NT];
+  SuperTokens(const SuperActivations& a, size_t t0, size_t cols, size_t G) {
+    for (size_t t = 0; t < NT; ++t) {
+      q[t] = &a.q[(t0 + t) * cols];
+      dx[t] = &a.dx[(t0 + t) * (cols / kSuper)];
+      sums[t] = &a.sums[(t0 + t) * (cols / G)];
+    }
+  }
+};
+
 }  // namespace kestrel::kernels
