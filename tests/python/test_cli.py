@@ -690,6 +690,12 @@ def test_json_reports_the_int8_path():
     j = run("int8", env={**os.environ, "KESTREL_NO_AVX2": "00", "KESTREL_NO_VNNI": "1"})
     # Without SIMD int8 only the INT4 matrices take the (portable) int8 path; Q8_0 ones stay float.
     assert 0 < j["int8_matrices"] < 18 * 7 and j["int8_kernel"] == "portable", j
+    # The prefill kernel: the decode activations', or AMX-BF16 tiles with KESTREL_AMX=1 where the CPU
+    # has them (docs/quantization.md): the fresh-user trial of 2026-12-05 could not tell.
+    assert run("bf16")["prefill_kernel"] == "bf16"
+    assert run("int8")["prefill_kernel"] == "int8"
+    amx = all(f in flags for f in ("amx_tile", "amx_bf16", "avx512_bf16"))
+    assert run("int8", env={**os.environ, "KESTREL_AMX": "1"})["prefill_kernel"] == ("amx-bf16" if amx else "int8")
 
 
 @needs_model

@@ -13,6 +13,7 @@
 #include "commands.h"
 #include "common.h"
 #include "kestrel/base/error.h"
+#include "kestrel/kernels/gemm_w4_amx_bf16.h"
 #include "kestrel/kernels/int8_isa.h"
 #include "kestrel/runtime/grammar.h"
 #include "kestrel/text/chat_template.h"
@@ -131,6 +132,9 @@ int run(const RunOptions& o) {
     const size_t int8 = engine.model().info().int8_matrices;
     j["int8_matrices"] = int8;
     j["int8_kernel"] = int8 > 0 ? nlohmann::json(kernels::int8_isa_name(kernels::best_int8_isa())) : nlohmann::json(nullptr);
+    // The INT4 layers' prefill products (8+ tokens): "amx-bf16" with KESTREL_AMX=1 on a CPU that
+    // has it (gemm_w4_amx_bf16.h), else the decode kernels' activations ("int8" or "bf16").
+    j["prefill_kernel"] = int8 == 0 ? "bf16" : kernels::amx_prefill_enabled() ? "amx-bf16" : "int8";
     std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     return 0;
   }
