@@ -2,6 +2,7 @@
 # Quick start, step 2: the whole test suite. .ci/run calls exactly this.
 #  1. Release build with warnings as errors; every test (unit + the real model against
 #     llama.cpp goldens) through ctest.
+#     On a CPU with AMX-BF16, the int8 / AMX product tests again with KESTREL_AMX=1.
 #     Then the CLI end to end (pytest).
 #  2. The unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer (build-asan/);
 #     any report fails the run.
@@ -21,6 +22,12 @@ echo "== Release build (-Werror)"
 scripts/build.sh -DKESTREL_WERROR=ON
 echo "== ctest: unit and model tests"
 ctest --test-dir build --output-on-failure -j"$(nproc)"
+if grep -qw amx_bf16 /proc/cpuinfo 2>/dev/null; then
+  # The opt-in AMX-BF16 prefill (KESTREL_AMX=1, docs/quantization.md) as matmul takes it: its
+  # kernel's own tests run above whatever the setting; these check matmul's choice and splits.
+  echo "== unit tests of the int8 and AMX products with KESTREL_AMX=1"
+  KESTREL_AMX=1 build/tests/kestrel_unit_tests --gtest_filter='W4*.*:W8A8.*' --gtest_brief=1
+fi
 echo "== pytest: the CLI as a user runs it"
 python3 -m pytest -q tests/python
 
