@@ -194,7 +194,7 @@ KESTREL_AMX_BF16_TARGET void run(const W4Int8Interleaved& il, const float* x, si
 bool amx_bf16_available() {
 #ifdef KESTREL_HAVE_AMX_BF16
   static const bool on = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
-                         __builtin_cpu_supports("avx512vl") && amx_cpu_has(AmxUnit::kBf16) && amx_tiles_granted();
+                         __builtin_cpu_supports("avx512vl") && amx_bf16_cpu() && amx_tiles_granted();
   return on;
 #else
   return false;

@@ -18,7 +18,7 @@ namespace {
   return v != nullptr && *v != '\0' && std::strcmp(v, "0") != 0;
 }
 
-// CPUID leaf 7 EDX bit `bit` (AMX-BF16 22, AMX-TILE 24, AMX-INT8 25).
+// CPUID leaf 7 EDX bit `bit` (AMX-BF16 22, AMX-TILE 24).
 [[maybe_unused]] bool cpuid7_edx(unsigned bit) {
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
@@ -52,7 +52,7 @@ bool amx_tiles_granted() {
   return granted;
 }
 
-bool amx_cpu_has(AmxUnit unit) { return cpuid7_edx(unit == AmxUnit::kInt8 ? 25 : 22); }
+bool amx_bf16_cpu() { return cpuid7_edx(22); }
 
 bool int8_isa_available(Int8Isa isa) {
 #if defined(__x86_64__) && defined(__GNUC__)

@@ -36,11 +36,8 @@ std::vector<Int8Isa> int8_isas_available();
 /// Asked once per process.
 bool amx_tiles_granted();
 
-/// The AMX units: int8 (`tdpbusd` and kin) and bf16 (`tdpbf16ps`).
-enum class AmxUnit { kInt8, kBf16 };
-
-/// Whether the CPU has the unit (CPUID; amx_tiles_granted() tells whether it may run).
-bool amx_cpu_has(AmxUnit unit);
+/// Whether the CPU has AMX-BF16 (`tdpbf16ps`; CPUID, amx_tiles_granted() tells whether it may run).
+bool amx_bf16_cpu();
 
 /// "portable", "avx2" or "avx512vnni".
 const char* int8_isa_name(Int8Isa isa);

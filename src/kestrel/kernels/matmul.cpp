@@ -509,7 +509,8 @@ void MatmulHalfRows(const Matrix& w, const float* x, size_t n_tokens, size_t x_s
 }
 
 // product_tokens: the token count of the whole product this call is a share of (the int8
-// copies' W8A8 prefill path is chosen by it, so the threads' token split does not change bits).
+// copies' prefill paths, W8A8 and AMX-BF16, are chosen by it, so the threads' token split does
+// not change bits).
 void MatmulRows(const Matrix& w, const float* x, size_t n_tokens, size_t x_stride, float* y,
                 size_t y_stride, size_t row_begin, size_t row_end, size_t product_tokens) {
   switch (w.type) {
