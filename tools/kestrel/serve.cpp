@@ -86,6 +86,15 @@ Command add_serve_command(CLI::App& app) {
       ->check(integer_range(size_t{0}, runtime::kMaxDraft))
       ->capture_default_str()
       ->group(kDraftGroup);
+  cmd->add_option("--cache-ram", s.cache_ram_mib,
+                  "MiB of prompt prefixes' keys and values kept for every conversation to reuse (a system prompt, "
+                  "a tool list, a conversation whose session went to another): least recently used first out; "
+                  "0: each session reuses only its own cache")
+      ->check(integer_range(size_t{0}, size_t{1} << 20))
+      ->capture_default_str();
+  cmd->add_option("--cache-dir", s.cache_dir,
+                  "Also keep the prefix cache's blocks in DIR: those leaving memory, and all at shutdown, are "
+                  "written there (checksummed) and found again after a restart; damaged files are ignored with a warning");
   cmd->add_option("--queue", s.max_queue,
                   "Requests admitted at once (running + waiting), each holding an HTTP thread (--http-threads); "
                   "more get 429")

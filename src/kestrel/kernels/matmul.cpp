@@ -668,6 +668,21 @@ void matmul_rows(const Matrix& w, const float* x, size_t n_tokens, size_t x_stri
                                    std::min(row_end, w.rows), n_tokens);
 }
 
+bool matmul_rows_invariant(const Matrix& w) {
+  switch (w.type) {
+    case WeightType::kF32:
+    case WeightType::kQ8_0:
+      return true;
+    case WeightType::kW4:
+      if (w.interleaved_int8 != nullptr) return w.interleaved_int8->w8.empty() && !amx_prefill_enabled();
+      return w.int8_rows;
+    case WeightType::kBF16:
+    case WeightType::kF16:
+      return false;
+  }
+  return false;
+}
+
 Matrix row_slice(const Matrix& w, size_t begin, size_t count) {
   if (begin > w.rows || count > w.rows - begin) {
     throw Error("row_slice: rows " + std::to_string(begin) + "+" + std::to_string(count) +

@@ -77,6 +77,13 @@ struct Matrix {
 /// (except for W4 matrices carrying the int8 copy, which take every token count).
 inline constexpr size_t kTileMinTokens = 8;
 
+/// True when matmul gives each token of a product with `w` the same bits whatever the number of
+/// tokens in the call (1 or many: batch-invariant): F32 and Q8_0 rows, and kW4 on the int8
+/// kernels (gemv_w4_int8.h, gemv_w4_rows.h) unless a prefill-only path applies from
+/// kTileMinTokens tokens (the opt-in W8A8 copy, AMX-BF16 with KESTREL_AMX=1). False for BF16/FP16
+/// rows and kW4 on bf16 activations, whose prefill tiles round otherwise than decode.
+bool matmul_rows_invariant(const Matrix& w);
+
 /// y[t, r] = sum_i W[r, i] * x[t, i] for t < n_tokens, r < W.rows.
 /// x: float32 [n_tokens, x_stride], y: float32 [n_tokens, y_stride] (strides in elements).
 /// Rows are split over the pool. For kQ8_0, cols must be a multiple of 32.

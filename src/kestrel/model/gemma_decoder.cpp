@@ -183,11 +183,14 @@ GemmaDecoder::GemmaDecoder(const gguf::File& file, const LoadOptions& options, T
   info_.n_params = store_.n_params();
   info_.int8_matrices = store_.int8_matrices();
   info_.decode_weight_bytes = ple_.model_proj.bytes();
+  bool invariant = ple_.model_proj.data == nullptr || kernels::matmul_rows_invariant(ple_.model_proj);
   for (const Layer& l : layers_) {
     for (const kernels::Matrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down, &l.ple_gate, &l.ple_proj}) {
       info_.decode_weight_bytes += m->bytes();
+      if (m->data != nullptr && !kernels::matmul_rows_invariant(*m)) invariant = false;
     }
   }
+  batch_exactness_ = invariant ? BatchExactness::kAnyRows : BatchExactness::kShortApart;
 }
 
 KvCache GemmaDecoder::new_cache(size_t n_ctx) const {

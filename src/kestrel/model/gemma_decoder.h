@@ -45,6 +45,7 @@ class GemmaDecoder final : public Model {
                       ThreadPool& pool, ActivationObserver* observer = nullptr) const override;
   void forward_batch(std::span<const BatchSequence> seqs, ThreadPool& pool) const override;
   size_t max_batch_tokens() const override { return kMaxUbatch; }
+  BatchExactness batch_exactness() const override { return batch_exactness_; }
   const head::OutputHead& output_head() const override { return head_; }
   const GemmaConfig& config() const { return config_; }
   /// out = E[token] * sqrt(d_model), float32 [d_model]: the input row of `token` (through the
@@ -129,6 +130,7 @@ class GemmaDecoder final : public Model {
   GemmaConfig config_;
   ModelInfo info_;
   WeightStore store_;
+  BatchExactness batch_exactness_ = BatchExactness::kShortApart;
   kernels::Matrix embedding_;  // [n_vocab, d_model], also the output head when tied
   bool tied_ = true;
   head::OutputHead head_;

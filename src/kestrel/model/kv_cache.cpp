@@ -94,6 +94,17 @@ size_t KvCache::truncate(size_t n) {
   return keep;
 }
 
+void KvCache::adopt_prefix(std::span<const TokenId> ids) {
+  if (ids.size() > n_ctx) {
+    throw Error("KV cache: a prefix of " + std::to_string(ids.size()) + " positions does not fit a context of " +
+                std::to_string(n_ctx));
+  }
+  tokens_.assign(ids.begin(), ids.end());
+  n_past = prefilled_ = ids.size();
+  const size_t cap = min_ring_capacity();
+  ring_floor_ = cap > 0 && n_past > cap ? n_past - cap : 0;
+}
+
 void KvCache::clear() {
   n_past = 0;
   prefilled_ = 0;

@@ -79,6 +79,13 @@ struct KvCache {
   size_t truncate(size_t n);
   /// Forgets the sequence (keeps the memory).
   void clear();
+  /// Takes `ids` as the sequence's positions [0, ids.size()), all of prefill size (prefilled() ==
+  /// n_past == ids.size()), after the caller wrote their keys and values into the layers: every
+  /// global layer's slots 0 .. n-1, and each ring's slots of positions max(0, n - capacity) .. n-1
+  /// (the runtime's prefix cache restores a stored prefix this way). The state then equals a cold
+  /// prefill's of the same tokens: ring_floor() is max(0, n - the smallest ring capacity). Throws
+  /// kestrel::Error when ids do not fit n_ctx.
+  void adopt_prefix(std::span<const TokenId> ids);
   /// The oldest position that every sliding-window ring still holds (0 until a ring wraps):
   /// readers that look further back than a query's own window (Gemma 4's MTP assistant reads
   /// one position more) check it.

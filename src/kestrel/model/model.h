@@ -13,6 +13,7 @@
 #include "kestrel/base/thread_pool.h"
 #include "kestrel/formats/gguf.h"
 #include "kestrel/head/output_head.h"
+#include "kestrel/kernels/matmul.h"
 #include "kestrel/model/kv_cache.h"
 #include "kestrel/model/weights.h"
 
@@ -38,6 +39,14 @@ struct ModelInfo {
 };
 
 enum class Logits { kLast, kAll };
+
+/// A segment of this many tokens or more is a prefill segment: its attention runs by tiles and
+/// its positions count as prefilled (KvCache::append); shorter ones (decode rows, short prompt
+/// tails, verifications) run row by row as a decode step does.
+inline constexpr size_t kPrefillMinRows = kernels::kTileMinTokens;
+
+/// How a model keeps the batching promise (Model::batch_exactness).
+enum class BatchExactness { kAnyRows, kShortApart };
 
 /// One sequence's part of a batched forward pass (Model::forward_batch).
 struct BatchSequence {
@@ -90,6 +99,14 @@ class Model {
   virtual void forward_batch(std::span<const BatchSequence> seqs, ThreadPool& pool) const = 0;
   /// The most tokens forward_batch takes at once (the models' kMaxUbatch, 256).
   virtual size_t max_batch_tokens() const = 0;
+  /// The batching promise as this model can keep it (the scheduler groups a step's sequences by
+  /// it, so that batching never changes an answer): kAnyRows when every layer product computes a
+  /// row the same whatever the rows beside it (kernels::matmul_rows_invariant of every matrix:
+  /// the int8 kernels), so that forward_batch of any sequences leaves each bit for bit as
+  /// forward_hidden alone; kShortApart when products of kPrefillMinRows rows or more round
+  /// otherwise (bf16 prefill tiles, the opt-in W8A8 copy or AMX tiles), so that sequences of
+  /// fewer tokens must share passes of fewer than kPrefillMinRows rows.
+  virtual BatchExactness batch_exactness() const = 0;
 
   /// The dense output head that turns those hidden states into logits.
   virtual const head::OutputHead& output_head() const = 0;

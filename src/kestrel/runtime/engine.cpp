@@ -1,12 +1,15 @@
 #include "kestrel/runtime/engine.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <fstream>
 #include <optional>
 #include <string>
-#include <vector>
 #include <system_error>
+#include <vector>
 
 #include "kestrel/base/error.h"
+#include "kestrel/kernels/gemv_w4_int8.h"
 #include "kestrel/image/image.h"
 
 namespace kestrel::runtime {
@@ -101,6 +104,36 @@ void check_draft_vocabulary(const std::filesystem::path& target_path, const std:
   }
 }
 
+namespace {
+
+// Engine::kv_identity(): the file, the load options, the environment's kernel switches, the CPU.
+std::string kv_identity_of(const std::filesystem::path& path, const model::LoadOptions& load) {
+  std::error_code ec;
+  const auto canonical = std::filesystem::weakly_canonical(path, ec);
+  std::string id = "kestrel " KESTREL_VERSION "\nfile " + (ec ? path.string() : canonical.string());
+  const auto size = std::filesystem::file_size(path, ec);
+  id += "\nsize " + std::to_string(ec ? 0 : size);
+  const auto mtime = std::filesystem::last_write_time(path, ec);
+  id += "\nmtime " + std::to_string(ec ? 0 : mtime.time_since_epoch().count());
+  id += "\nload " + std::to_string(static_cast<int>(load.precision)) + " " + std::to_string(load.group_size) + " " +
+        std::to_string(load.zero_points) + " " + std::to_string(load.scale_bits) + " " +
+        std::to_string(kernels::w4_int8_chosen(load.decode_activations));
+  for (const char* var : {"KESTREL_AMX", "KESTREL_W8A8", "KESTREL_NO_VNNI", "KESTREL_NO_INTERLEAVE", "KESTREL_W4_INT8"}) {
+    const char* v = std::getenv(var);
+    id += std::string("\n") + var + "=" + (v ? v : "");
+  }
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  for (std::string line; std::getline(cpuinfo, line);) {
+    if (line.rfind("flags", 0) == 0 || line.rfind("Features", 0) == 0) {
+      id += "\n" + line;
+      break;
+    }
+  }
+  return id;
+}
+
+}  // namespace
+
 Engine::Engine(const std::filesystem::path& model_path, const EngineOptions& options)
     : Engine(model_path, options, nullptr) {}
 
@@ -126,6 +159,7 @@ Engine::Engine(const std::filesystem::path& model_path, const EngineOptions& opt
     throw OptionMismatch("context size " + std::to_string(n_ctx_) + " is outside 1.." + std::to_string(max_ctx) +
                 " for this model");
   }
+  kv_identity_ = kv_identity_of(model_path, options.load);
   const bool has_flash = head::FlashHead::present(file_);
   if (options.head == HeadMode::kFlash && !has_flash) {
     throw OptionMismatch("this model has no FlashHead; build an image with `kestrel build --flashhead`");

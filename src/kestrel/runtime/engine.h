@@ -104,6 +104,11 @@ class Engine {
   /// The image's Gemma 4 MTP assistant (docs/speculative.md), which `--draft auto` drafts
   /// with, or null when the image has none.
   const model::MtpAssistant* mtp_assistant() const { return mtp_.get(); }
+  /// A text naming what decides the bits of this engine's keys and values: the model file (path,
+  /// size, modification time), the load options, the kernel switches of the environment, the CPU's
+  /// flags and Kestrel's version. Two engines with the same identity write the same KV cache for
+  /// the same tokens (the prefix cache's files are keyed by it).
+  const std::string& kv_identity() const { return kv_identity_; }
   /// The FlashHead in use, or null when the dense head scores tokens.
   const head::FlashHead* flashhead() const { return flash_.get(); }
   size_t probes() const { return probes_; }
@@ -148,6 +153,7 @@ class Engine {
   std::unique_ptr<model::Model> model_;
   text::Tokenizer tokenizer_;
   size_t n_ctx_ = 0;
+  std::string kv_identity_;
   std::unique_ptr<head::FlashHead> flash_;
   size_t probes_ = 0;
   std::unique_ptr<model::MtpAssistant> mtp_;

@@ -6,13 +6,21 @@
 #include <string>
 
 #include "kestrel/base/error.h"
-#include "kestrel/kernels/matmul.h"
+#include "kestrel/model/model.h"
 #include "kestrel/runtime/generation.h"
 
 namespace kestrel::runtime {
 namespace {
 
-constexpr size_t kShortRows = kernels::kTileMinTokens;
+constexpr size_t kShortRows = model::kPrefillMinRows;
+
+// A waiting request holds back for a prefix being prefilled by another only when that saves it
+// at least this many blocks of the prefix cache.
+constexpr size_t kMinSharedBlocks = 2;
+
+// Prompt positions a request may take from a cache: all but the last min(size, kShortRows),
+// which it prefills itself (as Session::reuse_prefix keeps them).
+size_t cacheable(std::span<const TokenId> prompt) { return prompt.size() - std::min(prompt.size(), kShortRows); }
 
 }  // namespace
 
@@ -52,6 +60,10 @@ struct Scheduler::Job {
 Scheduler::Scheduler(Engine& engine, const SchedulerOptions& options, LoadCallback on_load)
     : engine_(engine), options_(options), on_load_(std::move(on_load)), pool_(engine, options.n_sessions) {
   if (options_.prefill_chunk == 0) throw Error("the prefill chunk must be at least 1 token");
+  if (options_.cache_ram > 0) {
+    prefix_cache_ = std::make_unique<PrefixCache>(engine.session().cache(), options_.cache_ram, options_.cache_dir,
+                                                  engine.kv_identity());
+  }
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -142,14 +154,42 @@ void Scheduler::complete(const std::shared_ptr<Job>& job, std::exception_ptr err
   job->cv.notify_one();
 }
 
+bool Scheduler::awaits_shared_prefix(const Job& job) {
+  if (!prefix_cache_ || !job.options.cache_prompt || job.cancelled) return false;
+  const size_t block = prefix_cache_->block_tokens(), limit = cacheable(job.prompt);
+  size_t have = 0;
+  bool checked = false;
+  for (const auto& r : running_) {
+    if (!r->generation->prefilling()) continue;
+    const size_t shared = std::min(model::common_prefix(r->prompt, job.prompt), limit) / block * block;
+    if (shared < kMinSharedBlocks * block || r->session->cache().prefilled() >= shared) continue;
+    if (!checked) have = prefix_cache_->match(job.prompt, limit), checked = true;
+    if (shared >= have + kMinSharedBlocks * block) return true;
+  }
+  return false;
+}
+
+void Scheduler::take_cached_prefix(Job& job) {
+  if (!prefix_cache_ || !job.options.cache_prompt) return;
+  const size_t limit = cacheable(job.prompt);
+  if (prefix_cache_->match(job.prompt, limit) > job.session->reusable_prefix(job.prompt)) {
+    prefix_cache_->restore(job.prompt, limit, job.session->cache());
+  }
+}
+
 void Scheduler::admit() {
   for (;;) {
     std::shared_ptr<Job> job;
     {
       std::lock_guard lock(mu_);
       if (waiting_.empty() || pool_.n_free() == 0) return;
-      job = std::move(waiting_.front());
-      waiting_.pop_front();
+      // FIFO, but a request whose prompt shares a longer prefix with one prefilling now lets later
+      // ones pass until that prefix is cached: it then copies the prefix instead of computing it.
+      const auto it = std::find_if(waiting_.begin(), waiting_.end(),
+                                   [&](const std::shared_ptr<Job>& j) { return !awaits_shared_prefix(*j); });
+      if (it == waiting_.end()) return;
+      job = std::move(*it);
+      waiting_.erase(it);
     }
     if (job->cancelled) {
       complete(job, nullptr);
@@ -157,6 +197,7 @@ void Scheduler::admit() {
     }
     job->session = pool_.acquire(job->prompt, job->options.cache_prompt).session;
     try {
+      take_cached_prefix(*job);
       job->generation.emplace(*job->session, job->prompt, job->options, job->on_text);
     } catch (...) {
       complete(job, std::current_exception());
@@ -232,16 +273,19 @@ void Scheduler::step() {
     rows.push_back({job.get(), job->generation->input(chunk)});
     budget -= rows.back().tokens.size();
   }
-  // A matrix multiply over fewer than kShortRows rows runs each row as decode does alone; from
-  // kShortRows rows it takes tiles that round differently. So sequences of fewer rows (decode
-  // steps, short prompt tails) go in groups under kShortRows rows, longer ones together: each
-  // row is computed as in its sequence's own forward, and batching does not change answers.
+  // The model's batching promise decides the passes (Model::batch_exactness): where every product
+  // computes a row the same whatever the rows beside it (the int8 kernels), all rows share one
+  // pass, reading the weights once; else products of kShortRows rows or more take tiles that
+  // round otherwise, so sequences of fewer rows (decode steps, short prompt tails) go in passes
+  // under kShortRows rows and longer ones together. Either way each row is computed as in its
+  // sequence's own forward, and batching does not change answers.
+  const bool any_rows = engine_.model().batch_exactness() == model::BatchExactness::kAnyRows;
   std::vector<std::vector<model::BatchSequence>> groups(1);
   std::vector<model::BatchSequence> long_rows;
   size_t in_group = 0;
   for (const Row& r : rows) {
     const model::BatchSequence seq{r.tokens, &r.job->session->cache(), r.job->session->hidden()};
-    if (r.tokens.size() >= kShortRows) {
+    if (any_rows || r.tokens.size() >= kShortRows) {
       long_rows.push_back(seq);
       continue;
     }
@@ -266,6 +310,12 @@ void Scheduler::step() {
       return in_step;
     });
     return;
+  }
+  // Prompt chunks just written go to the prefix cache, for every conversation that starts alike.
+  if (prefix_cache_) {
+    for (const Row& r : rows) {
+      if (r.tokens.size() >= kShortRows) prefix_cache_->publish(r.job->session->cache());
+    }
   }
   // Every row that samples a token is scored in one call (FlashHead reads shared data once).
   std::vector<Session*> scored;

@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -14,6 +15,7 @@
 
 #include "kestrel/runtime/engine.h"
 #include "kestrel/runtime/generate_options.h"
+#include "kestrel/runtime/prefix_cache.h"
 #include "kestrel/runtime/session_pool.h"
 
 namespace kestrel::runtime {
@@ -24,6 +26,12 @@ struct SchedulerOptions {
   /// on the gap a long prompt opens in the running streams (a prompt prefills in full-size
   /// ubatches when nothing else runs).
   size_t prefill_chunk = 64;
+  /// Bytes of keys and values the prefix cache shared by all sessions may hold (runtime/
+  /// prefix_cache.h; --cache-ram); 0: none (each session reuses only its own cache).
+  size_t cache_ram = 0;
+  /// Where the prefix cache keeps blocks that leave memory and finds them again after a restart
+  /// (--cache-dir); empty: memory only.
+  std::filesystem::path cache_dir;
 };
 
 /// The requests waiting for a session and the ones running (for metrics gauges).
@@ -42,7 +50,10 @@ class Scheduler {
 
   /// Runs one request as Session::generate does (same options, result and errors), joining the
   /// running batch at the next step: FIFO among waiting requests, each in the free session
-  /// whose cache shares the longest prefix with its prompt (SessionPool). Blocks the caller;
+  /// whose cache shares the longest prefix with its prompt (SessionPool), its cached prefix
+  /// then taken from that session or the shared prefix cache, whichever holds more. A request
+  /// whose prompt shares a longer prefix with one that is prefilling now waits until that prefix
+  /// is in the prefix cache (so a crowd with one system prompt prefills it once). Blocks the caller;
   /// options.on_token and on_text are called on the caller's thread, in order, and returning
   /// false from either cancels this request only (within a step).
   GenerateResult run(std::span<const TokenId> prompt, const GenerateOptions& options,
@@ -50,6 +61,10 @@ class Scheduler {
 
   size_t n_sessions() const { return pool_.size(); }
   size_t kv_bytes() const { return pool_.kv_bytes(); }
+  /// The shared prefix cache's counters, or null without one (cache_ram 0). Thread-safe.
+  const PrefixCacheStats* prefix_cache_stats() const { return prefix_cache_ ? &prefix_cache_->stats() : nullptr; }
+  /// The prefix cache's block size in tokens (0 without one).
+  size_t prefix_block_tokens() const { return prefix_cache_ ? prefix_cache_->block_tokens() : 0; }
 
  private:
   struct Job;
@@ -57,12 +72,15 @@ class Scheduler {
   void admit();
   void step();
   void complete(const std::shared_ptr<Job>& job, std::exception_ptr error);
+  bool awaits_shared_prefix(const Job& job);
+  void take_cached_prefix(Job& job);
   void report_load();
 
   Engine& engine_;
   SchedulerOptions options_;
   LoadCallback on_load_;
   SessionPool pool_;
+  std::unique_ptr<PrefixCache> prefix_cache_;  // scheduler thread only (stats() from any)
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Job>> waiting_;  // guarded by mu_

@@ -265,6 +265,13 @@ json App::props() const {
           {"version", KESTREL_VERSION},
           {"n_ctx", engine_->n_ctx()},
           {"parallel", scheduler_->n_sessions()},
+          {"prefix_cache", scheduler_->prefix_cache_stats() == nullptr
+                               ? json(nullptr)
+                               : json{{"max_bytes", options_.cache_ram_mib << 20},
+                                      {"block_tokens", scheduler_->prefix_block_tokens()},
+                                      {"dir", options_.cache_dir.empty() ? json(nullptr) : json(options_.cache_dir)}}},
+          {"batch_exactness", engine_->model().batch_exactness() == model::BatchExactness::kAnyRows ? "any-rows"
+                                                                                                   : "short-apart"},
           {"chat_format", chat_template_ == ChatTemplate::kGemma4 ? "gemma4" : "gemma3"},
           {"instruction_tuned", engine_->has_chat_template()},
           {"flashhead", flashhead},

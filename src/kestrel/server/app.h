@@ -71,9 +71,12 @@ class App {
     runtime::SchedulerOptions so;
     so.n_sessions = options_.parallel;
     so.prefill_chunk = options_.prefill_chunk;
+    so.cache_ram = options_.cache_ram_mib << 20;
+    so.cache_dir = options_.cache_dir;
     scheduler_ = std::make_unique<runtime::Scheduler>(
         *engine_, so, [this](size_t waiting, size_t running) { metrics_.load(waiting, running); });
     metrics_.sessions(scheduler_->n_sessions(), scheduler_->kv_bytes());
+    metrics_.prefix_cache(scheduler_->prefix_cache_stats(), so.cache_ram);
     chat_template_ = detect_chat_template(engine_->tokenizer());
     ready_ = true;
   }

@@ -113,6 +113,12 @@ void Metrics::sessions(size_t n, size_t kv_bytes) {
   kv_bytes_ = kv_bytes;
 }
 
+void Metrics::prefix_cache(const runtime::PrefixCacheStats* stats, size_t max_bytes) {
+  std::lock_guard lock(mu_);
+  prefix_ = stats;
+  prefix_max_bytes_ = max_bytes;
+}
+
 std::string Metrics::render() const {
   std::lock_guard lock(mu_);
   std::string out;
@@ -143,6 +149,27 @@ std::string Metrics::render() const {
   sample("kestrel_grammar_dense_steps_total", "counter",
          "Structured output with FlashHead: steps where the grammar allowed no candidate and the dense head scored "
          "the step.", grammar_dense_);
+  if (prefix_ != nullptr) {
+    const runtime::PrefixCacheStats& p = *prefix_;
+    sample("kestrel_prefix_cache_bytes", "gauge", "Bytes of keys and values in the shared prefix cache (--cache-ram).",
+           p.bytes);
+    sample("kestrel_prefix_cache_max_bytes", "gauge", "The shared prefix cache's bound (--cache-ram).", prefix_max_bytes_);
+    sample("kestrel_prefix_cache_blocks", "gauge", "Blocks of prompt positions in the shared prefix cache.", p.blocks);
+    sample("kestrel_prefix_cache_lookups_total", "counter", "Requests that looked their prompt up in the shared prefix cache.",
+           p.lookups);
+    sample("kestrel_prefix_cache_hits_total", "counter",
+           "Requests whose prompt prefix was copied from the shared prefix cache.", p.hits);
+    sample("kestrel_prefix_cache_restored_tokens_total", "counter",
+           "Prompt positions copied from the shared prefix cache instead of prefilled.", p.restored_tokens);
+    sample("kestrel_prefix_cache_stored_blocks_total", "counter", "Blocks added to the shared prefix cache.",
+           p.stored_blocks);
+    sample("kestrel_prefix_cache_evicted_blocks_total", "counter",
+           "Blocks dropped from memory, least recently used first, to stay within --cache-ram.", p.evicted_blocks);
+    sample("kestrel_prefix_cache_disk_writes_total", "counter", "Blocks written to --cache-dir.", p.disk_writes);
+    sample("kestrel_prefix_cache_disk_reads_total", "counter", "Blocks read back from --cache-dir.", p.disk_reads);
+    sample("kestrel_prefix_cache_disk_rejected_total", "counter",
+           "Files of --cache-dir ignored (damaged, or written for another model).", p.disk_rejected);
+  }
   sample("kestrel_sessions", "gauge", "Sessions (KV caches) the server holds (--parallel).", sessions_);
   sample("kestrel_kv_cache_bytes", "gauge", "Bytes of all sessions' KV caches.", kv_bytes_);
   sample("process_resident_memory_bytes", "gauge",

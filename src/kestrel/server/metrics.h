@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "kestrel/runtime/prefix_cache.h"
+
 namespace kestrel::server {
 
 /// A cumulative histogram with fixed upper bounds (seconds), Prometheus style.
@@ -43,6 +45,9 @@ class Metrics {
   /// tokens, and steps where no candidate was allowed and the dense head scored the step.
   void grammar_steps(size_t exact, size_t dense);
   void sessions(size_t n, size_t kv_bytes); // the sessions allocated and their KV cache bytes
+  /// The shared prefix cache (--cache-ram) whose counters render() reads; null: none. `stats`
+  /// must outlive this object's render() calls (the scheduler's).
+  void prefix_cache(const runtime::PrefixCacheStats* stats, size_t max_bytes);
   std::string render() const;
 
  private:
@@ -53,6 +58,8 @@ class Metrics {
   uint64_t drafted_ = 0, accepted_ = 0;
   uint64_t grammar_exact_ = 0, grammar_dense_ = 0;
   size_t sessions_ = 0, kv_bytes_ = 0;
+  const runtime::PrefixCacheStats* prefix_ = nullptr;
+  size_t prefix_max_bytes_ = 0;
   int64_t queue_depth_ = 0, running_ = 0;
   Histogram ttft_, itl_, latency_;
 };

@@ -22,6 +22,8 @@ struct ServerOptions {
   size_t parallel = 4;               // sessions: requests generating at once, each with a KV cache kept for reuse
   size_t prefill_chunk = 64;         // prompt tokens per step while other requests decode
   size_t max_queue = 64;             // requests admitted at once (running + waiting); more get 429
+  size_t cache_ram_mib = 1024;       // the prefix cache shared by all sessions (runtime/prefix_cache.h); 0: none
+  std::string cache_dir;             // where that cache keeps blocks across restarts; empty: memory only
   std::string draft = "auto";        // speculative decoding: none, ngram, auto or a draft model path (runtime/drafter.h)
   std::string draft_accept = "exact";  // exact or distribution (runtime::DraftAccept)
   size_t draft_max = 6;              // tokens drafted per verification at most (<= runtime::kMaxDraft)

@@ -1,0 +1,187 @@
+// The prefix cache shared by sessions (runtime/prefix_cache.h): a restored prefix leaves a KV
+// cache that answers bit for bit as a cache that computed those positions itself, on the tiny
+// Gemma 4 models (window 8: blocks of 8, rings of 263 slots that wrap, KV-shared layers) and the
+// default Gemma 3 270M (window 512, ring 767); the memory bound; the directory across
+// "restarts", with a damaged file and another model's files ignored.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <vector>
+
+#include "kestrel/base/thread_pool.h"
+#include "kestrel/formats/gguf.h"
+#include "kestrel/model/model.h"
+#include "kestrel/runtime/prefix_cache.h"
+#include "test_models.h"
+
+namespace kestrel::runtime {
+namespace {
+
+namespace fs = std::filesystem;
+using model::KvCache;
+using model::Logits;
+
+struct Loaded {
+  gguf::File file;
+  ThreadPool pool{2};
+  std::unique_ptr<model::Model> model;
+  std::vector<float> hidden;
+  explicit Loaded(const fs::path& path) : file(gguf::File::open(path)) {
+    model = model::load_model(file, {}, pool);
+    hidden.resize(model->info().d_model);
+  }
+  void feed(std::span<const TokenId> t, KvCache& cache) {
+    model->forward_hidden(t, cache, Logits::kLast, hidden.data(), pool);
+  }
+  std::vector<float> logits(std::span<const TokenId> t, KvCache& cache) {
+    std::vector<float> out(t.size() * model->info().n_vocab);
+    model->forward(t, cache, Logits::kAll, out.data(), pool);
+    return out;
+  }
+};
+
+// Publishes a cache that prefilled `prompt`, restores prefixes of it into fresh caches and checks
+// that the next `tail` tokens' logits equal those after a cold prefill of the same prefix.
+void check_restores_exactly(Loaded& m, size_t n_ctx, size_t prompt_len, std::vector<size_t> cuts) {
+  const auto tokens = model::random_tokens(prompt_len + 16, m.model->info().n_vocab, 7);
+  const std::span<const TokenId> prompt(tokens.data(), prompt_len);
+  KvCache source = m.model->new_cache(n_ctx);
+  m.feed(prompt, source);
+  ASSERT_EQ(source.prefilled(), prompt_len);
+  PrefixCache pc(source, size_t{1} << 30);
+  pc.publish(source);
+  const size_t block = pc.block_tokens();
+  ASSERT_GT(pc.stats().blocks.load(), 0u);
+  for (size_t cut : cuts) {
+    SCOPED_TRACE("cut " + std::to_string(cut));
+    const std::span<const TokenId> query(tokens.data(), cut + 16);
+    KvCache restored = m.model->new_cache(n_ctx);
+    const size_t n = pc.restore(query, cut, restored);
+    ASSERT_EQ(n, std::min(cut, prompt_len) / block * block);
+    EXPECT_EQ(restored.n_past, n);
+    EXPECT_EQ(restored.prefilled(), n);
+    EXPECT_EQ(restored.exact_prefix(n), n);
+    const std::span<const TokenId> tail(tokens.data() + n, cut + 16 - n);
+    KvCache cold = m.model->new_cache(n_ctx);
+    if (n > 0) m.feed(query.first(n), cold);
+    EXPECT_EQ(m.logits(tail, restored), m.logits(tail, cold));
+  }
+}
+
+TEST(PrefixCache, RestoredPrefixAnswersAsAColdPrefillTinyGemma4) {
+  for (const char* name : {"e2b_tiny", "e4b_tiny"}) {
+    SCOPED_TRACE(name);
+    Loaded m(model::tiny_gemma4(name));
+    // Window 8: blocks of 8; 600 positions wrap the 263-slot rings twice.
+    check_restores_exactly(m, 1024, 600, {8, 16, 100, 262, 263, 300, 555, 600});
+  }
+}
+
+TEST(PrefixCache, RestoredPrefixAnswersAsAColdPrefillGemma3) {
+  KESTREL_DEFAULT_MODEL_OR_SKIP(path);
+  Loaded m(path);
+  // Window 512, ring 767: 1,100 positions wrap it.
+  check_restores_exactly(m, 2048, 1100, {64, 512, 800, 1088});
+}
+
+TEST(PrefixCache, ADifferentPrefixFindsNothing) {
+  Loaded m(model::tiny_gemma4("e4b_tiny"));
+  const auto a = model::random_tokens(64, m.model->info().n_vocab, 1);
+  auto b = a;
+  b[3] += 1;  // one token differs early: nothing after it may be reused
+  KvCache source = m.model->new_cache(256);
+  m.feed(a, source);
+  PrefixCache pc(source, size_t{1} << 30);
+  pc.publish(source);
+  EXPECT_EQ(pc.match(a, 64), 64u);
+  EXPECT_EQ(pc.match(b, 64), 0u);
+  KvCache other = m.model->new_cache(256);
+  EXPECT_EQ(pc.restore(b, 64, other), 0u);
+  EXPECT_EQ(other.n_past, 0u);
+}
+
+TEST(PrefixCache, StaysWithinItsBoundDroppingLeavesFirst) {
+  Loaded m(model::tiny_gemma4("e4b_tiny"));
+  const auto a = model::random_tokens(200, m.model->info().n_vocab, 2);
+  const auto b = model::random_tokens(200, m.model->info().n_vocab, 3);
+  KvCache ca = m.model->new_cache(256), cb = m.model->new_cache(256);
+  m.feed(a, ca);
+  m.feed(b, cb);
+  PrefixCache probe(ca, 0);
+  const size_t limit = 10 * probe.block_bytes();
+  PrefixCache pc(ca, limit);
+  pc.publish(ca);
+  EXPECT_LE(pc.stats().bytes.load(), limit);
+  // The chain is longer than the bound: its first blocks are kept (a suffix without its start is
+  // of no use).
+  EXPECT_EQ(pc.match(a, 200), 10 * pc.block_tokens());
+  pc.publish(cb);
+  EXPECT_LE(pc.stats().bytes.load(), limit);
+  EXPECT_EQ(pc.match(b, 200), 10 * pc.block_tokens());
+  EXPECT_EQ(pc.match(a, 200), 0u);  // the older chain went
+  EXPECT_GT(pc.stats().evicted_blocks.load(), 0u);
+  EXPECT_EQ(PrefixCache(ca, 0).match(a, 200), 0u);  // a bound of 0 keeps nothing
+}
+
+TEST(PrefixCache, DirectoryKeepsBlocksAcrossRestartsAndIgnoresDamage) {
+  Loaded m(model::tiny_gemma4("e4b_tiny"));
+  const auto a = model::random_tokens(120, m.model->info().n_vocab, 4);
+  const fs::path dir = fs::temp_directory_path() / ("kestrel-prefix-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  KvCache source = m.model->new_cache(256);
+  m.feed(a, source);
+  size_t block = 0;
+  {
+    PrefixCache pc(source, size_t{1} << 30, dir, "model A");
+    pc.publish(source);
+    block = pc.block_tokens();
+  }  // shutdown writes every block
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(dir)) files.push_back(e.path());
+  ASSERT_EQ(files.size(), 120 / block);
+
+  const std::span<const TokenId> query(a.data(), 120);
+  {
+    PrefixCache restarted(source, size_t{1} << 30, dir, "model A");
+    KvCache restored = m.model->new_cache(256);
+    EXPECT_EQ(restarted.restore(query, 112, restored), 112 / block * block);
+    EXPECT_EQ(restarted.stats().disk_reads.load(), 112 / block);
+    const std::span<const TokenId> tail(a.data() + restored.n_past, 120 - restored.n_past);
+    KvCache cold = m.model->new_cache(256);
+    m.feed(query.first(restored.n_past), cold);
+    EXPECT_EQ(m.logits(tail, restored), m.logits(tail, cold));
+  }
+  {
+    PrefixCache other_model(source, size_t{1} << 30, dir, "model B");
+    EXPECT_EQ(other_model.match(query, 112), 0u);
+  }
+  // Damage the block of positions 40 .. 40 + block: the prefix ends before it, with a warning.
+  fs::path damaged;
+  // Its file: the one holding the token ids of positions 40.. (after the 48-byte header).
+  for (const auto& f : files) {
+    std::ifstream in(f, std::ios::binary);
+    std::vector<char> bytes((std::istreambuf_iterator<char>(in)), {});
+    std::vector<TokenId> ids(block);
+    std::memcpy(ids.data(), bytes.data() + 48, block * sizeof(TokenId));
+    if (std::equal(ids.begin(), ids.end(), a.begin() + 40)) damaged = f;
+  }
+  ASSERT_FALSE(damaged.empty());
+  {
+    std::fstream io(damaged, std::ios::in | std::ios::out | std::ios::binary);
+    io.seekp(static_cast<std::streamoff>(fs::file_size(damaged) / 2));
+    io.put('\x5a');
+  }
+  {
+    PrefixCache after(source, size_t{1} << 30, dir, "model A");
+    EXPECT_EQ(after.match(query, 112), 40u);
+    EXPECT_EQ(after.stats().disk_rejected.load(), 1u);
+  }
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace kestrel::runtime
