@@ -260,12 +260,12 @@ void PrefixCache::write_file(const BlockKey& key, const Block& block) {
     if (!out) {
       std::error_code ec;
       std::filesystem::remove(tmp, ec);
-      throw Error("cannot write " + tmp + " (disk full?)");
+      throw Error("cannot write " + tmp.string() + " (disk full?)");
     }
   }
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
-  if (ec) throw Error("cannot rename " + tmp + ": " + ec.message());
+  if (ec) throw Error("cannot rename " + tmp.string() + ": " + ec.message());
   rejected_.erase(path.string());
   ++stats_.disk_writes;
 }

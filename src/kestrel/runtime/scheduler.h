@@ -31,7 +31,7 @@ struct SchedulerOptions {
   size_t cache_ram = 0;
   /// Where the prefix cache keeps blocks that leave memory and finds them again after a restart
   /// (--cache-dir); empty: memory only.
-  std::filesystem::path cache_dir;
+  std::filesystem::path cache_dir{};
 };
 
 /// The requests waiting for a session and the ones running (for metrics gauges).
