@@ -102,6 +102,15 @@ TEST(ChatRequest, VllmStructuredOutputs) {
   ASSERT_TRUE(so.grammar);
   EXPECT_EQ(so.grammar->kind, kestrel::runtime::GrammarSpec::Kind::kJsonSchema);
   EXPECT_EQ(so.schema_pointer, "/structured_outputs/json");
+  // Every JSON Schema is compiled closed (xgrammar's strict_mode), "strict" or not.
+  EXPECT_TRUE(so.grammar->strict);
+  for (const char* f : {R"("json_schema":{"type":"object"})", R"("guided_json":{"type":"object"})",
+                        R"("response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{"type":"object"}}})",
+                        R"("response_format":{"type":"json_schema","json_schema":{"schema":{"type":"object"},"strict":false}})"}) {
+    const auto r = parse_chat_request(json::parse(with(f)));
+    ASSERT_TRUE(r.grammar) << f;
+    EXPECT_TRUE(r.grammar->strict) << f;
+  }
   // The schema re-read in the client's key order
   EXPECT_EQ(schema_in_client_order(with(R"("structured_outputs":{"json":{"type":"object","b":1,"a":2}})"),
                                    so.schema_pointer),
@@ -243,6 +252,9 @@ TEST(Metrics, PrometheusText) {
   Metrics m;
   m.request("chat", 200);
   m.request("chat", 400);
+  m.response(404);
+  m.response(404);
+  m.response(200);
   m.tokens(10, 5);
   m.ttft(0.03);
   m.load(1, 3);
@@ -251,6 +263,8 @@ TEST(Metrics, PrometheusText) {
   m.sessions(4, 1024);
   const std::string t = m.render();
   EXPECT_NE(t.find("kestrel_requests_total{endpoint=\"chat\",status=\"400\"} 1\n"), std::string::npos);
+  EXPECT_NE(t.find("kestrel_http_responses_total{status=\"404\"} 2\n"), std::string::npos);
+  EXPECT_NE(t.find("kestrel_http_responses_total{status=\"200\"} 1\n"), std::string::npos);
   EXPECT_NE(t.find("kestrel_generation_tokens_total 5\n"), std::string::npos);
   EXPECT_NE(t.find("kestrel_queue_depth 1\n"), std::string::npos);
   EXPECT_NE(t.find("kestrel_requests_running 3\n"), std::string::npos);

@@ -147,6 +147,19 @@ void App::install_routes() {
     }
     send_json(res, res.status, ApiError::error_body(message, ApiError::default_type(res.status), "", ""));
   });
+  // The access log and the count of every response: the request's record starts before
+  // routing, and the logger runs once the response (a stream's too) has been written.
+  http_.set_pre_routing_handler([](const httplib::Request&, httplib::Response&) {
+    current_request() = RequestRecord{Clock::now()};
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
+  http_.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+    metrics_.response(res.status);
+    if (!options_.quiet) {
+      write_log_line(access_line(log_format_, req.remote_addr, req.method, req.path, res.status, current_request()));
+    }
+    current_request() = RequestRecord{};
+  });
   http_.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
     send_json(res, 500, ApiError::error_body("internal error", "server_error", "", ""));
   });
@@ -213,7 +226,9 @@ void App::install_routes() {
           if (!a->is_boolean()) throw bad_request(std::string("'") + key + "' must be a boolean", key);
           return a->get<bool>();
         };
-        tokens = engine_->tokenizer().encode(text->get<std::string>(), flag("add_special"), flag("parse_special"));
+        // add_special_tokens is vLLM's name (lm-eval's tokenizer probe sends it), add_special llama-server's.
+        const bool add_special = body.contains("add_special_tokens") ? flag("add_special_tokens") : flag("add_special");
+        tokens = engine_->tokenizer().encode(text->get<std::string>(), add_special, flag("parse_special"));
       }
       json out = {{"tokens", tokens}, {"count", tokens.size()}, {"max_model_len", engine_->n_ctx()}};
       if (body.value("with_pieces", false) == true) {
@@ -346,7 +361,10 @@ void App::handle_generate(const httplib::Request& req, httplib::Response& res, c
       }
       job->options.render_special = job->chat.render_special;
     } else {
-      for (const auto& text : r.prompt_texts) job->prompts.push_back(tok.encode(text, true, true));
+      for (const auto& text : r.prompt_texts) {
+        job->prompts.push_back(tok.encode(text, true, true));
+        job->prompt_texts.push_back(text);
+      }
       for (const auto& ids : r.prompt_ids) {
         for (TokenId t : ids) {
           if (static_cast<size_t>(t) >= tok.n_vocab()) {
@@ -355,6 +373,7 @@ void App::handle_generate(const httplib::Request& req, httplib::Response& res, c
           }
         }
         job->prompts.push_back(ids);
+        if (r.echo) job->prompt_texts.push_back(tok.decode(job->prompts.back()));
       }
     }
     // The context must hold the prompt and the completion: OpenAI's 400 with both numbers.
@@ -386,6 +405,11 @@ void App::handle_generate(const httplib::Request& req, httplib::Response& res, c
     o.stop = r.stop;
     o.min_tokens = r.min_tokens;
     o.top_logprobs = r.top_logprobs;
+    job->echo = r.echo;
+    job->prompt_logprobs = r.prompt_logprobs;
+    // Prompt scoring (echo with logprobs, prompt_logprobs): a prefill that keeps every row.
+    if (r.echo && r.top_logprobs >= 0) o.prompt_logprobs = r.top_logprobs;
+    o.prompt_logprobs = std::max(o.prompt_logprobs, r.prompt_logprobs);
     for (const auto& [id, bias] : r.logit_bias) {
       if (static_cast<uint64_t>(id) >= tok.n_vocab()) {
         throw bad_request("'logit_bias' names token " + std::to_string(id) + ", outside the vocabulary of " +

@@ -14,6 +14,7 @@
 
 #include "kestrel/runtime/engine.h"
 #include "kestrel/runtime/scheduler.h"
+#include "kestrel/server/access_log.h"
 #include "kestrel/server/api_error.h"
 #include "kestrel/server/chat_prompt.h"
 #include "kestrel/server/metrics.h"
@@ -42,7 +43,10 @@ struct Job {
   bool stream = false;
   bool include_usage = false;
   int top_logprobs = -1;
+  bool echo = false;                    // completions: the prompt text (and its logprobs) first
+  int prompt_logprobs = -1;             // completions: vLLM's prompt_logprobs
   std::vector<std::vector<TokenId>> prompts;
+  std::vector<std::string> prompt_texts;  // per prompt, the text echo returns
   runtime::GenerateOptions options;
   ChatPrompt chat;  // chat only
   ResponseMeta meta;
@@ -52,9 +56,11 @@ struct Job {
 
 class App {
  public:
-  /// Throws kestrel::Error for an empty options.draft or an unknown options.draft_accept.
+  /// Throws kestrel::Error for an empty options.draft, an unknown options.draft_accept or
+  /// options.log_format.
   explicit App(const ServerOptions& options)
       : options_(options),
+        log_format_(parse_log_format(options.log_format)),
         draft_mode_(runtime::parse_draft_mode(options.draft)),
         draft_accept_(runtime::parse_draft_accept(options.draft_accept)) {}
 
@@ -121,6 +127,7 @@ class App {
                         bool& wrote, std::vector<runtime::StepLogprobs>& pending);
 
   ServerOptions options_;
+  LogFormat log_format_;
   runtime::DraftMode draft_mode_;
   runtime::DraftAccept draft_accept_;
   httplib::Server http_;

@@ -49,6 +49,11 @@ runtime::GenerateResult App::generate(const std::vector<TokenId>& prompt, const 
   metrics_.prompt_cache(result.cached_tokens);
   metrics_.drafts(result.drafted_tokens, result.accepted_tokens);
   metrics_.grammar_steps(result.grammar_exact_steps, result.grammar_dense_steps);
+  RequestRecord& record = current_request();  // the access log's token counts
+  record.generated = true;
+  record.prompt_tokens += result.prompt_tokens;
+  record.cached_tokens += result.cached_tokens;
+  record.completion_tokens += result.tokens.size();
   return result;
 }
 
@@ -103,6 +108,7 @@ void App::run_chat(Job& job, const std::function<bool(const std::string&)>& writ
       } else if (e.kind == text::ReplyEvent::Kind::kReasoning) {
         delta = {{"reasoning_content", e.text}};
       } else {
+        if (n_tool_calls >= job.chat.max_tool_calls) continue;  // parallel_tool_calls not set
         delta = {{"tool_calls", json::array({{{"index", n_tool_calls++},
                                                {"id", random_id("call_")},
                                                {"type", "function"},
@@ -139,7 +145,7 @@ void App::run_chat(Job& job, const std::function<bool(const std::string&)>& writ
   for (auto& e : text::parse_reply(job.chat.reply_format, job.chat.parse_tools, result.text)) {
     if (e.kind == text::ReplyEvent::Kind::kContent) content += job.chat.forced_tools ? forced_content(e.text) : e.text;
     if (e.kind == text::ReplyEvent::Kind::kReasoning) reasoning += e.text;
-    if (e.kind == text::ReplyEvent::Kind::kToolCall) {
+    if (e.kind == text::ReplyEvent::Kind::kToolCall && tool_calls.size() < job.chat.max_tool_calls) {
       tool_calls.push_back({{"id", random_id("call_")},
                             {"type", "function"},
                             {"function", {{"name", e.call.name}, {"arguments", dump(e.call.arguments)}}}});
@@ -198,8 +204,16 @@ void App::run_completion(Job& job, const std::function<bool(const std::string&)>
       if (job.include_usage) chunk["usage"] = nullptr;
       write(sse_event(chunk));
     } else {
-      json lp = job.top_logprobs >= 0 ? completion_logprobs(tok, result.logprobs, 0) : json(nullptr);
-      choices.push_back(completion_choice(i, result.text, result.finish_reason, lp));
+      json lp = nullptr;
+      if (job.top_logprobs >= 0) {
+        lp = job.echo ? echo_completion_logprobs(tok, job.prompts[i], result.prompt_logprobs, result.logprobs)
+                      : completion_logprobs(tok, result.logprobs, 0);
+      }
+      json choice = completion_choice(i, job.echo ? job.prompt_texts[i] + result.text : result.text,
+                                      result.finish_reason, lp);
+      if (job.prompt_logprobs >= 0) choice["prompt_logprobs"] = vllm_prompt_logprobs(tok, result.prompt_logprobs,
+                                                                                     result.prompt_ranks);
+      choices.push_back(std::move(choice));
     }
   }
   const json usage = usage_json(prompt_tokens, completion_tokens, cached_tokens, drafted_tokens, accepted_tokens);
