@@ -189,8 +189,12 @@ TEST(CompletionRequest, PromptForms) {
             (std::vector<std::vector<int32_t>>{{2, 3}}));
   EXPECT_EQ(parse_completion_request(json::parse(R"({"prompt":[[2],[3,4]]})")).prompt_ids.size(), 2u);
   EXPECT_EQ(parse_completion_request(json::parse(R"({"prompt":"a","logprobs":3})")).top_logprobs, 3);
+  const auto scoring = parse_completion_request(json::parse(R"({"prompt":"a","echo":true,"prompt_logprobs":2})"));
+  EXPECT_TRUE(scoring.echo);
+  EXPECT_EQ(scoring.prompt_logprobs, 2);
   for (const char* bad : {R"({})", R"({"prompt":[]})", R"({"prompt":5})", R"({"prompt":[-1]})", R"({"prompt":["a",1]})",
-                          R"({"prompt":[[]]})", R"({"prompt":"a","echo":true})", R"({"prompt":"a","logprobs":true})"}) {
+                          R"({"prompt":[[]]})", R"({"prompt":"a","echo":true,"stream":true})", R"({"prompt":"a","logprobs":true})",
+                          R"({"prompt":"a","prompt_logprobs":21})"}) {
     EXPECT_THROW(parse_completion_request(json::parse(bad)), ApiError) << bad;
   }
 }

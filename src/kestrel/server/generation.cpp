@@ -2,6 +2,7 @@
 // tool-call parsing, metrics, and cancellation when the client goes away.
 #include "kestrel/server/api_error.h"
 #include "kestrel/server/app.h"
+#include "kestrel/server/reply_builder.h"
 #include "kestrel/text/reply_parser.h"
 
 namespace kestrel::server {
@@ -71,14 +72,26 @@ void App::run_job(Job& job, httplib::DataSink& sink) {
     return alive;
   };
   try {
-    if (job.endpoint == Endpoint::kChat) {
+    if (job.wire == Wire::kResponses) {
+      run_responses(job, write);
+    } else if (job.wire == Wire::kMessages) {
+      run_messages(job, write);
+    } else if (job.endpoint == Endpoint::kChat) {
       run_chat(job, write);
     } else {
       run_completion(job, write);
     }
   } catch (const std::exception& e) {
-    const json err = ApiError::error_body(std::string("generation failed: ") + e.what(), "server_error", "", "");
-    write(job.stream ? sse_event(err) : dump(err));
+    const std::string message = std::string("generation failed: ") + e.what();
+    if (job.wire == Wire::kMessages) {
+      const json err = anthropic_error(500, message);
+      write(job.stream ? sse_named_event("error", err) : dump(err));
+    } else if (job.wire == Wire::kResponses && job.stream) {
+      write(sse_named_event("error", {{"type", "error"}, {"code", "server_error"}, {"message", message}, {"param", nullptr}}));
+    } else {
+      const json err = ApiError::error_body(message, "server_error", "", "");
+      write(job.stream ? sse_event(err) : dump(err));
+    }
   }
   if (!alive) metrics_.cancelled();
   metrics_.request_latency(seconds_since(job.arrival));

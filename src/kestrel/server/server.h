@@ -27,6 +27,7 @@ struct ServerOptions {
   size_t draft_max = 6;              // tokens drafted per verification at most (<= runtime::kMaxDraft)
   std::string log_format = "text";   // the access log's lines: text or json (access_log.h)
   bool quiet = false;                // no access log
+  size_t responses_store = 1024;     // /v1/responses kept for previous_response_id (least recently used dropped)
 };
 
 /// Every admitted request (max_queue of them, running or waiting for a session) holds a
