@@ -411,6 +411,8 @@ void App::handle_generate(const httplib::Request& req, httplib::Response& res, c
     job->stream = r.stream;
     job->include_usage = r.stream && r.include_usage;
     job->top_logprobs = r.top_logprobs;
+    job->n = r.n;
+    job->best_of = r.best_of;
     job->arrival = arrival;
     const char* id_prefix = wire == Wire::kResponses ? "resp_"
                             : wire == Wire::kMessages ? "msg_"
@@ -474,6 +476,9 @@ void App::handle_generate(const httplib::Request& req, httplib::Response& res, c
     // Prompt scoring (echo with logprobs, prompt_logprobs): a prefill that keeps every row.
     if (r.echo && r.top_logprobs >= 0) o.prompt_logprobs = r.top_logprobs;
     o.prompt_logprobs = std::max(o.prompt_logprobs, r.prompt_logprobs);
+    // best_of ranks the samples by their tokens' summed logprob: collected whether asked or not.
+    job->user_logprobs = r.top_logprobs >= 0;
+    if (r.best_of > r.n && o.top_logprobs < 0) o.top_logprobs = 0;
     for (const auto& [id, bias] : r.logit_bias) {
       if (static_cast<uint64_t>(id) >= tok.n_vocab()) {
         throw bad_request("'logit_bias' names token " + std::to_string(id) + ", outside the vocabulary of " +

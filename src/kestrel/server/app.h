@@ -52,6 +52,9 @@ struct Job {
   bool stream = false;
   bool include_usage = false;
   int top_logprobs = -1;
+  size_t n = 1;                         // choices per prompt
+  size_t best_of = 1;                   // samples per prompt (>= n); the n of highest logprob are returned
+  bool user_logprobs = true;            // the client asked for logprobs (best_of collects them anyway)
   bool echo = false;                    // completions: the prompt text (and its logprobs) first
   int prompt_logprobs = -1;             // completions: vLLM's prompt_logprobs
   std::vector<std::vector<TokenId>> prompts;
@@ -141,6 +144,16 @@ class App {
   void install_wire_routes();
   void run_job(Job& job, httplib::DataSink& sink);
   void run_chat(Job& job, const std::function<bool(const std::string&)>& write);
+  /// Non-streamed n / best_of / several prompts: every (prompt, sample) runs as its own request
+  /// on the scheduler at once (so they decode as one batch), sample k with seed + k; the calling
+  /// thread writes heartbeats meanwhile and cancels them all when the client goes away.
+  /// results[prompt][sample]; empty when cancelled.
+  std::vector<std::vector<runtime::GenerateResult>> generate_samples(Job& job,
+                                                                     const std::function<bool(const std::string&)>& write);
+  /// Metrics and the access log's counts for a finished generation.
+  void account(const runtime::GenerateResult& result);
+  /// The chat choice (a whole message) of one result.
+  json chat_choice(const Job& job, const runtime::GenerateResult& result, size_t index);
   void run_completion(Job& job, const std::function<bool(const std::string&)>& write);
   /// After a cancelled generation: throws kestrel::Error when the server is stopping.
   void cut_short() const;

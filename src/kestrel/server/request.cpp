@@ -224,9 +224,7 @@ void parse_common(const json& body, GenerationRequest& r) {
     r.seed = static_cast<uint64_t>(*s);
   }
   if (auto n = get_int(body, "max_tokens", 0, 1 << 24)) r.max_tokens = static_cast<size_t>(*n);
-  if (auto n = get_int(body, "n", 1, 128); n && *n != 1) {
-    throw bad_request("only n=1 is supported", "n");
-  }
+  if (auto n = get_int(body, "n", 1, static_cast<int64_t>(kMaxSamples))) r.n = static_cast<size_t>(*n);
   if (const json* stop = field(body, "stop")) {
     if (stop->is_string()) {
       r.stop.push_back(stop->get<std::string>());
@@ -255,7 +253,13 @@ void parse_common(const json& body, GenerationRequest& r) {
   if (auto c = get_bool(body, "cache_prompt")) r.cache_prompt = *c;
   if (auto m = get_int(body, "min_tokens", 0, 1 << 24)) r.min_tokens = static_cast<size_t>(*m);
   if (const json* lb = field(body, "logit_bias")) parse_logit_bias(*lb, r);
-  if (auto b = get_int(body, "best_of", 1, 128); b && *b != 1) throw bad_request("only best_of=1 is supported", "best_of");
+  if (auto b = get_int(body, "best_of", 1, static_cast<int64_t>(kMaxSamples))) r.best_of = static_cast<size_t>(*b);
+  if (r.best_of != 1 && r.best_of < r.n) throw bad_request("'best_of' must be at least 'n'", "best_of");
+  r.best_of = std::max(r.best_of, r.n);
+  if (r.stream && r.best_of > 1) {
+    throw bad_request(std::string("'") + (r.n > 1 ? "n" : "best_of") + "' above 1 is not streamed: send it without 'stream'",
+                      r.n > 1 ? "n" : "best_of");
+  }
 }
 
 // Text of a message's content: a string, or an array of {"type": "text", "text": ...} parts.
@@ -431,6 +435,7 @@ GenerationRequest parse_chat_request(const json& body) {
   if (auto e = get_bool(body, "echo"); e && *e) {
     throw bad_request("'echo' belongs to /v1/completions (prompt scoring)", "echo");
   }
+  if (r.best_of != r.n) throw bad_request("'best_of' belongs to /v1/completions", "best_of");
   if (auto n = get_int(body, "max_completion_tokens", 0, 1 << 24)) r.max_tokens = static_cast<size_t>(*n);
   const auto logprobs = get_bool(body, "logprobs");
   const auto top = get_int(body, "top_logprobs", 0, kMaxTopLogprobs);

@@ -45,6 +45,8 @@ struct GenerationRequest {
   runtime::SamplerConfig sampler;           // OpenAI defaults: temperature 1, no top-k/p/min-p cut
   std::optional<uint64_t> seed;
   std::vector<std::string> stop;
+  size_t n = 1;                             // choices per prompt
+  size_t best_of = 1;                       // completions: samples per prompt, the n most likely returned
   bool stream = false;
   bool include_usage = false;               // stream_options.include_usage
   bool ignore_eos = false;
@@ -68,6 +70,8 @@ struct GenerationRequest {
 inline constexpr size_t kMaxStopStrings = 16;
 inline constexpr int kMaxTopLogprobs = 20;
 inline constexpr size_t kMaxPrompts = 64;
+/// n and best_of at most (several samples of one prompt run as concurrent requests, batched).
+inline constexpr size_t kMaxSamples = 16;
 inline constexpr size_t kMaxLogitBias = 1024;  // entries of logit_bias (OpenAI allows 300)
 
 /// Deepest nesting of arrays and objects in JSON text (strings skipped), without parsing it:
