@@ -71,7 +71,10 @@ TEST(ChatRequest, WrongTypesAndRangesNameTheField) {
   EXPECT_EQ(chat_error(with(R"("stream":"yes")")), "stream");
   EXPECT_EQ(chat_error(with(R"("stop":[1])")), "stop");
   EXPECT_EQ(chat_error(with(R"("stop":[""])")), "stop");
-  EXPECT_EQ(chat_error(with(R"("n":2)")), "n");
+  EXPECT_EQ(chat_error(with(R"("n":2)")), "");
+  EXPECT_EQ(chat_error(with(R"("n":17)")), "n");
+  EXPECT_EQ(chat_error(with(R"("n":2,"stream":true)")), "n");
+  EXPECT_EQ(chat_error(with(R"("best_of":2)")), "best_of");  // completions only
   EXPECT_EQ(chat_error(with(R"("top_logprobs":2)")), "top_logprobs");  // needs logprobs
   EXPECT_EQ(chat_error(with(R"("logprobs":true,"top_logprobs":21)")), "top_logprobs");
   EXPECT_EQ(chat_error(with(R"("response_format":{"type":"json_schema"})")), "response_format.json_schema");
