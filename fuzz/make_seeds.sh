@@ -145,3 +145,7 @@ write("gemma3.safetensors", [("model.embed_tokens.weight", "F32", [4, 8], bytes(
 write("none.safetensors", [])
 PY
 echo "make_seeds: $(ls "$OUT/safetensors" | wc -l) safetensors seeds"
+# wire: request bodies of the Responses and Messages APIs (fuzz_wire_requests), kept in fuzz/seeds_wire.
+mkdir -p "$OUT/wire"
+cp "$(dirname "$0")/seeds_wire/"*.json "$OUT/wire/"
+echo "make_seeds: $(ls "$OUT/wire" | wc -l) wire seeds"

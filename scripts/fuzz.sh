@@ -66,5 +66,7 @@ start fuzz_tokenizer tokenizer 4096; tokenizer=$!
 finish $gguf fuzz_gguf
 start fuzz_safetensors safetensors 65536; safetensors=$!
 finish $tokenizer fuzz_tokenizer
+start fuzz_wire_requests wire 16384; wire=$!
 finish $safetensors fuzz_safetensors
+finish $wire fuzz_wire_requests
 exit $status

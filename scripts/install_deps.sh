@@ -5,6 +5,9 @@
 #   scripts/install_deps.sh --peers  also llama-cpp-python (goldens and benchmarks), built
 #                                    without AMX; an installed copy built otherwise is rebuilt
 #                                    by either form
+#   scripts/install_deps.sh --client-libs
+#                                    also openai-agents, instructor, langchain-openai and
+#                                    litellm in their own venv (tests/python/test_serve_client_libs.py)
 #   scripts/install_deps.sh --export-check
 #                                    also torch, compressed-tensors and flash-head, the
 #                                    references of tests/python/test_export*.py (about 1 min,
@@ -75,6 +78,15 @@ pip_quiet -r scripts/requirements.txt
 pip_quiet --no-deps xgrammar==0.2.8 apache-tvm-ffi==0.1.15.post2
 # xgrammar's C++ core (structured output) into ${KESTREL_DEPS:-~/.cache/kestrel/deps}.
 scripts/build_xgrammar.sh
+# With --client-libs: the agent frameworks and client libraries of
+# tests/python/test_serve_client_libs.py, in a virtual environment of their own (instructor pins
+# jiter<0.15, which the project's openai pin does not accept); without it those tests skip.
+if [[ " $* " == *" --client-libs "* ]]; then
+  venv=${KESTREL_CLIENT_LIBS:-$HOME/.cache/kestrel/client-libs}
+  echo "== venv $venv: scripts/requirements-client-libs.txt"
+  [[ -x "$venv/bin/python" ]] || "$PY" -m venv "$venv"
+  "$venv/bin/pip" install -q -r scripts/requirements-client-libs.txt
+fi
 # With --peers, or when some llama-cpp-python is installed already (so that the test command,
 # which runs without --peers, repairs a default build before its tests use it):
 if [[ " $* " == *" --peers "* ]] || "$PY" -c "import llama_cpp" 2>/dev/null; then

@@ -4,6 +4,7 @@ import json
 import os
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -32,11 +33,14 @@ class Server:
         cmd = [str(KESTREL), "serve", "--port", str(self.port), "-t", "2", *map(str, args)]
         if api_key:
             cmd += ["--api-key", api_key]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        # stderr (the access log: a line per request) goes to a file, never a pipe nobody reads
+        # while the server runs: a full pipe would block the server. stderr_text() reads it.
+        self.log = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.log, text=True)
         self.base = f"http://127.0.0.1:{self.port}"
         deadline = time.time() + 120
         while wait_ready:
-            assert self.proc.poll() is None, self.proc.stderr.read()
+            assert self.proc.poll() is None, self.stderr_text()
             try:
                 status, _ = self.request("GET", "/health")
                 if status == 200:
@@ -65,6 +69,12 @@ class Server:
             return resp.status, json.loads(text)
         except ValueError:
             return resp.status, text
+
+    def stderr_text(self):
+        """What the server wrote on stderr so far."""
+        with open(self.log.fileno(), closefd=False) as f:
+            f.seek(0)
+            return f.read()
 
     def rss_kib(self):
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():

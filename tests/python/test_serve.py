@@ -376,7 +376,8 @@ def test_errors_are_openai_shaped(server, model_id):
     assert error_of(server.request("POST", chat, {"max_tokens": 2}), 400)["param"] == "messages"
     e = error_of(server.request("POST", chat, {**ok, "response_format": {"type": "json_schema", "json_schema": {}}}), 400)
     assert "json_schema" in e["message"]
-    assert error_of(server.request("POST", chat, {**ok, "n": 2}), 400)["param"] == "n"
+    assert error_of(server.request("POST", chat, {**ok, "n": 17}), 400)["param"] == "n"  # above kMaxSamples
+    assert error_of(server.request("POST", chat, {**ok, "n": 2, "stream": True}), 400)["param"] == "n"
     assert error_of(server.request("POST", chat, {**ok, "messages": [{"role": "wizard", "content": "x"}]}), 400)
     # a user message without content, or with null, names messages[i].content (was accepted)
     for user in ({"role": "user"}, {"role": "user", "content": None}):

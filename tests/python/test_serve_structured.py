@@ -207,3 +207,47 @@ def test_grammars_that_match_nothing_or_are_too_large_are_400s(server):
     assert server.request("GET", "/health")[0] == 200
     status, r = server.request("POST", "/v1/completions", {"prompt": "x", "max_tokens": 3, "guided_regex": "[0-9]{3}"})
     assert status == 200 and re.fullmatch("[0-9]{3}", r["choices"][0]["text"])
+
+
+def test_non_strict_object_schema_is_closed_as_xgrammar_defaults(server):
+    # issue 47: a json_schema without "strict" (instructor's Mode.JSON_SCHEMA, many clients) was
+    # open, and the 270M model invented keys until max_tokens. Closed by default now, as
+    # xgrammar's own default compiles it; additionalProperties: true still opens it.
+    person = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
+                                               "age": {"type": "integer", "minimum": 0, "maximum": 120}}}
+    try:
+        from xgrammar_ref import load_xgrammar
+        xgr = load_xgrammar()
+    except ImportError as e:
+        xgr = None
+        print(f"xgrammar's Python package is not usable, reference check skipped: {e}")
+    if xgr is not None:
+        vocab = ["<pad>", "<eos>", "a"]
+        compiler = xgr.GrammarCompiler(xgr.TokenizerInfo(vocab, vocab_type=xgr.VocabType.RAW, stop_token_ids=[1]))
+
+        def xgr_accepts(schema, text):
+            # xgrammar's defaults (strict_mode among them), as a client library would call it
+            matcher = xgr.GrammarMatcher(compiler.compile_grammar(xgr.Grammar.from_json_schema(json.dumps(schema))))
+            return matcher.accept_string(text) and matcher.is_completed()
+
+        assert xgr_accepts(person, '{"name": "Ann"}')
+        assert not xgr_accepts(person, '{"name": "Ann", "job": "x"}')
+        assert xgr_accepts({**person, "additionalProperties": True}, '{"name": "Ann", "job": "x"}')
+    for field in ("response_format", "json_schema"):
+        for seed in (1, 2, 3, 4):
+            body = {"messages": [{"role": "user", "content": "Describe a person as JSON with many details."}],
+                    "max_tokens": 120, "temperature": 1.0, "seed": seed}
+            body[field] = ({"type": "json_schema", "json_schema": {"name": "p", "schema": person}}
+                           if field == "response_format" else person)
+            status, r = server.request("POST", "/v1/chat/completions", body)
+            assert status == 200, r
+            choice = r["choices"][0]
+            assert choice["finish_reason"] == "stop", (field, seed, choice)
+            value = valid(choice["message"]["content"], person)
+            assert set(value) <= {"name", "age"}, (field, seed, value)
+    # additionalProperties: true is open: it compiles and its answers validate.
+    status, r = server.request("POST", "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "A person as JSON."}], "max_tokens": 60, "temperature": 0,
+        "response_format": {"type": "json_schema", "json_schema": {
+            "name": "p", "schema": {**person, "additionalProperties": True}}}})
+    assert status == 200, r

@@ -119,14 +119,40 @@ def test_gemma4_tiny_random_model_always_calls(gemma4):
 
 def test_gemma4_parallel_calls(gemma4):
     tools = TOOL_SETS[7][:1]  # short calls: 8 of them fit in the tiny model's context
+    counts = []
     for seed in range(4):
         client = client_for(gemma4)
         r = client.chat.completions.create(
             model=client.model_id, messages=[{"role": "user", "content": "Toggle it."}], tools=tools,
-            tool_choice="required", temperature=1, seed=seed, max_tokens=300)
+            tool_choice="required", temperature=1, seed=seed, max_tokens=300, parallel_tool_calls=True)
         calls = check(r.choices[0], tools, None)
         assert 1 <= len(calls) <= 8
+        counts.append(len(calls))
         assert r.choices[0].message.content is None
+    # The random model fills the room it is given: several calls in some reply (else the
+    # one-call default below would prove nothing).
+    assert max(counts) > 1, counts
+
+
+def test_gemma4_one_call_unless_parallel_tool_calls(gemma4):
+    # OpenAI clients leave parallel_tool_calls unset and expect one call to a forced function
+    # (issue 47: the openai SDK got 8 identical calls, instructor failed). "required" and a named
+    # function both give exactly one call by default; a named function gives one even with
+    # parallel_tool_calls: true. Streamed and not.
+    tools = TOOL_SETS[7][:1]
+    named = {"type": "function", "function": {"name": tools[0]["function"]["name"]}}
+    client = client_for(gemma4)
+    for seed in range(4):
+        for tool_choice, extra in (("required", {}), (named, {}), (named, {"parallel_tool_calls": True})):
+            args = dict(model=client.model_id, messages=[{"role": "user", "content": "Toggle it."}], tools=tools,
+                        tool_choice=tool_choice, temperature=1, seed=seed, max_tokens=300, **extra)
+            r = client.chat.completions.create(**args)
+            assert len(check(r.choices[0], tools, None)) == 1, (seed, tool_choice, extra, r.choices[0])
+            n_calls, finish = 0, None
+            for chunk in client.chat.completions.create(stream=True, **args):
+                n_calls += len(chunk.choices[0].delta.tool_calls or [])
+                finish = chunk.choices[0].finish_reason or finish
+            assert n_calls == 1 and finish == "tool_calls", (seed, tool_choice, extra)
 
 
 def test_gemma4_stream_and_raw_text(gemma4):

@@ -71,7 +71,10 @@ TEST(ChatRequest, WrongTypesAndRangesNameTheField) {
   EXPECT_EQ(chat_error(with(R"("stream":"yes")")), "stream");
   EXPECT_EQ(chat_error(with(R"("stop":[1])")), "stop");
   EXPECT_EQ(chat_error(with(R"("stop":[""])")), "stop");
-  EXPECT_EQ(chat_error(with(R"("n":2)")), "n");
+  EXPECT_EQ(chat_error(with(R"("n":2)")), "");
+  EXPECT_EQ(chat_error(with(R"("n":17)")), "n");
+  EXPECT_EQ(chat_error(with(R"("n":2,"stream":true)")), "n");
+  EXPECT_EQ(chat_error(with(R"("best_of":2)")), "best_of");  // completions only
   EXPECT_EQ(chat_error(with(R"("top_logprobs":2)")), "top_logprobs");  // needs logprobs
   EXPECT_EQ(chat_error(with(R"("logprobs":true,"top_logprobs":21)")), "top_logprobs");
   EXPECT_EQ(chat_error(with(R"("response_format":{"type":"json_schema"})")), "response_format.json_schema");
@@ -102,6 +105,15 @@ TEST(ChatRequest, VllmStructuredOutputs) {
   ASSERT_TRUE(so.grammar);
   EXPECT_EQ(so.grammar->kind, kestrel::runtime::GrammarSpec::Kind::kJsonSchema);
   EXPECT_EQ(so.schema_pointer, "/structured_outputs/json");
+  // Every JSON Schema is compiled closed (xgrammar's strict_mode), "strict" or not.
+  EXPECT_TRUE(so.grammar->strict);
+  for (const char* f : {R"("json_schema":{"type":"object"})", R"("guided_json":{"type":"object"})",
+                        R"("response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{"type":"object"}}})",
+                        R"("response_format":{"type":"json_schema","json_schema":{"schema":{"type":"object"},"strict":false}})"}) {
+    const auto r = parse_chat_request(json::parse(with(f)));
+    ASSERT_TRUE(r.grammar) << f;
+    EXPECT_TRUE(r.grammar->strict) << f;
+  }
   // The schema re-read in the client's key order
   EXPECT_EQ(schema_in_client_order(with(R"("structured_outputs":{"json":{"type":"object","b":1,"a":2}})"),
                                    so.schema_pointer),
@@ -180,8 +192,12 @@ TEST(CompletionRequest, PromptForms) {
             (std::vector<std::vector<int32_t>>{{2, 3}}));
   EXPECT_EQ(parse_completion_request(json::parse(R"({"prompt":[[2],[3,4]]})")).prompt_ids.size(), 2u);
   EXPECT_EQ(parse_completion_request(json::parse(R"({"prompt":"a","logprobs":3})")).top_logprobs, 3);
+  const auto scoring = parse_completion_request(json::parse(R"({"prompt":"a","echo":true,"prompt_logprobs":2})"));
+  EXPECT_TRUE(scoring.echo);
+  EXPECT_EQ(scoring.prompt_logprobs, 2);
   for (const char* bad : {R"({})", R"({"prompt":[]})", R"({"prompt":5})", R"({"prompt":[-1]})", R"({"prompt":["a",1]})",
-                          R"({"prompt":[[]]})", R"({"prompt":"a","echo":true})", R"({"prompt":"a","logprobs":true})"}) {
+                          R"({"prompt":[[]]})", R"({"prompt":"a","echo":true,"stream":true})", R"({"prompt":"a","logprobs":true})",
+                          R"({"prompt":"a","prompt_logprobs":21})"}) {
     EXPECT_THROW(parse_completion_request(json::parse(bad)), ApiError) << bad;
   }
 }
@@ -243,6 +259,9 @@ TEST(Metrics, PrometheusText) {
   Metrics m;
   m.request("chat", 200);
   m.request("chat", 400);
+  m.response(404);
+  m.response(404);
+  m.response(200);
   m.tokens(10, 5);
   m.ttft(0.03);
   m.load(1, 3);
@@ -251,6 +270,8 @@ TEST(Metrics, PrometheusText) {
   m.sessions(4, 1024);
   const std::string t = m.render();
   EXPECT_NE(t.find("kestrel_requests_total{endpoint=\"chat\",status=\"400\"} 1\n"), std::string::npos);
+  EXPECT_NE(t.find("kestrel_http_responses_total{status=\"404\"} 2\n"), std::string::npos);
+  EXPECT_NE(t.find("kestrel_http_responses_total{status=\"200\"} 1\n"), std::string::npos);
   EXPECT_NE(t.find("kestrel_generation_tokens_total 5\n"), std::string::npos);
   EXPECT_NE(t.find("kestrel_queue_depth 1\n"), std::string::npos);
   EXPECT_NE(t.find("kestrel_requests_running 3\n"), std::string::npos);

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include "kestrel/runtime/grammar.h"
+#include "kestrel/server/chat_prompt.h"
+#include "kestrel/server/request.h"
 #include "kestrel/server/tool_grammar.h"
 
 using nlohmann::json;
@@ -119,4 +121,38 @@ TEST(ToolGrammar, Gemma3StructuralTag) {
   const std::string err = throws_where([&] { gemma3_tool_structural_tag({bad, "", false}); });
   EXPECT_EQ(err.rfind("tools[1] (f): parameters: ", 0), 0u) << err;
   EXPECT_NE(err.find("not"), std::string::npos) << err;
+}
+
+TEST(ToolGrammar, OneCallUnlessParallelToolCallsIsTrue) {
+  // OpenAI's meaning as llama-server serves it: one call by default, several only with
+  // parallel_tool_calls: true, and exactly one for a named function whatever it says.
+  const char* tools =
+      R"("tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object",
+         "properties":{"city":{"type":"string"}},"required":["city"]}}}])";
+  auto spec = [&](const std::string& extra) {
+    const GenerationRequest r = parse_chat_request(json::parse(
+        std::string(R"({"messages":[{"role":"user","content":"hi"}],)") + tools + "," + extra + "}"));
+    const json tag = json::parse(gemma3_tool_structural_tag(
+        {r.tools, r.tool_choice_named ? r.tool_choice : std::string(), r.parallel_tool_calls && !r.tool_choice_named}));
+    return tag["format"]["type"].get<std::string>();  // "tag": one call; "sequence": 1 to 8
+  };
+  const std::string named = R"("tool_choice":{"type":"function","function":{"name":"get_weather"}})";
+  EXPECT_EQ(spec(R"("tool_choice":"required")"), "tag");
+  EXPECT_EQ(spec(R"("tool_choice":"required","parallel_tool_calls":false)"), "tag");
+  EXPECT_EQ(spec(R"("tool_choice":"required","parallel_tool_calls":true)"), "sequence");
+  EXPECT_EQ(spec(named), "tag");
+  EXPECT_EQ(spec(named + R"(,"parallel_tool_calls":true)"), "tag");
+  // forced_tool_grammar makes the same choice from the request.
+  const GenerationRequest r = parse_chat_request(json::parse(
+      std::string(R"({"messages":[{"role":"user","content":"hi"}],)") + tools + "," + named +
+      R"(,"parallel_tool_calls":true})"));
+  EXPECT_FALSE(r.parallel_tool_calls && !r.tool_choice_named);
+  // ChatPrompt's bound on returned calls (tool_choice auto drops the calls past it).
+  EXPECT_EQ(build_chat_prompt(ChatTemplate::kGemma3, r).max_tool_calls, 1u);
+  const GenerationRequest p = parse_chat_request(json::parse(
+      std::string(R"({"messages":[{"role":"user","content":"hi"}],)") + tools + R"(,"parallel_tool_calls":true})"));
+  EXPECT_EQ(build_chat_prompt(ChatTemplate::kGemma3, p).max_tool_calls, SIZE_MAX);
+  const GenerationRequest a = parse_chat_request(json::parse(
+      std::string(R"({"messages":[{"role":"user","content":"hi"}],)") + tools + "}"));
+  EXPECT_EQ(build_chat_prompt(ChatTemplate::kGemma3, a).max_tool_calls, 1u);
 }

@@ -100,6 +100,16 @@ Command add_serve_command(CLI::App& app) {
                   "more get 429")
       ->check(integer_range(size_t{1}, size_t{2048}))
       ->capture_default_str();
+  cmd->add_option("--log-format", s.log_format,
+                  "The access log on stderr, one line per request (method, path, status, prompt/cached/completion "
+                  "tokens, ms): text or json")
+      ->check(CLI::IsMember({"text", "json"}))
+      ->capture_default_str();
+  cmd->add_flag("--quiet", s.quiet, "No access log");
+  cmd->add_option("--responses-store", s.responses_store,
+                  "/v1/responses kept in memory for previous_response_id (the least recently used dropped first)")
+      ->check(integer_range(size_t{0}, size_t{1} << 20))
+      ->capture_default_str();
   cmd->callback([opts] {
     const auto& so = opts->server;
     if (so.http_threads != 0 && so.http_threads < so.max_queue + server::kMinSpareHttpThreads) {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -58,6 +59,10 @@ struct GenerateOptions {
   /// when the grammar allows at most kGrammarExactLimit tokens exactly those are scored, and
   /// when no candidate is allowed the dense head scores that step (GenerateResult counts both).
   std::shared_ptr<const CompiledGrammar> grammar;
+  /// Prompt scoring (echo + logprobs, prompt_logprobs): >= 0 scores every prompt token but the
+  /// first (runtime/prompt_scoring.h) with this many alternatives, from an empty cache (no
+  /// prefix reuse: every position needs its row), before generating. -1: none.
+  int prompt_logprobs = -1;
 };
 
 /// A grammar step that allows at most this many tokens scores exactly them, not the candidates.
@@ -79,6 +84,10 @@ struct GenerateResult {
   size_t accepted_tokens = 0;      // drafted tokens kept (DraftAccept's rule)
   size_t grammar_exact_steps = 0;  // FlashHead + grammar: steps that scored exactly the allowed tokens
   size_t grammar_dense_steps = 0;  // FlashHead + grammar: steps where no candidate was allowed (dense head)
+  /// With options.prompt_logprobs >= 0: prompt token i + 1 given tokens 0..i (prompt_tokens - 1
+  /// entries), and its 1-based rank in the vocabulary.
+  std::vector<StepLogprobs> prompt_logprobs;
+  std::vector<uint32_t> prompt_ranks;
 };
 
 /// Called with each piece of text as soon as it is final; return false to stop generating.

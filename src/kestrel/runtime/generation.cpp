@@ -7,6 +7,7 @@
 #include "kestrel/runtime/draft_model.h"
 #include "kestrel/runtime/engine.h"
 #include "kestrel/runtime/mtp_drafter.h"
+#include "kestrel/runtime/prompt_scoring.h"
 #include "kestrel/runtime/session.h"
 #include "kestrel/runtime/speculative_sampling.h"
 
@@ -67,12 +68,23 @@ Generation::Generation(Session& session, std::span<const TokenId> prompt, const 
   result_.prompt_tokens = prompt.size();
   result_.finish_reason = "length";
   t0_ = Clock::now();
-  if (options.cache_prompt) {
-    result_.cached_tokens = session.reuse_prefix(prompt);
-  } else {
+  if (options.prompt_logprobs >= 0) {
+    // Scoring: every prompt row, as one prefill (on the scheduler's thread, which owns the
+    // model). Then the last rows go again through the ordinary prefill (reuse_prefix leaves
+    // them), so that the next token is scored as a cold run scores it.
     session.reset();
+    PromptScores scores = score_tokens(session, prompt, {static_cast<size_t>(options.prompt_logprobs)});
+    result_.prompt_logprobs = std::move(scores.steps);
+    result_.prompt_ranks = std::move(scores.ranks);
+    next_prompt_ = session.reuse_prefix(prompt);
+  } else {
+    if (options.cache_prompt) {
+      result_.cached_tokens = session.reuse_prefix(prompt);
+    } else {
+      session.reset();
+    }
+    next_prompt_ = result_.cached_tokens;
   }
-  next_prompt_ = result_.cached_tokens;
   if (options.grammar) constraint_.emplace(options.grammar);
   const size_t draft_max = std::min(options.draft_max, kMaxDraft);
   if (draft_max > 0) {

@@ -32,16 +32,23 @@ void send_json(httplib::Response& res, int status, const json& body) {
 
 
 
-void App::guarded(const char* endpoint, httplib::Response& res, const std::function<void()>& body) {
+void App::guarded(const char* endpoint, httplib::Response& res, const std::function<void()>& body, Wire wire) {
   try {
     body();
   } catch (const ApiError& e) {
-    send_json(res, e.status(), e.body());
+    send_json(res, e.status(), wire == Wire::kMessages ? anthropic_error(e.status(), e.what()) : e.body());
     if (e.status() == 429) res.set_header("Retry-After", "1");
   } catch (const std::exception& e) {
-    send_json(res, 500, ApiError::error_body(std::string("internal error: ") + e.what(), "server_error", "", ""));
+    const std::string message = std::string("internal error: ") + e.what();
+    send_json(res, 500, wire == Wire::kMessages ? anthropic_error(500, message)
+                                                : ApiError::error_body(message, "server_error", "", ""));
   }
   metrics_.request(endpoint, res.status);
+}
+
+nlohmann::ordered_json App::parse_ordered_body(const std::string& text) const {
+  parse_body(text);  // depth, validity and object checks
+  return nlohmann::ordered_json::parse(text);
 }
 
 json App::model_object() const {
@@ -61,7 +68,10 @@ void App::check_model_name(const std::string& name) const {
 
 void App::check_auth(const httplib::Request& req) const {
   if (options_.api_key.empty()) return;
-  const std::string header = req.get_header_value("Authorization");
+  // Anthropic's clients send the key as x-api-key.
+  const std::string header = req.has_header("x-api-key") && !req.has_header("Authorization")
+                                 ? "Bearer " + req.get_header_value("x-api-key")
+                                 : req.get_header_value("Authorization");
   const std::string expected = "Bearer " + options_.api_key;
   // Constant-time comparison over the expected length.
   unsigned diff = header.size() != expected.size() ? 1u : 0u;
@@ -147,6 +157,19 @@ void App::install_routes() {
     }
     send_json(res, res.status, ApiError::error_body(message, ApiError::default_type(res.status), "", ""));
   });
+  // The access log and the count of every response: the request's record starts before
+  // routing, and the logger runs once the response (a stream's too) has been written.
+  http_.set_pre_routing_handler([](const httplib::Request&, httplib::Response&) {
+    current_request() = RequestRecord{Clock::now()};
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
+  http_.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+    metrics_.response(res.status);
+    if (!options_.quiet) {
+      write_log_line(access_line(log_format_, req.remote_addr, req.method, req.path, res.status, current_request()));
+    }
+    current_request() = RequestRecord{};
+  });
   http_.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
     send_json(res, 500, ApiError::error_body("internal error", "server_error", "", ""));
   });
@@ -186,6 +209,7 @@ void App::install_routes() {
     });
   });
   install_webui_routes();
+  install_wire_routes();
   post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res, const std::string& body) {
     handle_generate(req, res, body, Endpoint::kChat);
   });
@@ -213,7 +237,9 @@ void App::install_routes() {
           if (!a->is_boolean()) throw bad_request(std::string("'") + key + "' must be a boolean", key);
           return a->get<bool>();
         };
-        tokens = engine_->tokenizer().encode(text->get<std::string>(), flag("add_special"), flag("parse_special"));
+        // add_special_tokens is vLLM's name (lm-eval's tokenizer probe sends it), add_special llama-server's.
+        const bool add_special = body.contains("add_special_tokens") ? flag("add_special_tokens") : flag("add_special");
+        tokens = engine_->tokenizer().encode(text->get<std::string>(), add_special, flag("parse_special"));
       }
       json out = {{"tokens", tokens}, {"count", tokens.size()}, {"max_model_len", engine_->n_ctx()}};
       if (body.value("with_pieces", false) == true) {
@@ -295,14 +321,61 @@ std::shared_ptr<void> App::admit() {
   return std::shared_ptr<void>(nullptr, [this](void*) { admitted_.fetch_sub(1); });
 }
 
-void App::handle_generate(const httplib::Request& req, httplib::Response& res, const std::string& raw,
-                          Endpoint endpoint) {
+namespace {
+
+// A chat request's field under the name the client's API gives it (the Responses and Messages
+// APIs run as chat requests; their 400s name their own fields).
+std::string wire_param(Wire wire, const std::string& param) {
+  auto starts = [&](const char* prefix) { return param.rfind(prefix, 0) == 0; };
+  if (wire == Wire::kResponses) {
+    if (param == "max_tokens") return "max_output_tokens";
+    if (starts("response_format")) return "text.format";
+    if (starts("messages")) return "input";
+  }
+  if (wire == Wire::kMessages) {
+    if (starts("tools[") && param.find(".function.parameters") != std::string::npos) {
+      return param.substr(0, param.find(".function.parameters")) + ".input_schema";
+    }
+    if (param == "stop") return "stop_sequences";
+  }
+  return param;
+}
+
+}  // namespace
+
+void App::handle_generate(const httplib::Request& req, httplib::Response& res, const std::string& client_raw,
+                          Endpoint endpoint, Wire wire) {
   const auto arrival = Clock::now();
-  guarded(endpoint == Endpoint::kChat ? "chat" : "completions", res, [&] {
+  const char* name = wire == Wire::kResponses ? "responses"
+                     : wire == Wire::kMessages ? "messages"
+                     : endpoint == Endpoint::kChat ? "chat" : "completions";
+  guarded(name, res, [&] {
     check_auth(req);
     check_ready();
+    // The Responses and Messages APIs run as the chat request they translate into.
+    std::shared_ptr<ResponsesRequest> responses;
+    std::shared_ptr<MessagesRequest> messages;
+    std::string translated;
+    if (wire == Wire::kResponses) {
+      responses = std::make_shared<ResponsesRequest>(responses_to_chat(parse_ordered_body(client_raw), responses_));
+      translated = responses->chat.dump();
+    } else if (wire == Wire::kMessages) {
+      messages = std::make_shared<MessagesRequest>(messages_to_chat(parse_ordered_body(client_raw), false));
+      translated = messages->chat.dump();
+    }
+    const std::string& raw = wire == Wire::kOpenAI ? client_raw : translated;
     const json body = parse_body(raw);
-    GenerationRequest r = endpoint == Endpoint::kChat ? parse_chat_request(body) : parse_completion_request(body);
+    GenerationRequest r;
+    try {
+      r = endpoint == Endpoint::kChat ? parse_chat_request(body) : parse_completion_request(body);
+    } catch (const ApiError& e) {
+      if (wire == Wire::kOpenAI) throw;
+      throw ApiError(e.status(), e.what(), wire_param(wire, e.body()["error"].value("param", json("")).is_string()
+                                                                ? e.body()["error"]["param"].get<std::string>()
+                                                                : std::string()),
+                     e.body()["error"]["code"].is_string() ? e.body()["error"]["code"].get<std::string>() : "",
+                     e.body()["error"]["type"].get<std::string>());
+    }
     if (!r.model.empty()) check_model_name(r.model);
     // tool_choice "required" or a named function: the reply is forced through a grammar of the
     // model's call format (docs/serving.md#forced-tool-calls).
@@ -339,11 +412,19 @@ void App::handle_generate(const httplib::Request& req, httplib::Response& res, c
     auto job = std::make_shared<Job>();
     job->admission = admit();
     job->endpoint = endpoint;
+    job->wire = wire;
+    job->responses = std::move(responses);
+    job->messages = std::move(messages);
     job->stream = r.stream;
     job->include_usage = r.stream && r.include_usage;
     job->top_logprobs = r.top_logprobs;
+    job->n = r.n;
+    job->best_of = r.best_of;
     job->arrival = arrival;
-    job->meta = {random_id(endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-"), unix_now(), options_.model_id};
+    const char* id_prefix = wire == Wire::kResponses ? "resp_"
+                            : wire == Wire::kMessages ? "msg_"
+                            : endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-";
+    job->meta = {random_id(id_prefix), unix_now(), options_.model_id};
     const text::Tokenizer& tok = engine_->tokenizer();
     if (endpoint == Endpoint::kChat) {
       job->chat = build_chat_prompt(chat_template_, r);
@@ -353,7 +434,10 @@ void App::handle_generate(const httplib::Request& req, httplib::Response& res, c
       }
       job->options.render_special = job->chat.render_special;
     } else {
-      for (const auto& text : r.prompt_texts) job->prompts.push_back(tok.encode(text, true, true));
+      for (const auto& text : r.prompt_texts) {
+        job->prompts.push_back(tok.encode(text, true, true));
+        job->prompt_texts.push_back(text);
+      }
       for (const auto& ids : r.prompt_ids) {
         for (TokenId t : ids) {
           if (static_cast<size_t>(t) >= tok.n_vocab()) {
@@ -362,6 +446,7 @@ void App::handle_generate(const httplib::Request& req, httplib::Response& res, c
           }
         }
         job->prompts.push_back(ids);
+        if (r.echo) job->prompt_texts.push_back(tok.decode(job->prompts.back()));
       }
     }
     // The context must hold the prompt and the completion: OpenAI's 400 with both numbers.
@@ -393,6 +478,14 @@ void App::handle_generate(const httplib::Request& req, httplib::Response& res, c
     o.stop = r.stop;
     o.min_tokens = r.min_tokens;
     o.top_logprobs = r.top_logprobs;
+    job->echo = r.echo;
+    job->prompt_logprobs = r.prompt_logprobs;
+    // Prompt scoring (echo with logprobs, prompt_logprobs): a prefill that keeps every row.
+    if (r.echo && r.top_logprobs >= 0) o.prompt_logprobs = r.top_logprobs;
+    o.prompt_logprobs = std::max(o.prompt_logprobs, r.prompt_logprobs);
+    // best_of ranks the samples by their tokens' summed logprob: collected whether asked or not.
+    job->user_logprobs = r.top_logprobs >= 0;
+    if (r.best_of > r.n && o.top_logprobs < 0) o.top_logprobs = 0;
     for (const auto& [id, bias] : r.logit_bias) {
       if (static_cast<uint64_t>(id) >= tok.n_vocab()) {
         throw bad_request("'logit_bias' names token " + std::to_string(id) + ", outside the vocabulary of " +
@@ -415,7 +508,7 @@ void App::handle_generate(const httplib::Request& req, httplib::Response& res, c
                                        sink.done();
                                        return true;
                                      });
-  });
+  }, wire);
 }
 
 

@@ -14,10 +14,13 @@
 
 #include "kestrel/runtime/engine.h"
 #include "kestrel/runtime/scheduler.h"
+#include "kestrel/server/access_log.h"
 #include "kestrel/server/api_error.h"
 #include "kestrel/server/chat_prompt.h"
+#include "kestrel/server/messages_request.h"
 #include "kestrel/server/metrics.h"
 #include "kestrel/server/openai_format.h"
+#include "kestrel/server/responses_request.h"
 #include "kestrel/server/request.h"
 #include "kestrel/server/server.h"
 
@@ -36,13 +39,26 @@ std::string random_id(const char* prefix);
 /// Sets status and a JSON body (invalid UTF-8 replaced).
 void send_json(httplib::Response& res, int status, const nlohmann::json& body);
 
+/// The wire format of a generation route: OpenAI's chat completions / completions, OpenAI's
+/// Responses API, or Anthropic's Messages API (the last two run as chat requests).
+enum class Wire { kOpenAI, kResponses, kMessages };
+
 /// One admitted generation: everything the content provider needs once it owns the engine.
 struct Job {
   Endpoint endpoint = Endpoint::kChat;
+  Wire wire = Wire::kOpenAI;
+  std::shared_ptr<ResponsesRequest> responses;  // Wire::kResponses
+  std::shared_ptr<MessagesRequest> messages;    // Wire::kMessages
   bool stream = false;
   bool include_usage = false;
   int top_logprobs = -1;
+  size_t n = 1;                         // choices per prompt
+  size_t best_of = 1;                   // samples per prompt (>= n); the n of highest logprob are returned
+  bool user_logprobs = true;            // the client asked for logprobs (best_of collects them anyway)
+  bool echo = false;                    // completions: the prompt text (and its logprobs) first
+  int prompt_logprobs = -1;             // completions: vLLM's prompt_logprobs
   std::vector<std::vector<TokenId>> prompts;
+  std::vector<std::string> prompt_texts;  // per prompt, the text echo returns
   runtime::GenerateOptions options;
   ChatPrompt chat;  // chat only
   ResponseMeta meta;
@@ -52,9 +68,11 @@ struct Job {
 
 class App {
  public:
-  /// Throws kestrel::Error for an empty options.draft or an unknown options.draft_accept.
+  /// Throws kestrel::Error for an empty options.draft, an unknown options.draft_accept or
+  /// options.log_format.
   explicit App(const ServerOptions& options)
       : options_(options),
+        log_format_(parse_log_format(options.log_format)),
         draft_mode_(runtime::parse_draft_mode(options.draft)),
         draft_accept_(runtime::parse_draft_accept(options.draft_accept)) {}
 
@@ -88,8 +106,13 @@ class App {
   }
 
  private:
-  // Runs `body`, turning ApiError and any other exception into OpenAI error responses.
-  void guarded(const char* endpoint, httplib::Response& res, const std::function<void()>& body);
+  // Runs `body`, turning ApiError and any other exception into error responses: OpenAI's shape,
+  // or Anthropic's for Wire::kMessages.
+  void guarded(const char* endpoint, httplib::Response& res, const std::function<void()>& body,
+               Wire wire = Wire::kOpenAI);
+  /// The body parsed with its keys in the client's order (the Responses and Messages
+  /// translations keep schemas in order); 400 as parse_body.
+  nlohmann::ordered_json parse_ordered_body(const std::string& body) const;
   void check_ready() const {
     if (!ready_) throw ApiError(503, "the model is still loading", "", "model_loading", "server_error");
   }
@@ -111,9 +134,29 @@ class App {
   runtime::GenerateResult generate(const std::vector<TokenId>& prompt, const runtime::GenerateOptions& options,
                                    const runtime::TextCallback& on_text);
   void handle_generate(const httplib::Request& req, httplib::Response& res, const std::string& raw,
-                       Endpoint endpoint);
+                       Endpoint endpoint, Wire wire = Wire::kOpenAI);
+  /// Runs a chat job's generation, handing each reply event (content, tool calls; reasoning is
+  /// dropped) to on_event: as it comes when streaming, else once the reply is complete. The
+  /// forced-call and parallel_tool_calls rules apply as in run_chat. A cancelled result is
+  /// returned as it is.
+  runtime::GenerateResult run_reply(Job& job, const std::function<bool(const std::string&)>& write,
+                                    const std::function<void(const text::ReplyEvent&)>& on_event);
+  void run_responses(Job& job, const std::function<bool(const std::string&)>& write);
+  void run_messages(Job& job, const std::function<bool(const std::string&)>& write);
+  /// The routes of the Responses and Messages APIs (wire_routes.cpp).
+  void install_wire_routes();
   void run_job(Job& job, httplib::DataSink& sink);
   void run_chat(Job& job, const std::function<bool(const std::string&)>& write);
+  /// Non-streamed n / best_of / several prompts: every (prompt, sample) runs as its own request
+  /// on the scheduler at once (so they decode as one batch), sample k with seed + k; the calling
+  /// thread writes heartbeats meanwhile and cancels them all when the client goes away.
+  /// results[prompt][sample]; empty when cancelled.
+  std::vector<std::vector<runtime::GenerateResult>> generate_samples(Job& job,
+                                                                     const std::function<bool(const std::string&)>& write);
+  /// Metrics and the access log's counts for a finished generation.
+  void account(const runtime::GenerateResult& result);
+  /// The chat choice (a whole message) of one result.
+  json chat_choice(const Job& job, const runtime::GenerateResult& result, size_t index);
   void run_completion(Job& job, const std::function<bool(const std::string&)>& write);
   /// After a cancelled generation: throws kestrel::Error when the server is stopping.
   void cut_short() const;
@@ -124,6 +167,7 @@ class App {
                         bool& wrote, std::vector<runtime::StepLogprobs>& pending);
 
   ServerOptions options_;
+  LogFormat log_format_;
   runtime::DraftMode draft_mode_;
   runtime::DraftAccept draft_accept_;
   httplib::Server http_;
@@ -134,6 +178,7 @@ class App {
   std::atomic<bool> ready_{false};
   std::atomic<bool> stopping_{false};
   Metrics metrics_;
+  ResponseStore responses_{options_.responses_store};
 };
 
 }  // namespace kestrel::server

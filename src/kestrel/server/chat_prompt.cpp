@@ -1,5 +1,7 @@
 #include "kestrel/server/chat_prompt.h"
 
+#include <cstdint>
+
 #include "kestrel/server/api_error.h"
 #include "kestrel/text/chat_tools.h"
 
@@ -29,6 +31,7 @@ ChatPrompt build_chat_prompt(ChatTemplate chat_template, const GenerationRequest
   ChatPrompt out;
   out.parse_tools = !request.tools.empty();
   out.forced_tools = out.parse_tools && request.tool_choice != "auto" && request.tool_choice != "none";
+  out.max_tool_calls = request.parallel_tool_calls && !request.tool_choice_named ? SIZE_MAX : 1;
   try {
     if (chat_template == ChatTemplate::kGemma4) {
       out.text = text::render_gemma4(messages, request.tools, true, request.enable_thinking);

@@ -1,6 +1,7 @@
 // From a chat request to prompt text: choosing the chat template and how the reply is parsed.
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,9 @@ struct ChatPrompt {
   bool render_special = false;           // decode control tokens (Gemma 4's markers)
   bool forced_tools = false;             // tool_choice required/named: only calls (and "\n" between them)
   std::vector<std::string> stop_pieces;  // vocabulary pieces that end the reply
+  /// Tool calls the reply may return: 1, or any number with parallel_tool_calls: true (and no
+  /// named tool_choice). Calls the model writes beyond it are dropped (tool_choice auto).
+  size_t max_tool_calls = 1;
 };
 
 /// Renders the request's messages and tools. A json_object response format and a required or

@@ -1,7 +1,12 @@
 // Running an admitted request through the scheduler: streaming (SSE) or whole responses,
 // tool-call parsing, metrics, and cancellation when the client goes away.
+#include <algorithm>
+#include <atomic>
+#include <future>
+
 #include "kestrel/server/api_error.h"
 #include "kestrel/server/app.h"
+#include "kestrel/server/reply_builder.h"
 #include "kestrel/text/reply_parser.h"
 
 namespace kestrel::server {
@@ -45,12 +50,86 @@ void App::watch_connection(Job& job, runtime::GenerateOptions& o, const std::fun
 runtime::GenerateResult App::generate(const std::vector<TokenId>& prompt, const runtime::GenerateOptions& options,
                                       const runtime::TextCallback& on_text) {
   runtime::GenerateResult result = scheduler_->run(prompt, options, on_text);
+  account(result);
+  return result;
+}
+
+void App::account(const runtime::GenerateResult& result) {
   metrics_.tokens(result.prompt_tokens, result.tokens.size());
   metrics_.prompt_cache(result.cached_tokens);
   metrics_.drafts(result.drafted_tokens, result.accepted_tokens);
   metrics_.grammar_steps(result.grammar_exact_steps, result.grammar_dense_steps);
-  return result;
+  RequestRecord& record = current_request();  // the access log's token counts
+  record.generated = true;
+  record.prompt_tokens += result.prompt_tokens;
+  record.cached_tokens += result.cached_tokens;
+  record.completion_tokens += result.tokens.size();
 }
+
+std::vector<std::vector<runtime::GenerateResult>> App::generate_samples(
+    Job& job, const std::function<bool(const std::string&)>& write) {
+  std::atomic<bool> cancel{false};
+  struct Task {
+    size_t prompt, sample;
+    runtime::GenerateOptions options;
+    std::future<runtime::GenerateResult> result;
+  };
+  std::vector<Task> tasks;
+  for (size_t p = 0; p < job.prompts.size(); ++p) {
+    for (size_t k = 0; k < job.best_of; ++k) {
+      runtime::GenerateOptions o = job.options;
+      o.sampler.seed += k;
+      o.on_token = [this, &cancel](TokenId, const runtime::StepLogprobs*) { return !cancel && !stopping_; };
+      o.on_wait = [this, &cancel] { return !cancel && !stopping_; };
+      tasks.push_back({p, k, std::move(o), {}});
+    }
+  }
+  for (auto& t : tasks) {
+    t.result = std::async(std::launch::async, [this, &job, &t] { return scheduler_->run(job.prompts[t.prompt], t.options); });
+  }
+  std::vector<std::vector<runtime::GenerateResult>> out(job.prompts.size(), std::vector<runtime::GenerateResult>(job.best_of));
+  std::exception_ptr error;
+  for (auto& t : tasks) {
+    // A heartbeat (whitespace before the JSON body) each second: a closed connection cancels all.
+    while (t.result.wait_for(std::chrono::seconds(1)) != std::future_status::ready) {
+      if (!cancel && !write(" ")) cancel = true;
+    }
+    try {
+      out[t.prompt][t.sample] = t.result.get();
+      account(out[t.prompt][t.sample]);
+      if (out[t.prompt][t.sample].cancelled) cancel = true;
+    } catch (...) {
+      error = std::current_exception();
+      cancel = true;
+    }
+  }
+  if (error) std::rethrow_exception(error);
+  if (cancel) return {};
+  return out;
+}
+
+namespace {
+
+// Summed logprob of a result's tokens (best_of's ranking).
+double total_logprob(const runtime::GenerateResult& r) {
+  double sum = 0;
+  for (const auto& s : r.logprobs) sum += s.chosen.logprob;
+  return sum;
+}
+
+// The n results of highest summed logprob among best_of, in that order (all of them, in sample
+// order, when n == best_of).
+std::vector<const runtime::GenerateResult*> best(const std::vector<runtime::GenerateResult>& samples, size_t n) {
+  std::vector<const runtime::GenerateResult*> order;
+  for (const auto& s : samples) order.push_back(&s);
+  if (n < samples.size()) {
+    std::stable_sort(order.begin(), order.end(), [](const auto* a, const auto* b) { return total_logprob(*a) > total_logprob(*b); });
+    order.resize(n);
+  }
+  return order;
+}
+
+}  // namespace
 
 void App::cut_short() const {
   // A client that went away reads nothing more; one cut by the server's shutdown gets an error
@@ -66,14 +145,26 @@ void App::run_job(Job& job, httplib::DataSink& sink) {
     return alive;
   };
   try {
-    if (job.endpoint == Endpoint::kChat) {
+    if (job.wire == Wire::kResponses) {
+      run_responses(job, write);
+    } else if (job.wire == Wire::kMessages) {
+      run_messages(job, write);
+    } else if (job.endpoint == Endpoint::kChat) {
       run_chat(job, write);
     } else {
       run_completion(job, write);
     }
   } catch (const std::exception& e) {
-    const json err = ApiError::error_body(std::string("generation failed: ") + e.what(), "server_error", "", "");
-    write(job.stream ? sse_event(err) : dump(err));
+    const std::string message = std::string("generation failed: ") + e.what();
+    if (job.wire == Wire::kMessages) {
+      const json err = anthropic_error(500, message);
+      write(job.stream ? sse_named_event("error", err) : dump(err));
+    } else if (job.wire == Wire::kResponses && job.stream) {
+      write(sse_named_event("error", {{"type", "error"}, {"code", "server_error"}, {"message", message}, {"param", nullptr}}));
+    } else {
+      const json err = ApiError::error_body(message, "server_error", "", "");
+      write(job.stream ? sse_event(err) : dump(err));
+    }
   }
   if (!alive) metrics_.cancelled();
   metrics_.request_latency(seconds_since(job.arrival));
@@ -81,6 +172,22 @@ void App::run_job(Job& job, httplib::DataSink& sink) {
 
 void App::run_chat(Job& job, const std::function<bool(const std::string&)>& write) {
   const text::Tokenizer& tok = engine_->tokenizer();
+  if (job.n > 1) {  // not streamed (request.cpp): n samples at once
+    const auto samples = generate_samples(job, write);
+    if (samples.empty()) return cut_short();
+    json choices = json::array();
+    size_t completion = 0;
+    for (size_t k = 0; k < samples[0].size(); ++k) {
+      choices.push_back(chat_choice(job, samples[0][k], k));
+      completion += samples[0][k].tokens.size();
+    }
+    // The prompt is counted once (OpenAI's usage), its cached tokens as the first sample found them.
+    const json usage = usage_json(samples[0][0].prompt_tokens, completion, samples[0][0].cached_tokens);
+    write(dump({{"id", job.meta.id}, {"object", "chat.completion"}, {"created", job.meta.created},
+                {"model", job.meta.model}, {"system_fingerprint", "kestrel-" KESTREL_VERSION},
+                {"choices", choices}, {"usage", usage}}));
+    return;
+  }
   text::ReplyParser parser(job.chat.reply_format, job.chat.parse_tools);
   std::vector<runtime::StepLogprobs> pending;
   size_t n_tool_calls = 0;
@@ -103,6 +210,7 @@ void App::run_chat(Job& job, const std::function<bool(const std::string&)>& writ
       } else if (e.kind == text::ReplyEvent::Kind::kReasoning) {
         delta = {{"reasoning_content", e.text}};
       } else {
+        if (n_tool_calls >= job.chat.max_tool_calls) continue;  // parallel_tool_calls not set
         delta = {{"tool_calls", json::array({{{"index", n_tool_calls++},
                                                {"id", random_id("call_")},
                                                {"type", "function"},
@@ -134,25 +242,7 @@ void App::run_chat(Job& job, const std::function<bool(const std::string&)>& writ
     write(sse_done());
     return;
   }
-  std::string content, reasoning;
-  json tool_calls = json::array();
-  for (auto& e : text::parse_reply(job.chat.reply_format, job.chat.parse_tools, result.text)) {
-    if (e.kind == text::ReplyEvent::Kind::kContent) content += job.chat.forced_tools ? forced_content(e.text) : e.text;
-    if (e.kind == text::ReplyEvent::Kind::kReasoning) reasoning += e.text;
-    if (e.kind == text::ReplyEvent::Kind::kToolCall) {
-      tool_calls.push_back({{"id", random_id("call_")},
-                            {"type", "function"},
-                            {"function", {{"name", e.call.name}, {"arguments", dump(e.call.arguments)}}}});
-    }
-  }
-  json message = {{"role", "assistant"}, {"content", content.empty() && !tool_calls.empty() ? json(nullptr) : json(content)}};
-  if (!reasoning.empty()) message["reasoning_content"] = reasoning;
-  if (!tool_calls.empty()) message["tool_calls"] = tool_calls;
-  json choice = {{"index", 0},
-                 {"message", message},
-                 {"logprobs", job.top_logprobs >= 0 ? chat_logprobs(tok, result.logprobs) : json(nullptr)},
-                 {"finish_reason", tool_calls.empty() || result.finish_reason == "length" ? result.finish_reason
-                                                                                           : "tool_calls"}};
+  json choice = chat_choice(job, result, 0);
   write(dump({{"id", job.meta.id},
               {"object", "chat.completion"},
               {"created", job.meta.created},
@@ -162,8 +252,60 @@ void App::run_chat(Job& job, const std::function<bool(const std::string&)>& writ
               {"usage", usage}}));
 }
 
+json App::chat_choice(const Job& job, const runtime::GenerateResult& result, size_t index) {
+  const text::Tokenizer& tok = engine_->tokenizer();
+  std::string content, reasoning;
+  json tool_calls = json::array();
+  for (auto& e : text::parse_reply(job.chat.reply_format, job.chat.parse_tools, result.text)) {
+    if (e.kind == text::ReplyEvent::Kind::kContent) content += job.chat.forced_tools ? forced_content(e.text) : e.text;
+    if (e.kind == text::ReplyEvent::Kind::kReasoning) reasoning += e.text;
+    if (e.kind == text::ReplyEvent::Kind::kToolCall && tool_calls.size() < job.chat.max_tool_calls) {
+      tool_calls.push_back({{"id", random_id("call_")},
+                            {"type", "function"},
+                            {"function", {{"name", e.call.name}, {"arguments", dump(e.call.arguments)}}}});
+    }
+  }
+  json message = {{"role", "assistant"}, {"content", content.empty() && !tool_calls.empty() ? json(nullptr) : json(content)}};
+  if (!reasoning.empty()) message["reasoning_content"] = reasoning;
+  if (!tool_calls.empty()) message["tool_calls"] = tool_calls;
+  return {{"index", index},
+          {"message", message},
+          {"logprobs", job.top_logprobs >= 0 ? chat_logprobs(tok, result.logprobs) : json(nullptr)},
+          {"finish_reason", tool_calls.empty() || result.finish_reason == "length" ? result.finish_reason
+                                                                                    : "tool_calls"}};
+}
+
 void App::run_completion(Job& job, const std::function<bool(const std::string&)>& write) {
   const text::Tokenizer& tok = engine_->tokenizer();
+  if (!job.stream && (job.best_of > 1 || job.prompts.size() > 1)) {
+    // Every prompt and sample at once: they decode as one batch.
+    const auto samples = generate_samples(job, write);
+    if (samples.empty()) return cut_short();
+    json choices = json::array();
+    size_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
+    for (size_t i = 0; i < samples.size(); ++i) {
+      prompt_tokens += samples[i][0].prompt_tokens;
+      cached_tokens += samples[i][0].cached_tokens;
+      for (const auto& s : samples[i]) completion_tokens += s.tokens.size();
+      const auto chosen = best(samples[i], job.n);
+      for (size_t k = 0; k < chosen.size(); ++k) {
+        const runtime::GenerateResult& result = *chosen[k];
+        json lp = nullptr;
+        if (job.user_logprobs) {
+          lp = job.echo ? echo_completion_logprobs(tok, job.prompts[i], result.prompt_logprobs, result.logprobs)
+                        : completion_logprobs(tok, result.logprobs, 0);
+        }
+        json choice = completion_choice(i * job.n + k, job.echo ? job.prompt_texts[i] + result.text : result.text,
+                                        result.finish_reason, lp);
+        if (job.prompt_logprobs >= 0) {
+          choice["prompt_logprobs"] = vllm_prompt_logprobs(tok, result.prompt_logprobs, result.prompt_ranks);
+        }
+        choices.push_back(std::move(choice));
+      }
+    }
+    write(dump(completion_object(job.meta, choices, usage_json(prompt_tokens, completion_tokens, cached_tokens))));
+    return;
+  }
   size_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0, drafted_tokens = 0, accepted_tokens = 0;
   json choices = json::array();
   for (size_t i = 0; i < job.prompts.size(); ++i) {
@@ -198,8 +340,16 @@ void App::run_completion(Job& job, const std::function<bool(const std::string&)>
       if (job.include_usage) chunk["usage"] = nullptr;
       write(sse_event(chunk));
     } else {
-      json lp = job.top_logprobs >= 0 ? completion_logprobs(tok, result.logprobs, 0) : json(nullptr);
-      choices.push_back(completion_choice(i, result.text, result.finish_reason, lp));
+      json lp = nullptr;
+      if (job.top_logprobs >= 0) {
+        lp = job.echo ? echo_completion_logprobs(tok, job.prompts[i], result.prompt_logprobs, result.logprobs)
+                      : completion_logprobs(tok, result.logprobs, 0);
+      }
+      json choice = completion_choice(i, job.echo ? job.prompt_texts[i] + result.text : result.text,
+                                      result.finish_reason, lp);
+      if (job.prompt_logprobs >= 0) choice["prompt_logprobs"] = vllm_prompt_logprobs(tok, result.prompt_logprobs,
+                                                                                     result.prompt_ranks);
+      choices.push_back(std::move(choice));
     }
   }
   const json usage = usage_json(prompt_tokens, completion_tokens, cached_tokens, drafted_tokens, accepted_tokens);

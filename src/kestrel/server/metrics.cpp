@@ -57,6 +57,11 @@ void Metrics::request(const std::string& endpoint, int status) {
   ++requests_[{endpoint, status}];
 }
 
+void Metrics::response(int status) {
+  std::lock_guard lock(mu_);
+  ++responses_[status];
+}
+
 void Metrics::tokens(size_t prompt_tokens, size_t generated_tokens) {
   std::lock_guard lock(mu_);
   prompt_tokens_ += prompt_tokens;
@@ -127,6 +132,11 @@ std::string Metrics::render() const {
   for (const auto& [key, n] : requests_) {
     out += "kestrel_requests_total{endpoint=\"" + key.first + "\",status=\"" + std::to_string(key.second) + "\"} " +
            std::to_string(n) + "\n";
+  }
+  out += "# HELP kestrel_http_responses_total Every HTTP response sent (any path, unknown ones included), by status.\n"
+         "# TYPE kestrel_http_responses_total counter\n";
+  for (const auto& [status, n] : responses_) {
+    out += "kestrel_http_responses_total{status=\"" + std::to_string(status) + "\"} " + std::to_string(n) + "\n";
   }
   // One unlabelled sample with its HELP and TYPE lines.
   auto sample = [&out](const char* name, const char* type, const char* help, uint64_t value) {

@@ -33,6 +33,9 @@ class Metrics {
   Metrics();
   /// One finished HTTP request of an API endpoint ("chat", "completions", ...) with its status.
   void request(const std::string& endpoint, int status);
+  /// Any HTTP response the server sent, by status: every path (unknown ones, /health, /metrics,
+  /// the chat page) and every status, 404s and 413s included.
+  void response(int status);
   void tokens(size_t prompt_tokens, size_t generated_tokens);
   void ttft(double seconds);           // request arrival to the first generated token
   void inter_token(double seconds);    // between consecutive generated tokens of one request
@@ -53,6 +56,7 @@ class Metrics {
  private:
   mutable std::mutex mu_;
   std::map<std::pair<std::string, int>, uint64_t> requests_;
+  std::map<int, uint64_t> responses_;
   uint64_t prompt_tokens_ = 0, generated_tokens_ = 0, cancelled_ = 0;
   uint64_t cache_hits_ = 0, cache_misses_ = 0, cached_tokens_ = 0;
   uint64_t drafted_ = 0, accepted_ = 0;

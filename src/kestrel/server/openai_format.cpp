@@ -106,4 +106,47 @@ json completion_logprobs(const text::Tokenizer& tokenizer, const std::vector<run
   return {{"tokens", tokens}, {"token_logprobs", token_logprobs}, {"top_logprobs", top}, {"text_offset", offsets}};
 }
 
+json echo_completion_logprobs(const text::Tokenizer& tokenizer, std::span<const runtime::TokenId> prompt,
+                              const std::vector<runtime::StepLogprobs>& prompt_steps,
+                              const std::vector<runtime::StepLogprobs>& generated) {
+  json out = completion_logprobs(tokenizer, {}, 0);
+  size_t offset = 0;
+  auto add = [&](runtime::TokenId token, const runtime::StepLogprobs* s) {
+    const std::string piece = tokenizer.token_to_piece(token);
+    out["tokens"].push_back(piece);
+    out["text_offset"].push_back(offset);
+    offset += piece.size();
+    out["token_logprobs"].push_back(s ? json(s->chosen.logprob) : json(nullptr));
+    if (s == nullptr || s->top.empty()) {
+      out["top_logprobs"].push_back(nullptr);
+      return;
+    }
+    json alternatives = json::object();
+    for (const auto& t : s->top) alternatives[tokenizer.token_to_piece(t.token)] = t.logprob;
+    out["top_logprobs"].push_back(alternatives);
+  };
+  for (size_t i = 0; i < prompt.size(); ++i) add(prompt[i], i == 0 || i > prompt_steps.size() ? nullptr : &prompt_steps[i - 1]);
+  for (const auto& s : generated) add(s.chosen.token, &s);
+  return out;
+}
+
+json vllm_prompt_logprobs(const text::Tokenizer& tokenizer, const std::vector<runtime::StepLogprobs>& steps,
+                          const std::vector<uint32_t>& ranks) {
+  json out = json::array({nullptr});
+  for (size_t i = 0; i < steps.size(); ++i) {
+    json position = json::object();
+    for (size_t k = 0; k < steps[i].top.size(); ++k) {
+      const auto& t = steps[i].top[k];
+      position[std::to_string(t.token)] = {{"logprob", t.logprob}, {"rank", k + 1},
+                                           {"decoded_token", tokenizer.token_to_piece(t.token)}};
+    }
+    const auto& chosen = steps[i].chosen;
+    position[std::to_string(chosen.token)] = {{"logprob", chosen.logprob},
+                                              {"rank", i < ranks.size() ? ranks[i] : 0},
+                                              {"decoded_token", tokenizer.token_to_piece(chosen.token)}};
+    out.push_back(position);
+  }
+  return out;
+}
+
 }  // namespace kestrel::server

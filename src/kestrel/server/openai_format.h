@@ -1,6 +1,8 @@
 // Shaping results as OpenAI does: response objects, stream chunks, SSE framing, logprobs.
 #pragma once
 
+#include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -52,5 +54,19 @@ nlohmann::json chat_logprobs(const text::Tokenizer& tokenizer, const std::vector
 /// text_offset counts bytes from `offset0`.
 nlohmann::json completion_logprobs(const text::Tokenizer& tokenizer, const std::vector<runtime::StepLogprobs>& steps,
                                    size_t offset0);
+
+/// Completions logprobs of an echoed prompt followed by the generated tokens (OpenAI's echo:
+/// true with logprobs): `prompt` is every prompt token, `prompt_steps` the scores of all but the
+/// first (runtime::GenerateResult::prompt_logprobs), whose token_logprobs and top_logprobs are
+/// null. text_offset counts bytes of the pieces from 0.
+nlohmann::json echo_completion_logprobs(const text::Tokenizer& tokenizer, std::span<const runtime::TokenId> prompt,
+                                        const std::vector<runtime::StepLogprobs>& prompt_steps,
+                                        const std::vector<runtime::StepLogprobs>& generated);
+
+/// vLLM's prompt_logprobs: [null, {"ID": {"logprob", "rank", "decoded_token"}, ...}, ...], one
+/// entry per prompt token; each holds the prompt token (with its rank in the vocabulary) and
+/// the alternatives (ranks 1, 2, ...).
+nlohmann::json vllm_prompt_logprobs(const text::Tokenizer& tokenizer, const std::vector<runtime::StepLogprobs>& steps,
+                                    const std::vector<uint32_t>& ranks);
 
 }  // namespace kestrel::server

@@ -97,9 +97,12 @@ void parse_structured_output(const json& body, GenerationRequest& r) {
     r.grammar_param = param;
   };
   // A JSON Schema value: its text, and where it is in the body (re-read in the client's key order).
-  auto schema_at = [&](const json& schema, const std::string& param, const char* pointer, bool strict) {
+  // Closed by default, strict or not: an object schema without additionalProperties admits only
+  // its properties (xgrammar's default strict_mode, vLLM's and llama-server's behaviour; a small
+  // model given an open object invents keys until max_tokens). additionalProperties: true opens it.
+  auto schema_at = [&](const json& schema, const std::string& param, const char* pointer) {
     if (!schema.is_object() && !schema.is_boolean()) wrong_type(param, "a JSON Schema object", schema);
-    set(param.c_str(), {Kind::kJsonSchema, schema.dump(), strict});
+    set(param.c_str(), {Kind::kJsonSchema, schema.dump(), true});
     r.schema_pointer = pointer;
   };
   if (const json* rf = field(body, "response_format")) {
@@ -123,12 +126,12 @@ void parse_structured_output(const json& body, GenerationRequest& r) {
       }
       const json* strict = field(*js, "strict");
       if (strict && !strict->is_boolean()) wrong_type("response_format.json_schema.strict", "a boolean", *strict);
-      schema_at(*schema, "response_format", "/response_format/json_schema/schema", strict && strict->get<bool>());
+      schema_at(*schema, "response_format", "/response_format/json_schema/schema");
     } else if (type != "text") {
       throw bad_request("response_format.type must be text, json_object or json_schema", "response_format.type");
     }
   }
-  if (const json* schema = field(body, "json_schema")) schema_at(*schema, "json_schema", "/json_schema", false);
+  if (const json* schema = field(body, "json_schema")) schema_at(*schema, "json_schema", "/json_schema");
   auto text = [&](const json& v, const std::string& param) {
     if (!v.is_string()) wrong_type(param, "a string", v);
     if (v.get<std::string>().empty()) throw bad_request("'" + param + "' is empty", param);
@@ -158,7 +161,7 @@ void parse_structured_output(const json& body, GenerationRequest& r) {
                           "structured_outputs." + key);
       }
     }
-    if (const json* v = field(*so, "json")) schema_at(*v, "structured_outputs.json", "/structured_outputs/json", false);
+    if (const json* v = field(*so, "json")) schema_at(*v, "structured_outputs.json", "/structured_outputs/json");
     if (const json* v = field(*so, "regex")) set("structured_outputs.regex", {Kind::kRegex, text(*v, "structured_outputs.regex")});
     if (const json* v = field(*so, "choice")) set("structured_outputs.choice", {Kind::kRegex, choice(*v, "structured_outputs.choice")});
     if (const json* v = field(*so, "grammar")) set("structured_outputs.grammar", {Kind::kEbnf, text(*v, "structured_outputs.grammar")});
@@ -166,7 +169,7 @@ void parse_structured_output(const json& body, GenerationRequest& r) {
       throw bad_request("'structured_outputs' needs one of json, regex, choice or grammar", "structured_outputs");
     }
   }
-  if (const json* v = field(body, "guided_json")) schema_at(*v, "guided_json", "/guided_json", false);
+  if (const json* v = field(body, "guided_json")) schema_at(*v, "guided_json", "/guided_json");
   if (const json* v = field(body, "guided_regex")) set("guided_regex", {Kind::kRegex, text(*v, "guided_regex")});
   if (const json* v = field(body, "guided_choice")) set("guided_choice", {Kind::kRegex, choice(*v, "guided_choice")});
   if (const json* v = field(body, "guided_grammar")) set("guided_grammar", {Kind::kEbnf, text(*v, "guided_grammar")});
@@ -221,9 +224,7 @@ void parse_common(const json& body, GenerationRequest& r) {
     r.seed = static_cast<uint64_t>(*s);
   }
   if (auto n = get_int(body, "max_tokens", 0, 1 << 24)) r.max_tokens = static_cast<size_t>(*n);
-  if (auto n = get_int(body, "n", 1, 128); n && *n != 1) {
-    throw bad_request("only n=1 is supported", "n");
-  }
+  if (auto n = get_int(body, "n", 1, static_cast<int64_t>(kMaxSamples))) r.n = static_cast<size_t>(*n);
   if (const json* stop = field(body, "stop")) {
     if (stop->is_string()) {
       r.stop.push_back(stop->get<std::string>());
@@ -252,8 +253,13 @@ void parse_common(const json& body, GenerationRequest& r) {
   if (auto c = get_bool(body, "cache_prompt")) r.cache_prompt = *c;
   if (auto m = get_int(body, "min_tokens", 0, 1 << 24)) r.min_tokens = static_cast<size_t>(*m);
   if (const json* lb = field(body, "logit_bias")) parse_logit_bias(*lb, r);
-  if (auto e = get_bool(body, "echo"); e && *e) throw bad_request("'echo' is not supported", "echo");
-  if (auto b = get_int(body, "best_of", 1, 128); b && *b != 1) throw bad_request("only best_of=1 is supported", "best_of");
+  if (auto b = get_int(body, "best_of", 1, static_cast<int64_t>(kMaxSamples))) r.best_of = static_cast<size_t>(*b);
+  if (r.best_of != 1 && r.best_of < r.n) throw bad_request("'best_of' must be at least 'n'", "best_of");
+  r.best_of = std::max(r.best_of, r.n);
+  if (r.stream && r.best_of > 1) {
+    throw bad_request(std::string("'") + (r.n > 1 ? "n" : "best_of") + "' above 1 is not streamed: send it without 'stream'",
+                      r.n > 1 ? "n" : "best_of");
+  }
 }
 
 // Text of a message's content: a string, or an array of {"type": "text", "text": ...} parts.
@@ -426,6 +432,10 @@ GenerationRequest parse_chat_request(const json& body) {
   parse_common(body, r);
   parse_messages(body, r);
   parse_tools(body, r);
+  if (auto e = get_bool(body, "echo"); e && *e) {
+    throw bad_request("'echo' belongs to /v1/completions (prompt scoring)", "echo");
+  }
+  if (r.best_of != r.n) throw bad_request("'best_of' belongs to /v1/completions", "best_of");
   if (auto n = get_int(body, "max_completion_tokens", 0, 1 << 24)) r.max_tokens = static_cast<size_t>(*n);
   const auto logprobs = get_bool(body, "logprobs");
   const auto top = get_int(body, "top_logprobs", 0, kMaxTopLogprobs);
@@ -486,6 +496,13 @@ GenerationRequest parse_completion_request(const json& body) {
     wrong_type("prompt", "a string, an array of strings or token ids", *prompt);
   }
   if (auto lp = get_int(body, "logprobs", 0, kMaxTopLogprobs)) r.top_logprobs = static_cast<int>(*lp);
+  if (auto e = get_bool(body, "echo")) r.echo = *e;
+  if (auto p = get_int(body, "prompt_logprobs", 0, kMaxTopLogprobs)) r.prompt_logprobs = static_cast<int>(*p);
+  if (r.stream && (r.echo || r.prompt_logprobs >= 0)) {
+    throw bad_request(std::string("'") + (r.echo ? "echo" : "prompt_logprobs") +
+                          "' scores the prompt and is not streamed: send it without 'stream'",
+                      r.echo ? "echo" : "prompt_logprobs");
+  }
   if (field(body, "tools")) throw bad_request("'tools' belongs to /v1/chat/completions", "tools");
   return r;
 }

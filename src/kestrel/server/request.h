@@ -28,18 +28,25 @@ struct GenerationRequest {
   std::vector<text::ToolDefinition> tools;  // empty when tool_choice is "none"
   std::string tool_choice = "auto";         // none, auto, required, or the forced function's name
   bool tool_choice_named = false;           // tool_choice names a function (even one named "required")
-  bool parallel_tool_calls = true;          // OpenAI's default: a forced reply may make several calls
+  /// Several calls in one reply only when the request sets parallel_tool_calls: true (llama-server's
+  /// default; OpenAI's is true, but a small model then repeats a forced call until the bound).
+  /// A named tool_choice makes exactly one call either way.
+  bool parallel_tool_calls = false;
   bool enable_thinking = false;             // chat_template_kwargs.enable_thinking (Gemma 4)
   bool json_object = false;                 // response_format {"type": "json_object"}
 
   // /v1/completions: one entry per prompt; text or token ids
   std::vector<std::string> prompt_texts;
   std::vector<std::vector<int32_t>> prompt_ids;
+  bool echo = false;                        // the prompt comes back before the completion (scoring)
+  int prompt_logprobs = -1;                 // vLLM's prompt_logprobs: alternatives per prompt token, -1 none
 
   std::optional<size_t> max_tokens;         // max_completion_tokens, else max_tokens
   runtime::SamplerConfig sampler;           // OpenAI defaults: temperature 1, no top-k/p/min-p cut
   std::optional<uint64_t> seed;
   std::vector<std::string> stop;
+  size_t n = 1;                             // choices per prompt
+  size_t best_of = 1;                       // completions: samples per prompt, the n most likely returned
   bool stream = false;
   bool include_usage = false;               // stream_options.include_usage
   bool ignore_eos = false;
@@ -63,6 +70,8 @@ struct GenerationRequest {
 inline constexpr size_t kMaxStopStrings = 16;
 inline constexpr int kMaxTopLogprobs = 20;
 inline constexpr size_t kMaxPrompts = 64;
+/// n and best_of at most (several samples of one prompt run as concurrent requests, batched).
+inline constexpr size_t kMaxSamples = 16;
 inline constexpr size_t kMaxLogitBias = 1024;  // entries of logit_bias (OpenAI allows 300)
 
 /// Deepest nesting of arrays and objects in JSON text (strings skipped), without parsing it:
@@ -82,7 +91,9 @@ GenerationRequest parse_chat_request(const nlohmann::json& body);
 std::string schema_in_client_order(std::string_view raw_body, const std::string& pointer);
 
 /// Validates a /v1/completions body; prompt is a string, an array of strings, an array of
-/// token ids or an array of arrays of token ids. Throws ApiError (400) as parse_chat_request.
+/// token ids or an array of arrays of token ids. echo and prompt_logprobs (0 to
+/// kMaxTopLogprobs) score the prompt; neither streams. Throws ApiError (400) as
+/// parse_chat_request.
 GenerationRequest parse_completion_request(const nlohmann::json& body);
 
 }  // namespace kestrel::server

@@ -27,6 +27,9 @@ struct ServerOptions {
   std::string draft = "auto";        // speculative decoding: none, ngram, auto or a draft model path (runtime/drafter.h)
   std::string draft_accept = "exact";  // exact or distribution (runtime::DraftAccept)
   size_t draft_max = 6;              // tokens drafted per verification at most (<= runtime::kMaxDraft)
+  std::string log_format = "text";   // the access log's lines: text or json (access_log.h)
+  bool quiet = false;                // no access log
+  size_t responses_store = 1024;     // /v1/responses kept for previous_response_id (least recently used dropped)
 };
 
 /// Every admitted request (max_queue of them, running or waiting for a session) holds a

@@ -404,7 +404,7 @@ runtime::GrammarSpec forced_tool_grammar(ChatTemplate chat_template, const Gener
   ForcedToolChoice choice{request.tools, request.tool_choice == "required" && !request.tool_choice_named
                                              ? std::string()
                                              : request.tool_choice,
-                          request.parallel_tool_calls};
+                          request.parallel_tool_calls && !request.tool_choice_named};
   runtime::GrammarSpec spec;
   spec.strict = true;
   if (chat_template == ChatTemplate::kGemma4) {

@@ -1,5 +1,5 @@
 // Forced tool calls: with tool_choice "required" or a named function, the reply must be one
-// call (or, with parallel_tool_calls, up to kMaxParallelToolCalls calls) in the model's
+// call (or, "required" with parallel_tool_calls: true, up to kMaxParallelToolCalls calls) in the model's
 // tool-call format, its arguments valid for the function's parameters. The grammar is
 // enforced while sampling (runtime::GrammarCompiler); docs/serving.md#forced-tool-calls.
 #pragma once
@@ -16,7 +16,7 @@
 
 namespace kestrel::server {
 
-/// At most this many calls in one forced reply with parallel_tool_calls (OpenAI's default).
+/// At most this many calls in one forced reply with parallel_tool_calls: true.
 inline constexpr size_t kMaxParallelToolCalls = 8;
 
 /// Which calls a forced reply may make.
