@@ -12,5 +12,10 @@ PIP_FLAGS=(-q --disable-pip-version-check)
 if "$PY" -c 'import sys, sysconfig, os; sys.exit(0 if os.path.exists(os.path.join(sysconfig.get_paths()["stdlib"], "EXTERNALLY-MANAGED")) else 1)'; then
   PIP_FLAGS+=(--break-system-packages)
 fi
-"$PY" -m pip install "${PIP_FLAGS[@]}" "$@" . 2>&1 | grep -v "Running pip as the 'root' user" || true
+# The build requirements of pyproject.toml (pinned there) installed here, and no build isolation:
+# an isolated build gets nanobind from a new temporary folder each time, whose changed paths
+# recompile nanobind and the module (and miss ccache) on every install.
+mapfile -t BUILD_REQS < <("$PY" -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"]))')
+"$PY" -m pip install "${PIP_FLAGS[@]}" "${BUILD_REQS[@]}" 2>&1 | grep -v "Running pip as the 'root' user" || true
+"$PY" -m pip install "${PIP_FLAGS[@]}" --no-build-isolation "$@" . 2>&1 | grep -v "Running pip as the 'root' user" || true
 "$PY" -c 'import kestrel, sys; print("   kestrel", kestrel.__version__, "from", kestrel.__file__)'
