@@ -247,8 +247,9 @@ def test_the_gil_is_released_while_generating(model):
     elapsed = time.perf_counter() - start
     done.set()
     t.join()
-    # A thread that got the GIL only between calls would count ~1; it runs throughout instead.
-    assert ticks[0] > 0.3 * elapsed / 0.0011, (ticks[0], elapsed)
+    # A thread that got the GIL only between calls would count ~1; it runs throughout instead (the
+    # bound allows ~11 ms a tick on a busy machine: hundreds of ticks, against none).
+    assert ticks[0] > 0.1 * elapsed / 0.0011, (ticks[0], elapsed)
 
 
 @pytest.mark.parametrize("stream", [False, True])
