@@ -71,6 +71,9 @@ struct EngineOptions {
   model::LoadOptions load;  // precision of the layer matrices
   HeadMode head = HeadMode::kAuto;
   size_t probes = 0;        // FlashHead clusters probed per step; 0: the image's default
+  /// FlashHead's greedy proof (head::FlashHead::proves): on where the image has its data; off
+  /// runs the fixed probes alone (`--flashhead-proof off`, for comparisons).
+  bool flashhead_proof = true;
 };
 
 /// The shared model: weights, tokenizer, output heads and the thread pool. Sequences are

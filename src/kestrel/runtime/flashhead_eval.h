@@ -33,6 +33,11 @@ struct ProbeResult {
   double head_ms = 0;          // median FlashHead time per position (stage 1 + 2)
   double mean_tv = 0;          // mean total-variation distance of the sampling distributions
   double max_tv = 0;
+  // FlashHead's greedy proof (head::Proof), over the positions; all 0 but unproven_pct without it.
+  double mean_probes = 0;       // clusters scored per position: the probes plus the proof's
+  double extra_probes_pct = 0;  // positions proven after probing more clusters
+  double dense_pct = 0;         // positions that fell back to scoring every cluster
+  double unproven_pct = 0;      // positions searched without the proof
 };
 
 struct FlashHeadEvalResult {
