@@ -93,9 +93,9 @@ void FlashHead::load_proof_data(const gguf::File& file) {
     proof_status_ = "off: the image has no bound data (built before the greedy proof; rebuild it with kestrel build --flashhead)";
     return;
   }
-  if (version != kCurrentBoundVersion) {
+  if (version != keys::kCurrentBoundVersion) {
     proof_status_ = "off: the image's bound data is version " + std::to_string(version) + ", this build reads " +
-                    std::to_string(kCurrentBoundVersion);
+                    std::to_string(keys::kCurrentBoundVersion);
     return;
   }
   for (const gguf::TensorInfo* t : {r, n}) {

@@ -39,7 +39,7 @@ double total_variation(const std::vector<std::pair<TokenId, double>>& p,
 FlashHeadEvalResult evaluate_flashhead(Engine& engine, std::span<const TokenId> tokens,
                                        const FlashHeadEvalOptions& options,
                                        const std::function<void(size_t, size_t)>& progress) {
-  const head::FlashHead* flash = engine.flashhead();
+  const head::FlashHead* flash = options.flashhead != nullptr ? options.flashhead : engine.flashhead();
   if (flash == nullptr) throw Error("flashhead-eval needs an image built with --flashhead (and not --head dense)");
   if (tokens.size() < 2) throw Error("flashhead-eval needs at least 2 tokens of text");
   if (options.n_ctx < 2) throw Error("flashhead-eval: --ctx must be at least 2");

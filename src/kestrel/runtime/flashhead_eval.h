@@ -23,6 +23,9 @@ struct FlashHeadEvalOptions {
   /// all of them; the logits are the same, bit for bit (the matmuls compute each row of so few
   /// as they compute a row alone), and dense_head_ms is 0. For tests that need the agreement only.
   bool time_dense_head = true;
+  /// The FlashHead evaluated; null: the engine's. Another one must be of the engine's image and
+  /// head (a variant of its settings: head::FlashHead::set_proof, set_bound_terms).
+  const head::FlashHead* flashhead = nullptr;
 };
 
 struct ProbeResult {
