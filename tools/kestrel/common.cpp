@@ -52,8 +52,9 @@ void ModelOptions::add_to(CLI::App& cmd) {
       ->check(integer_range(size_t{1}, size_t{1} << 24))
       ->group(kModelGroup);
   cmd.add_option("--flashhead-proof", flashhead_proof,
-                 "FlashHead: prove each greedy token equals the dense head's, probing more clusters where "
-                 "needed (on: where the image has the bound data; off: the fixed probes alone)")
+                 "FlashHead: prove each greedy token equals the dense head's, probing more clusters (or all) "
+                 "until it is proven (on: images built with the bound data; today it mostly scores every "
+                 "cluster, docs/flashhead.md); off: the fixed probes alone")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str()
       ->group(kModelGroup);

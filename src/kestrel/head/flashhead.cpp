@@ -90,11 +90,11 @@ void FlashHead::load_proof_data(const gguf::File& file) {
   const gguf::TensorInfo* n = file.find_tensor(kBoundNormsTensor);
   const auto version = file.has(keys::kBoundVersion) ? file.get_uint(keys::kBoundVersion) : 0;
   if (r == nullptr || n == nullptr || version == 0) {
-    proof_status_ = "off: the image has no bound data (built before the greedy proof; rebuild it with kestrel build --flashhead)";
+    proof_status_ = "unavailable: the image has no bound data (built before the greedy proof; rebuild it with kestrel build --flashhead)";
     return;
   }
   if (version != keys::kCurrentBoundVersion) {
-    proof_status_ = "off: the image's bound data is version " + std::to_string(version) + ", this build reads " +
+    proof_status_ = "unavailable: the image's bound data is version " + std::to_string(version) + ", this build reads " +
                     std::to_string(keys::kCurrentBoundVersion);
     return;
   }
@@ -113,16 +113,15 @@ void FlashHead::load_proof_data(const gguf::File& file) {
   }
   const kernels::Matrix& w = head_->weight;
   if (w.type != kernels::WeightType::kQ8_0 || !w.int8_rows) {
-    proof_status_ = "off: the head does not run Q8_0 rows with int8 activations (the arithmetic the bound covers; "
+    proof_status_ = "unavailable: the head does not run Q8_0 rows with int8 activations (the arithmetic the bound covers; "
                     "--decode-act bf16 or a CPU without AVX2)";
     return;
   }
   if (head_->final_softcap > 0.0f) {
-    proof_status_ = "off: the model soft-caps its logits (the bound covers the raw products)";
+    proof_status_ = "unavailable: the model soft-caps its logits (the bound covers the raw products)";
     return;
   }
   proof_available_ = true;
-  proof_status_ = "on";
 }
 
 ProofStats FlashHead::proof_stats() const {

@@ -76,11 +76,15 @@ class FlashHead {
   /// Whether searches prove their greedy token (docs/flashhead.md, "The greedy proof"): the
   /// image carries the bound data (kestrel.flashhead.bound_version 1), the head is Q8_0 with
   /// int8 activations (the arithmetic bounded, head/flashhead_bound.h), it has no final soft-cap,
-  /// and set_proof did not switch it off. proof_status() says which in words.
+  /// and set_proof switched it on. proof_status() says which in words.
   bool proves() const { return proof_available_ && proof_on_; }
-  const std::string& proof_status() const { return proof_status_; }
-  /// Switches the proof on (the default where available) or off (the fixed probes alone, as
-  /// images without bound data run; for comparisons).
+  bool proof_available() const { return proof_available_; }
+  std::string proof_status() const {
+    return !proof_available_ ? proof_status_ : proof_on_ ? "on" : "off (available: --flashhead-proof on)";
+  }
+  /// Switches the proof on or off (the default: the fixed probes alone, as images without bound
+  /// data run). Off by default because today's bound almost never certifies with the image's
+  /// probes alone, so a proven search scores every cluster (docs/flashhead.md, measurements).
   void set_proof(bool on) { proof_on_ = on; }
   /// The bound's terms; BoundTerms{} always, outside the mutation tests that drop one.
   void set_bound_terms(const BoundTerms& terms) { terms_ = terms; }
@@ -147,7 +151,7 @@ class FlashHead {
   // The proof's data (flashhead_bound.h): [n_clusters] each, or null.
   const float* bound_radii_ = nullptr;
   const float* bound_norms_ = nullptr;
-  bool proof_available_ = false, proof_on_ = true;
+  bool proof_available_ = false, proof_on_ = false;
   std::string proof_status_;
   BoundTerms terms_;
   mutable std::atomic<uint64_t> n_searches_{0}, n_clusters_scored_{0}, n_floor_{0}, n_extra_{0}, n_dense_{0},
