@@ -51,6 +51,13 @@ void ModelOptions::add_to(CLI::App& cmd) {
   cmd.add_option("--probes", probes, "FlashHead clusters probed per token (default: the image's)")
       ->check(integer_range(size_t{1}, size_t{1} << 24))
       ->group(kModelGroup);
+  cmd.add_option("--flashhead-proof", flashhead_proof,
+                 "FlashHead: prove each greedy token equals the dense head's, probing more clusters (or all) "
+                 "until it is proven (on: images built with the bound data; today it mostly scores every "
+                 "cluster, docs/flashhead.md); off: the fixed probes alone")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str()
+      ->group(kModelGroup);
   add_decode_act_option(cmd, "--decode-act", decode_act)->group(kModelGroup);
 }
 
@@ -111,6 +118,7 @@ runtime::EngineOptions ModelOptions::engine_options() const {
            : head == "flash" ? runtime::HeadMode::kFlash
                              : runtime::HeadMode::kAuto;
   o.probes = probes;
+  o.flashhead_proof = flashhead_proof == "on";
   o.load.decode_activations = kernels::parse_decode_activations(decode_act);
   return o;
 }

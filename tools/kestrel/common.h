@@ -30,6 +30,7 @@ struct ModelOptions {
   size_t group_size = 32;
   std::string head = "auto";
   size_t probes = 0;
+  std::string flashhead_proof = "off";  // --flashhead-proof
   std::string decode_act = "auto";  // kernels::parse_decode_activations
 
   /// Adds -m (in the command's own options) and the loading options (kModelGroup).

@@ -75,22 +75,27 @@ int run(const FlashHeadEvalCliOptions& o) {
       rows.push_back({{"probes", row.probes}, {"candidates", row.candidates}, {"same_top1_pct", row.same_top1_pct},
                       {"recall_pct", row.recall_pct}, {"head_ms", row.head_ms},
                       {"speedup_vs_dense", row.head_ms > 0 ? r.dense_head_ms / row.head_ms : 0.0},
-                      {"mean_tv", row.mean_tv}, {"max_tv", row.max_tv}});
+                      {"mean_tv", row.mean_tv}, {"max_tv", row.max_tv}, {"mean_probes", row.mean_probes},
+                      {"extra_probes_pct", row.extra_probes_pct}, {"dense_fallback_pct", row.dense_pct},
+                      {"unproven_pct", row.unproven_pct}});
     }
     std::cout << nlohmann::json{{"positions", r.positions}, {"n_clusters", flash->n_clusters()},
                                 {"cluster_size", flash->cluster_size()}, {"dense_head_ms", r.dense_head_ms},
-                                {"threads", engine.pool().size()}, {"rows", rows}}.dump()
+                                {"threads", engine.pool().size()}, {"proof", flash->proof_status()},
+                                {"rows", rows}}.dump()
               << "\n";
     return 0;
   }
   std::printf("%zu positions, %zu clusters of %zu, %d threads; dense head %.3f ms per position (median)\n",
               r.positions, flash->n_clusters(), flash->cluster_size(), engine.pool().size(), r.dense_head_ms);
-  std::printf("%8s %11s %11s %9s %9s %8s %9s %8s\n", "probes", "candidates", "same-top1%", "recall%",
-              "head ms", "speedup", "mean TV", "max TV");
+  std::printf("greedy proof: %s\n", flash->proof_status().c_str());
+  std::printf("%8s %11s %11s %9s %9s %8s %9s %8s %11s %7s %7s\n", "probes", "candidates", "same-top1%", "recall%",
+              "head ms", "speedup", "mean TV", "max TV", "mean-probes", "extra%", "dense%");
   for (const auto& row : r.rows) {
-    std::printf("%8zu %11.0f %11.3f %9.3f %9.3f %7.2fx %9.4f %8.4f\n", row.probes, row.candidates,
+    std::printf("%8zu %11.0f %11.3f %9.3f %9.3f %7.2fx %9.4f %8.4f %11.1f %7.2f %7.2f\n", row.probes, row.candidates,
                 row.same_top1_pct, row.recall_pct, row.head_ms,
-                row.head_ms > 0 ? r.dense_head_ms / row.head_ms : 0.0, row.mean_tv, row.max_tv);
+                row.head_ms > 0 ? r.dense_head_ms / row.head_ms : 0.0, row.mean_tv, row.max_tv, row.mean_probes,
+                row.extra_probes_pct, row.dense_pct);
   }
   return 0;
 }

@@ -13,6 +13,7 @@
 #include "commands.h"
 #include "common.h"
 #include "kestrel/base/error.h"
+#include "kestrel/head/flashhead.h"
 #include "kestrel/kernels/gemm_w4_amx_bf16.h"
 #include "kestrel/kernels/int8_isa.h"
 #include "kestrel/runtime/grammar.h"
@@ -108,6 +109,8 @@ int run(const RunOptions& o) {
   }
   runtime::GenerateResult result;
   if (o.json) {
+    const head::FlashHead* flash = engine.flashhead();
+    const head::ProofStats before = flash != nullptr ? flash->proof_stats() : head::ProofStats{};
     result = engine.generate(prompt, options);
     nlohmann::json j = {{"prompt_tokens", result.prompt_tokens},
                         {"cached_tokens", result.cached_tokens},
@@ -135,6 +138,19 @@ int run(const RunOptions& o) {
     // The INT4 layers' prefill products (8+ tokens): "amx-bf16" with KESTREL_AMX=1 on a CPU that
     // has it (gemm_w4_amx_bf16.h), else the decode kernels' activations ("int8" or "bf16").
     j["prefill_kernel"] = int8 == 0 ? "bf16" : kernels::amx_prefill_enabled() ? "amx-bf16" : "int8";
+    // FlashHead's greedy proof over this run's searches (docs/flashhead.md): null with the dense head.
+    if (flash != nullptr) {
+      const head::ProofStats p = flash->proof_stats() - before;
+      j["flashhead"] = {{"proof", flash->proof_status()},
+                        {"searches", p.searches},
+                        {"mean_probes", p.mean_clusters()},
+                        {"proven_at_floor_pct", p.pct(p.floor)},
+                        {"extra_probes_pct", p.pct(p.extra)},
+                        {"dense_fallback_pct", p.pct(p.dense)},
+                        {"unproven_pct", p.pct(p.none)}};
+    } else {
+      j["flashhead"] = nullptr;
+    }
     std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     return 0;
   }

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <span>
 
@@ -22,6 +23,10 @@ inline constexpr const char* kRadiusWeight = "kestrel.flashhead.radius_weight";
 /// Seed of the clustering and its wall time (provenance).
 inline constexpr const char* kSeed = "kestrel.flashhead.seed";
 inline constexpr const char* kIterations = "kestrel.flashhead.iterations";
+/// Version of the greedy proof's per-cluster data (flashhead.bound_radii / bound_norms); absent
+/// in images built before it, which run without the proof (docs/flashhead.md).
+inline constexpr const char* kBoundVersion = "kestrel.flashhead.bound_version";
+inline constexpr uint32_t kCurrentBoundVersion = 1;
 }  // namespace keys
 
 /// I32 {n_vocab}: row r of the output head holds token row_tokens[r]; cluster k is rows
@@ -31,6 +36,11 @@ inline constexpr const char* kRowTokensTensor = "flashhead.row_tokens";
 inline constexpr const char* kCentroidsTensor = "flashhead.centroids";
 /// F32 {K}: each cluster's radius, the largest distance of a member row from its centroid.
 inline constexpr const char* kRadiiTensor = "flashhead.radii";
+/// F32 {K}: the greedy proof's radius of each cluster, max |row - centroid|_2 over its rows, both
+/// dequantized exactly (the Q8_0 centroid, not the float mean), rounded up (head/flashhead_bound.h).
+inline constexpr const char* kBoundRadiiTensor = "flashhead.bound_radii";
+/// F32 {K}: max |row|_2 over the cluster's rows plus |centroid|_2, rounded up: the rounding term.
+inline constexpr const char* kBoundNormsTensor = "flashhead.bound_norms";
 /// I32 {n}: tokens always scored in stage 2 (EOS, <end_of_turn>, other stop tokens).
 inline constexpr const char* kSpecialTokensTensor = "flashhead.special_tokens";
 

@@ -15,6 +15,7 @@
 #include "kestrel/base/error.h"
 #include "kestrel/formats/dequant.h"
 #include "kestrel/formats/gguf_writer.h"
+#include "kestrel/head/flashhead_bound.h"
 #include "kestrel/head/flashhead_format.h"
 #include "kestrel/image/channel_scaling.h"
 #include "kestrel/image/image.h"
@@ -194,6 +195,7 @@ struct FlashHeadData {
   std::vector<std::byte> centroids;   // Q8_0 [n_clusters, d]
   std::vector<int32_t> special;
   size_t probes = 0;
+  head::ClusterBounds bounds;  // the greedy proof's data; empty when the head is not Q8_0
 };
 
 FlashHeadData prepare_flashhead(const gguf::File& src, const gguf::TensorInfo& head_tensor,
@@ -225,6 +227,13 @@ FlashHeadData prepare_flashhead(const gguf::File& src, const gguf::TensorInfo& h
     std::memcpy(&f.head_bytes[r * row_bytes], bytes.data() + static_cast<size_t>(f.clustering.order[r]) * row_bytes, row_bytes);
   }
   f.centroids = quantize_q8_0(f.clustering.centroids.data(), f.clustering.centroids.size());
+  if (head_tensor.type == TensorType::kQ8_0) {  // the head is stored as the source has it (Plan::kCopy)
+    kernels::Matrix rows_q, cents_q;
+    rows_q.type = cents_q.type = kernels::WeightType::kQ8_0;
+    rows_q.data = f.head_bytes.data(), rows_q.rows = v, rows_q.cols = d;
+    cents_q.data = f.centroids.data(), cents_q.rows = k, cents_q.cols = d;
+    f.bounds = head::compute_cluster_bounds(rows_q, cents_q, cap, pool);
+  }
   f.special = text::Tokenizer::from_gguf(src).stop_tokens();
   return f;
 }
@@ -398,6 +407,7 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
     w.add(head::keys::kRadiusWeight, gguf::Value{gguf::ValueType::kFloat32, static_cast<double>(options.flashhead_radius_weight)});
     w.add_uint32(head::keys::kIterations, static_cast<uint32_t>(options.flashhead_clustering.iterations));
     w.add(head::keys::kSeed, gguf::Value{gguf::ValueType::kUint64, options.flashhead_clustering.seed});
+    if (!flash->bounds.radius.empty()) w.add_uint32(head::keys::kBoundVersion, head::keys::kCurrentBoundVersion);
   }
   w.add_placeholder_u64(keys::kContentHash);
 
@@ -473,6 +483,10 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
     w.add_tensor(head::kCentroidsTensor, TensorType::kQ8_0, {d, flash->clustering.n_clusters});
     w.add_tensor(head::kRadiiTensor, TensorType::kF32, {flash->clustering.n_clusters});
     w.add_tensor(head::kSpecialTokensTensor, TensorType::kI32, {flash->special.size()});
+    if (!flash->bounds.radius.empty()) {
+      w.add_tensor(head::kBoundRadiiTensor, TensorType::kF32, {flash->clustering.n_clusters});
+      w.add_tensor(head::kBoundNormsTensor, TensorType::kF32, {flash->clustering.n_clusters});
+    }
   }
   w.begin_data();
   const auto& tensors = src.tensors();
@@ -560,6 +574,10 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
     w.write(flash->centroids);
     w.write(as_bytes(flash->clustering.radii.data(), flash->clustering.radii.size() * sizeof(float)));
     w.write(as_bytes(flash->special.data(), flash->special.size() * sizeof(int32_t)));
+    if (!flash->bounds.radius.empty()) {
+      w.write(as_bytes(flash->bounds.radius.data(), flash->bounds.radius.size() * sizeof(float)));
+      w.write(as_bytes(flash->bounds.norm.data(), flash->bounds.norm.size() * sizeof(float)));
+    }
     flash.reset();
   }
   w.patch(keys::kContentHash, w.content_hash(keys::kContentHash));

@@ -166,6 +166,7 @@ Engine::Engine(const std::filesystem::path& model_path, const EngineOptions& opt
   }
   if (options.head != HeadMode::kDense && has_flash) {
     flash_ = std::make_unique<head::FlashHead>(file_, model_->output_head());
+    flash_->set_proof(options.flashhead_proof);
     probes_ = options.probes ? options.probes : flash_->default_probes();
     if (probes_ > flash_->n_clusters()) {
       throw OptionMismatch("--probes " + std::to_string(probes_) + " exceeds the image's " +

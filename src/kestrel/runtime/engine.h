@@ -71,6 +71,9 @@ struct EngineOptions {
   model::LoadOptions load;  // precision of the layer matrices
   HeadMode head = HeadMode::kAuto;
   size_t probes = 0;        // FlashHead clusters probed per step; 0: the image's default
+  /// FlashHead's greedy proof (head::FlashHead::proves; `--flashhead-proof on`) where the image
+  /// has its data; off (the default): the fixed probes alone.
+  bool flashhead_proof = false;
 };
 
 /// The shared model: weights, tokenizer, output heads and the thread pool. Sequences are

@@ -6,6 +6,7 @@
 #include <unordered_map>
 
 #include "kestrel/base/error.h"
+#include "kestrel/head/flashhead.h"
 #include "kestrel/kernels/matmul.h"
 
 namespace kestrel::runtime {
@@ -38,7 +39,7 @@ double total_variation(const std::vector<std::pair<TokenId, double>>& p,
 FlashHeadEvalResult evaluate_flashhead(Engine& engine, std::span<const TokenId> tokens,
                                        const FlashHeadEvalOptions& options,
                                        const std::function<void(size_t, size_t)>& progress) {
-  const head::FlashHead* flash = engine.flashhead();
+  const head::FlashHead* flash = options.flashhead != nullptr ? options.flashhead : engine.flashhead();
   if (flash == nullptr) throw Error("flashhead-eval needs an image built with --flashhead (and not --head dense)");
   if (tokens.size() < 2) throw Error("flashhead-eval needs at least 2 tokens of text");
   if (options.n_ctx < 2) throw Error("flashhead-eval: --ctx must be at least 2");
@@ -64,7 +65,8 @@ FlashHeadEvalResult evaluate_flashhead(Engine& engine, std::span<const TokenId> 
   std::vector<double> dense_ms;
   std::vector<std::vector<double>> flash_ms(probes.size());
   std::vector<double> same(probes.size(), 0), recall(probes.size(), 0), n_cand(probes.size(), 0),
-      tv_sum(probes.size(), 0), tv_max(probes.size(), 0);
+      tv_sum(probes.size(), 0), tv_max(probes.size(), 0), clusters(probes.size(), 0), extra(probes.size(), 0),
+      dense_fallback(probes.size(), 0), unproven(probes.size(), 0);
   size_t done = 0;
   for (size_t chunk = 0; chunk < n_chunks && done < positions; ++chunk) {
     // Chunk c covers tokens [c * (n_ctx - 1), ...): BOS-free continuation of the text, the
@@ -97,6 +99,10 @@ FlashHeadEvalResult evaluate_flashhead(Engine& engine, std::span<const TokenId> 
         flash->search(h, probes[pi], cand, engine.pool());
         flash_ms[pi].push_back(ms_between(t1, Clock::now()));
         n_cand[pi] += static_cast<double>(cand.size());
+        clusters[pi] += static_cast<double>(cand.clusters);
+        extra[pi] += cand.proof == head::Proof::kExtra;
+        dense_fallback[pi] += cand.proof == head::Proof::kDense;
+        unproven[pi] += cand.proof == head::Proof::kNone;
         if (head::greedy(cand) == best) same[pi] += 1;
         if (std::find(cand.ids.begin(), cand.ids.end(), best) != cand.ids.end()) recall[pi] += 1;
         if (compare_sampling) {
@@ -122,6 +128,10 @@ FlashHeadEvalResult evaluate_flashhead(Engine& engine, std::span<const TokenId> 
     row.head_ms = median(flash_ms[pi]);
     row.mean_tv = tv_sum[pi] / n;
     row.max_tv = tv_max[pi];
+    row.mean_probes = clusters[pi] / n;
+    row.extra_probes_pct = 100.0 * extra[pi] / n;
+    row.dense_pct = 100.0 * dense_fallback[pi] / n;
+    row.unproven_pct = 100.0 * unproven[pi] / n;
     r.rows.push_back(row);
   }
   return r;

@@ -23,6 +23,9 @@ struct FlashHeadEvalOptions {
   /// all of them; the logits are the same, bit for bit (the matmuls compute each row of so few
   /// as they compute a row alone), and dense_head_ms is 0. For tests that need the agreement only.
   bool time_dense_head = true;
+  /// The FlashHead evaluated; null: the engine's. Another one must be of the engine's image and
+  /// head (a variant of its settings: head::FlashHead::set_proof, set_bound_terms).
+  const head::FlashHead* flashhead = nullptr;
 };
 
 struct ProbeResult {
@@ -33,6 +36,11 @@ struct ProbeResult {
   double head_ms = 0;          // median FlashHead time per position (stage 1 + 2)
   double mean_tv = 0;          // mean total-variation distance of the sampling distributions
   double max_tv = 0;
+  // FlashHead's greedy proof (head::Proof), over the positions; all 0 but unproven_pct without it.
+  double mean_probes = 0;       // clusters scored per position: the probes plus the proof's
+  double extra_probes_pct = 0;  // positions proven after probing more clusters
+  double dense_pct = 0;         // positions that fell back to scoring every cluster
+  double unproven_pct = 0;      // positions searched without the proof
 };
 
 struct FlashHeadEvalResult {
