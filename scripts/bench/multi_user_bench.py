@@ -2,8 +2,8 @@
 """Many users at once, as agents use a server: N users, each a conversation of several turns
 that starts with the same long system prompt (a tool list of ~1.5k tokens) and then its own
 message; every answer streamed, greedy, a fixed number of tokens. Reports per server and N the
-wall time, the aggregate generated tokens/s, TTFT p50/p95 per turn and the share of each
-follow-up's prompt that the server reported as cached.
+wall time, the aggregate generated tokens/s, TTFT p50/p95 per turn, the share of each
+follow-up's prompt that the server reported as cached and the server's peak RSS.
 
   python3 scripts/bench/multi_user_bench.py --users 1,4,16,64 \\
       --kestrel "kestrel=build/kestrel serve -m default" \\
@@ -100,6 +100,18 @@ class Server:
                     raise RuntimeError(f"{self.label}: the server did not start: {self.command}")
                 time.sleep(0.3)
         return self
+
+    def peak_rss_mib(self):
+        """The started server's peak resident memory (VmHWM), MiB; None for --url servers."""
+        if not self.proc:
+            return None
+        try:
+            for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+        except OSError:
+            pass
+        return None
 
     def __exit__(self, *exc):
         if self.proc:
@@ -214,13 +226,15 @@ def main():
         for spec in servers:  # the servers in turn for each N: drift hits every one alike
             with Server(spec.label, spec.command, spec.url, spec.threads, spec.kestrel) as s:
                 wall, results = run_users(s, n, args.turns, system, messages, args.answer_tokens, args.think_ms)
+                rss = s.peak_rss_mib()
             row = summarize(spec.label, n, wall, results, args.turns)
+            row["peak_rss_mib"] = rss
             rows.append(row)
             print(json.dumps(row), flush=True)
     cols = ["server", "users", "wall s", "tok/s"]
     for k in range(1, args.turns + 1):
         cols += [f"turn {k} TTFT p50 s", f"turn {k} TTFT p95 s"]
-    cols += [f"turn {args.turns} cached (min)"]
+    cols += [f"turn {args.turns} cached (min)", "peak RSS MiB"]
     lines = [f"CPU: {name}; flags: {flags}; threads {args.threads}; load average before: {load[0]:.2f}",
              f"System prompt: {args.tools} tools; {args.turns} turns; {args.answer_tokens} tokens per answer, greedy, "
              "streamed; users start together", "",
@@ -231,6 +245,7 @@ def main():
             vals += [fmt(r[f"turn{k}_ttft_p50_s"]), fmt(r[f"turn{k}_ttft_p95_s"])]
         share = r[f"turn{args.turns}_cached_share_min"]
         vals.append("n/a" if share is None else f"{100 * share:.0f} %")
+        vals.append(fmt(r["peak_rss_mib"], 0))
         lines.append("| " + " | ".join(vals) + " |")
     table = "\n".join(lines)
     print(table)
