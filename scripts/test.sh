@@ -16,27 +16,29 @@ export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$(pwd)}"
 # into any compile with debug information, so a clone in another folder rebuilt all of
 # build-asan/ from scratch (~10 minutes of CI on 2 cores).
 export CCACHE_NOHASHDIR="${CCACHE_NOHASHDIR:-1}"
+# Each stage's heading carries the minutes since the start: where CI's time goes.
+stage() { printf '== [%d:%02d] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*"; }
 scripts/install_deps.sh
 
-echo "== Release build (-Werror)"
+stage "Release build (-Werror)"
 scripts/build.sh -DKESTREL_WERROR=ON
-echo "== ctest: unit and model tests"
+stage "ctest: unit and model tests"
 ctest --test-dir build --output-on-failure -j"$(nproc)"
 if grep -qw amx_bf16 /proc/cpuinfo 2>/dev/null; then
   # The opt-in AMX-BF16 prefill (KESTREL_AMX=1, docs/quantization.md) as matmul takes it: its
   # kernel's own tests run above whatever the setting; these check matmul's choice and splits.
-  echo "== unit tests of the int8 and AMX products with KESTREL_AMX=1"
+  stage "unit tests of the int8 and AMX products with KESTREL_AMX=1"
   KESTREL_AMX=1 build/tests/kestrel_unit_tests --gtest_filter='W4*.*:W8A8.*' --gtest_brief=1
 fi
-echo "== Python package: pip install . (incremental in build/py-*, docs/python.md)"
+stage "Python package: pip install . (incremental in build/py-*, docs/python.md)"
 scripts/install_python_package.sh
-echo "== pytest: the CLI as a user runs it"
+stage "pytest: the CLI as a user runs it"
 python3 -m pytest -q tests/python
 
-echo "== ASan + UBSan build of the unit tests"
+stage "ASan + UBSan build of the unit tests"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DKESTREL_SANITIZE=ON -DKESTREL_WERROR=ON >/dev/null
 cmake --build build-asan -j"$(nproc)" --target kestrel_unit_tests
-echo "== ctest under sanitizers: unit tests"
+stage "ctest under sanitizers: unit tests"
 ASAN_OPTIONS=abort_on_error=0:halt_on_error=1:detect_leaks=1 \
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
   ctest --test-dir build-asan -L unit --output-on-failure -j"$(nproc)"
@@ -46,16 +48,17 @@ UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 if [[ "${KESTREL_ARM64:-1}" != 0 ]]; then
   if command -v aarch64-linux-gnu-g++ >/dev/null && command -v qemu-aarch64 >/dev/null &&
      [[ -f /usr/lib/aarch64-linux-gnu/pkgconfig/libhwy.pc ]]; then
-    echo "== ARM64: unit tests cross-built for aarch64, under qemu-user (scripts/test-arm64.sh)"
+    stage "ARM64: unit tests cross-built for aarch64, under qemu-user (scripts/test-arm64.sh)"
     scripts/test-arm64.sh
   else
-    echo "== ARM64: skipped (no aarch64 cross compiler, qemu-aarch64 or libhwy-dev:arm64; scripts/install_deps.sh installs them)"
+    stage "ARM64: skipped (no aarch64 cross compiler, qemu-aarch64 or libhwy-dev:arm64; scripts/install_deps.sh installs them)"
   fi
 fi
 
 # 4. libFuzzer targets (fuzz/; clang): in CI, or locally when KESTREL_FUZZ_SECONDS is set
 #    (seconds per target; CI runs 60). Any finding fails the run. See docs/fuzzing.md.
 if [[ "${CI:-}" == "true" || -n "${KESTREL_FUZZ_SECONDS:-}" ]]; then
-  echo "== fuzzing (scripts/fuzz.sh)"
+  stage "fuzzing (scripts/fuzz.sh)"
   scripts/fuzz.sh "${KESTREL_FUZZ_SECONDS:-60}"
 fi
+stage "done"

@@ -68,12 +68,17 @@ def test_a_list_of_prompts_decodes_as_one_batch(server):
                "Tell me a story about a fish."]
     body = {"max_tokens": 48, "temperature": 0, "ignore_eos": True}
     t0 = time.time()
+    alone = []
     for p in prompts:
-        assert server.request("POST", "/v1/completions", {"prompt": p, **body})[0] == 200
+        status, r1 = server.request("POST", "/v1/completions", {"prompt": p, **body})
+        assert status == 200
+        alone.append(r1["choices"][0]["text"])
     one_by_one = time.time() - t0
     t0 = time.time()
     status, r = server.request("POST", "/v1/completions", {"prompt": prompts, **body})
     batched = time.time() - t0
     assert status == 200 and len(r["choices"]) == 4
+    # Batched, each prompt's answer is its answer alone (greedy). The time is printed, not
+    # asserted: speed is measured in benchmarks (scripts/bench/multi_user_bench.py).
+    assert [c["text"] for c in sorted(r["choices"], key=lambda c: c["index"])] == alone
     print(f"4 prompts: one by one {one_by_one:.2f} s, one request {batched:.2f} s")
-    assert batched < one_by_one * 0.9, (batched, one_by_one)  # measured 12.9 s vs 16.2 s on a busy 2-core machine
