@@ -3,28 +3,18 @@
 #include <unordered_map>
 
 #include "kestrel/server/api_error.h"
+#include "kestrel/server/json_fields.h"
 
 namespace kestrel::server {
 namespace {
 
 using ojson = nlohmann::ordered_json;
 
-std::string kind(const ojson& v) {
-  if (v.is_string()) return "a string";
-  if (v.is_number()) return "a number";
-  if (v.is_boolean()) return "a boolean";
-  if (v.is_array()) return "an array";
-  if (v.is_object()) return "an object";
-  return "null";
-}
+using json_fields::get;
+using json_fields::kind;
 
 [[noreturn]] void wrong(const std::string& where, const char* expected, const ojson& v) {
   throw bad_request(where + ": must be " + expected + ", got " + kind(v), where);
-}
-
-const ojson* get(const ojson& o, const char* key) {
-  auto it = o.find(key);
-  return it == o.end() || it->is_null() ? nullptr : &*it;
 }
 
 // Text of a string or of text blocks.
