@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the Python package `kestrel` from this checkout (pip install .; docs/python.md):
-# scikit-build-core builds the extension module in build/py-<wheel tag>/, which stays, and
+# scikit-build-core builds the extension module in build-py-<wheel tag>/, which stays, and
 # ccache serves the objects, so a second run recompiles only what changed.
 #   scripts/install_python_package.sh [extra pip args...]
 set -euo pipefail

@@ -30,8 +30,8 @@ if grep -qw amx_bf16 /proc/cpuinfo 2>/dev/null; then
   stage "unit tests of the int8 and AMX products with KESTREL_AMX=1"
   KESTREL_AMX=1 build/tests/kestrel_unit_tests --gtest_filter='W4*.*:W8A8.*' --gtest_brief=1
 fi
-stage "Python package: pip install . (incremental in build/py-*, docs/python.md)"
-scripts/install_python_package.sh
+stage "Python package: pip install . (build-py-*; the release build's objects from ccache, docs/python.md)"
+scripts/install_python_package.sh --config-settings=cmake.define.KESTREL_WERROR=ON
 stage "pytest: the CLI as a user runs it"
 python3 -m pytest -q tests/python
 
