@@ -210,6 +210,7 @@ void App::install_routes() {
   });
   install_webui_routes();
   install_wire_routes();
+  install_embeddings_routes();
   post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res, const std::string& body) {
     handle_generate(req, res, body, Endpoint::kChat);
   });
