@@ -251,6 +251,21 @@ void App::install_routes() {
       send_json(res, 200, out);
     });
   });
+  // vLLM's GET /tokenizer_info: what lm-eval's remote tokenizer backend reads (its special tokens).
+  http_.Get("/tokenizer_info", [this](const httplib::Request& req, httplib::Response& res) {
+    guarded("tokenizer_info", res, [&] {
+      check_auth(req);
+      check_ready();
+      const text::Tokenizer& tok = engine_->tokenizer();
+      auto piece = [&](TokenId id) { return id < 0 ? json(nullptr) : json(tok.token_to_piece(id, true)); };
+      send_json(res, 200, {{"tokenizer_class", "kestrel"},
+                           {"bos_token", piece(tok.bos())},
+                           {"eos_token", piece(tok.eos())},
+                           {"pad_token", nullptr},
+                           {"model_max_length", engine_->n_ctx()},
+                           {"vocab_size", tok.n_vocab()}});
+    });
+  });
   post("/detokenize", [this](const httplib::Request& req, httplib::Response& res, const std::string& raw) {
     guarded("detokenize", res, [&] {
       check_auth(req);
