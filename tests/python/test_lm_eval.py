@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from serve_helpers import KESTREL, ROOT, Server, model_path
+from serve_helpers import KESTREL, ROOT, Server, export_tokenizer, model_path
 
 sys.path.insert(0, str(ROOT / "scripts" / "eval"))
 import evalsets  # noqa: E402
@@ -84,14 +84,27 @@ def server():
     s.stop()
 
 
-@pytest.fixture(scope="module")
-def lm(lm_eval, server):
-    """lm-eval's local-completions model pointed at the server."""
+def local_completions(server, **args):
     from lm_eval.api.registry import get_model
     _, models = server.request("GET", "/v1/models")
     return get_model("local-completions")(base_url=server.base + "/v1/completions", model=models["data"][0]["id"],
-                                          tokenizer_backend="remote", tokenized_requests=True, num_concurrent=1,
-                                          max_retries=1, max_length=2048)
+                                          tokenized_requests=True, num_concurrent=1, max_retries=1, max_length=2048,
+                                          **args)
+
+
+@pytest.fixture(scope="module")
+def lm(lm_eval, server, tmp_path_factory):
+    """lm-eval's local-completions model pointed at the server, with the model's tokenizer as
+    `kestrel export-tokenizer` writes it and a BOS first (Gemma expects one; lm-eval adds it only
+    with add_bos_token and a Hugging Face tokenizer)."""
+    tok = export_tokenizer(tmp_path_factory.mktemp("tok"))
+    return local_completions(server, tokenizer_backend="huggingface", tokenizer=str(tok), add_bos_token=True)
+
+
+@pytest.fixture(scope="module")
+def lm_remote(lm_eval, server):
+    """The same with lm-eval's remote tokenizer: the server's /tokenizer_info, /tokenize and /detokenize."""
+    return local_completions(server, tokenizer_backend="remote")
 
 
 def run_task(lm_eval, lm, tmp_path, name, yaml):
@@ -110,9 +123,13 @@ def test_generate_until_task(lm_eval, lm, server, tmp_path):
     # each answer is the server's greedy completion of that prompt, cut at a stop string
     for s in samples:
         answer = s["resps"][0][0]
-        assert isinstance(answer, str) and answer.strip(), s
-        prompt = s["arguments"]["gen_args_0"]["arg_0"]
-        _, r = server.request("POST", "/v1/completions", {"prompt": prompt, "max_tokens": 48, "temperature": 0,
+        assert isinstance(answer, str) and answer.strip(), s  # the model answers (48 tokens at most)
+        args = s["arguments"]
+        prompt = args[0][0] if isinstance(args, list) else args["gen_args_0"]["arg_0"]
+        # as lm-eval encodes it (BOS first), sent as token ids
+        _, t = server.request("POST", "/tokenize", {"prompt": prompt, "add_special_tokens": True,
+                                                    "parse_special": False})
+        _, r = server.request("POST", "/v1/completions", {"prompt": t["tokens"], "max_tokens": 48, "temperature": 0,
                                                           "stop": ["Question:", "\n\n"]})
         assert r["choices"][0]["text"] == answer, (answer, r)
 
@@ -127,7 +144,15 @@ def test_loglikelihood_multiple_choice_task(lm_eval, lm, tmp_path):
         assert s["acc"] == float(max(range(4), key=lambda i: scores[i]) == 0)
 
 
-def test_loglikelihood_equals_kestrel_perplexity(lm, server, tmp_path):
+def test_remote_tokenizer_is_the_servers(lm_remote, server):
+    text = "Natalia sold clips to 48 of her friends in April."
+    _, t = server.request("POST", "/tokenize", {"content": text, "add_special_tokens": False, "parse_special": False})
+    assert lm_remote.tok_encode(text) == t["tokens"]
+    assert lm_remote.tokenizer.decode(t["tokens"]) == text
+    assert lm_remote.tokenizer.eos_token == "<eos>" and lm_remote.tokenizer.eos_token_id == 1
+
+
+def test_loglikelihood_equals_kestrel_perplexity(lm_remote, server, tmp_path):
     # kestrel perplexity --ctx 256 --chunks 1 scores tokens 129..255 of the text's first 256
     # tokens (BOS first) given those before: lm-eval's loglikelihood of that continuation after
     # that context, divided by its length, is the same mean.
@@ -142,7 +167,7 @@ def test_loglikelihood_equals_kestrel_perplexity(lm, server, tmp_path):
     _, t = server.request("POST", "/tokenize", {"content": text, "add_special_tokens": True, "parse_special": False})
     ids = t["tokens"][:n_ctx]
     context, continuation = ids[:n_ctx // 2 + 1], ids[n_ctx // 2 + 1:]
-    [(loglikelihood, _)] = lm._loglikelihood_tokens([(("", ""), context, continuation)])
+    [(loglikelihood, _)] = lm_remote._loglikelihood_tokens([(("", ""), context, continuation)])
     mean_nll = -loglikelihood / len(continuation)
     print(f"lm-eval mean NLL {mean_nll:.6f}, kestrel perplexity ln(ppl) {math.log(ppl):.6f}")
     assert abs(mean_nll - math.log(ppl)) < 1e-3, (mean_nll, math.log(ppl))
