@@ -78,4 +78,3 @@ def test_function_tool_round_trip(pai, server, kind):
                                 model_settings={"temperature": 0, "max_tokens": 40, "tool_choice": "none"})
     texts = [p.content for p in second.parts if isinstance(p, TextPart)]
     assert texts and texts[0].strip(), second.parts
-    assert second.usage.input_tokens > first.usage.input_tokens
