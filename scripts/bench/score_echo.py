@@ -24,6 +24,8 @@ try:
     ids = r["tokens"][:N]
     open("/tmp/ids.txt", "w").write(" ".join(map(str, ids)))
     body = {"prompt": ids, "echo": True, "logprobs": 1, "max_tokens": 0}
+    _, r = s.request("POST", "/detokenize", {"tokens": ids[1:]})
+    prompt_text = r["content"]
     for rep in range(a.reps):
         t0 = time.time()
         st, r = s.request("POST", "/v1/completions", body)
@@ -42,7 +44,7 @@ if a.llama_cpp:
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", a.llama_cpp, "--port", str(port),
                              "--n_ctx", "4096", "--n_batch", "512", "--n_threads", "2", "--logits_all", "true"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=open("/tmp/llama_cpp_server.log", "w"))
     try:
         url = f"http://127.0.0.1:{port}/v1/completions"
         deadline = time.time() + 120
@@ -53,8 +55,9 @@ if a.llama_cpp:
             except OSError:
                 assert proc.poll() is None and time.time() < deadline, "llama_cpp.server did not start"
                 time.sleep(0.5)
-        # llama-cpp-python's server generates at least one token; max_tokens 1 (lm-eval's request)
-        req = {**body, "max_tokens": 1, "temperature": 0}
+        # llama-cpp-python's server takes text prompts only (it adds the BOS): the same tokens'
+        # text; it generates at least one token: max_tokens 1 (lm-eval's request)
+        req = {"prompt": prompt_text, "echo": True, "logprobs": 1, "max_tokens": 1, "temperature": 0}
         for rep in range(a.reps):
             t0 = time.time()
             raw = urllib.request.urlopen(urllib.request.Request(url, json.dumps(req).encode(),

@@ -284,3 +284,20 @@ TEST(Kernels, AttentionBlockMatchesPerQueryAttention) {
     hwy::SetSupportedTargetsForTest(0);
   }
 }
+
+TEST(Kernels, SumExpShiftedEqualsTheSequentialFloat64Sum) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> logit(0.0f, 6.0f);
+  for (size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{33}, size_t{1000}, size_t{262144}}) {
+    std::vector<float> x(n);
+    for (auto& v : x) v = logit(rng);
+    if (n > 20) x[3] = -INFINITY, x[11] = -2000.0f;  // masked and underflowing entries add 0
+    float mx = -INFINITY;
+    for (float v : x) mx = std::max(mx, v);
+    const double shift = n == 0 ? 0.0 : mx;
+    double ref = 0;
+    for (float v : x) ref += std::exp(static_cast<double>(v) - shift);
+    const double got = k::sum_exp_shifted(x.data(), n, shift);
+    EXPECT_NEAR(got, ref, 1e-13 * std::max(1.0, ref)) << n;
+  }
+}
