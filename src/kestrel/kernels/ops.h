@@ -72,7 +72,7 @@ void attend_block(const float* const* queries, size_t n_queries, const size_t* b
 float exp_shifted(float* scores, size_t n, float* max_out);
 
 /// sum_i exp(double(x[i]) - shift) in float64 (the log-sum-exp of a logit row: log-probabilities
-/// and perplexity). Vectorized with Highway's float64 Exp (max error 1 ulp), lanes summed apart
+/// of runtime::compute_logprobs, what prompt scoring runs per row). Vectorized with Highway's float64 Exp (max error 1 ulp), lanes summed apart
 /// then together: against a sequential std::exp loop the sum differs by a few float64 ulps
 /// (tests/unit/test_kernels.cpp). x[i] - shift below -745 (exp underflows to 0), -inf included,
 /// adds 0; NaN propagates.
