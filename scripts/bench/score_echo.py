@@ -13,6 +13,7 @@ p = argparse.ArgumentParser()
 p.add_argument("-m", "--model", default=None, help="image or GGUF for kestrel (default: kestrel's default)")
 p.add_argument("--llama-cpp", default=None, help="GGUF for llama-cpp-python's server")
 p.add_argument("--reps", type=int, default=3)
+p.add_argument("--llama-cpp-reps", type=int, default=1)
 a = p.parse_args()
 N = 2048
 text = open("docs/serving.md").read() * 3
@@ -58,7 +59,7 @@ if a.llama_cpp:
         # llama-cpp-python's server takes text prompts only (it adds the BOS): the same tokens'
         # text; it generates at least one token: max_tokens 1 (lm-eval's request)
         req = {"prompt": prompt_text, "echo": True, "logprobs": 1, "max_tokens": 1, "temperature": 0}
-        for rep in range(a.reps):
+        for rep in range(a.llama_cpp_reps):
             t0 = time.time()
             raw = urllib.request.urlopen(urllib.request.Request(url, json.dumps(req).encode(),
                                                                 {"Content-Type": "application/json"}), timeout=600).read()
@@ -71,4 +72,8 @@ if a.llama_cpp:
               f"llama.cpp {sum(y for _, y in both)/len(both):.4f}")
     finally:
         proc.terminate()
-        proc.wait(timeout=30)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:  # uvicorn waits for open connections
+            proc.kill()
+            proc.wait()
