@@ -9,12 +9,7 @@ namespace kestrel::server {
 namespace {
 
 using ojson = nlohmann::ordered_json;
-
-using json_fields::for_each_object;
-using json_fields::get;
-using json_fields::string_field;
-using json_fields::string_or;
-using json_fields::wrong;
+using namespace json_fields;  // get, wrong, string_field, string_or, for_each_object
 
 // Text of a string or of text blocks.
 std::string text_of(const ojson& content, const std::string& where) {
