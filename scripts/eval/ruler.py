@@ -19,7 +19,6 @@ HotpotQA) are not included: neither data set is in ../shared/data or a PyPI pack
 """
 from __future__ import annotations
 
-import math
 import random
 import re
 import string
@@ -164,20 +163,15 @@ def _random_thing(rng: random.Random, kind: str) -> str:
     if kind == "numbers":
         return str(rng.randint(10 ** 6, 10 ** 7 - 1))
     if kind == "words":
-        return rng.choice(src.key_words())
+        return src.random_key_word(rng)
     if kind == "uuids":
         return str(uuid.UUID(int=rng.getrandbits(128), version=4))
     raise ValueError(f"unknown needle kind {kind!r}")
 
 
-def _essay_prefix(words: tuple[str, ...], n: int) -> list[str]:
-    """The essay's first `n` words (the essay repeated if shorter) cut into sentences by NLTK's
-    Punkt tokenizer."""
-    from nltk.tokenize import sent_tokenize
-    from punkt_data import ensure_punkt
-    ensure_punkt()
-    reps = -(-n // len(words))
-    return sent_tokenize(" ".join((words * reps)[:n]))
+def _overlaps(key: str, keys: list[str]) -> bool:
+    """Whether `key` equals, contains or is contained in one of `keys` ('red-car', 'bored-car')."""
+    return any(key in k or k in key for k in keys)
 
 
 def _niah(spec: Niah, n: int, seed: str, essay: Path) -> Sample:
@@ -186,7 +180,7 @@ def _niah(spec: Niah, n: int, seed: str, essay: Path) -> Sample:
     keys, values, needles = [], [], []
     while len(keys) < n_keys:
         k = _random_thing(rng, spec.key)
-        if k in keys:
+        if _overlaps(k, keys):
             continue
         keys.append(k)
         values.append([_random_thing(rng, spec.value) for _ in range(spec.n_values)])
@@ -194,7 +188,7 @@ def _niah(spec: Niah, n: int, seed: str, essay: Path) -> Sample:
     rng.shuffle(needles)
     meta: dict = {"needles": needles}
     if spec.haystack == "essay":
-        sents = _essay_prefix(tuple(src.essay_words(essay)), n)
+        sents = src.essay_sentences(essay, n)
         depths = sorted(rng.sample(DEPTHS, len(needles)))
         cuts = [int(len(sents) * d / 100) for d in depths]
         parts, last = [], 0
@@ -211,7 +205,7 @@ def _niah(spec: Niah, n: int, seed: str, essay: Path) -> Sample:
             lines = []
             while len(lines) < n:
                 k = _random_thing(rng, spec.key)
-                if k not in keys:  # a distractor never repeats a real key
+                if not _overlaps(k, keys):  # a distractor never repeats a real key, even in part
                     lines.append(_NEEDLE.format(v=spec.value, key=k, value=_random_thing(rng, spec.value)))
         else:
             raise ValueError(f"unknown haystack {spec.haystack!r}")
@@ -395,8 +389,3 @@ def task_gen_tokens(task: str) -> int:
     """The task's answer budget in tokens (RULER's tokens_to_generate)."""
     return GEN_TOKENS[TASKS[task].family]
 
-
-def check_length(length: int) -> None:
-    """Raises ValueError for a length RULER's prompts cannot be built at (under 512 tokens)."""
-    if length < 512 or not math.isfinite(length):
-        raise ValueError(f"RULER length {length}: at least 512 tokens")

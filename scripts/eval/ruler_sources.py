@@ -44,6 +44,39 @@ def essay_words(path: Path) -> tuple[str, ...]:
 
 
 @functools.cache
+def _essay_sentences(path: Path) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """The essay cut into sentences by NLTK's Punkt tokenizer (once), and the running word count
+    at the end of each sentence."""
+    import itertools
+
+    from nltk.tokenize import sent_tokenize
+    from punkt_data import ensure_punkt
+    ensure_punkt()
+    sents = tuple(sent_tokenize(" ".join(essay_words(path))))
+    return sents, tuple(itertools.accumulate(len(x.split(" ")) for x in sents))
+
+
+def essay_sentences(path: Path, n: int) -> list[str]:
+    """The essay's first `n` words as sentences (RULER cuts its first n words into sentences with
+    NLTK; here the whole essay is cut once and the last sentence is cut short to its words within
+    the first n). The essay repeats when shorter than `n` words. Raises ValueError for n < 1."""
+    import bisect
+    if n < 1:
+        raise ValueError(f"essay prefix of {n} words")
+    sents, ends = _essay_sentences(path)
+    out: list[str] = []
+    while n > ends[-1]:
+        out += sents
+        n -= ends[-1]
+    k = bisect.bisect_left(ends, n)  # sentences [0, k) end before word n; sentence k holds it
+    out += sents[:k]
+    rest = n - (ends[k - 1] if k else 0)
+    if rest:
+        out.append(" ".join(sents[k].split(" ")[:rest]))
+    return out
+
+
+@functools.cache
 def wonderwords_lists() -> dict[str, tuple[str, ...]]:
     """{'nouns', 'adjectives', 'verbs'}: wonderwords' lists, each sorted and de-duplicated.
     Raises ImportError when wonderwords is missing (pip install -r scripts/requirements.txt)."""
@@ -57,11 +90,11 @@ def wonderwords_lists() -> dict[str, tuple[str, ...]]:
     return out
 
 
-@functools.cache
-def key_words() -> tuple[str, ...]:
-    """NIAH keys: every 'adjective-noun' pair of wonderwords' lists, sorted (RULER's key set)."""
+def random_key_word(rng) -> str:
+    """A NIAH key: an 'adjective-noun' pair drawn uniformly from wonderwords' lists (RULER draws
+    from the set of all pairs; the ~6 million pairs are not built here)."""
     w = wonderwords_lists()
-    return tuple(sorted({f"{a}-{n}" for a in w["adjectives"] for n in w["nouns"]}))
+    return f"{rng.choice(w['adjectives'])}-{rng.choice(w['nouns'])}"
 
 
 @functools.cache
