@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ruler import TASKS as RULER_TASKS
 from stats import paired_bootstrap
 
 # metric name -> (numerator, denominator) per item, from one scored JSONL record
@@ -32,7 +33,8 @@ def ruler_metrics(records: list[dict]) -> dict:
     out = {}
     for length in sorted({r["length"] for r in records}):
         out[f"{length} average"] = (lambda r: (r["score"], 1), lambda r, L=length: r["length"] == L)
-        for task in dict.fromkeys(r["task"] for r in records if r["length"] == length):
+        present = {r["task"] for r in records if r["length"] == length}
+        for task in [t for t in RULER_TASKS if t in present] + sorted(present - set(RULER_TASKS)):
             out[f"{length} {task}"] = (lambda r: (r["score"], 1),
                                        lambda r, L=length, T=task: r["length"] == L and r["task"] == T)
     return out
