@@ -14,6 +14,7 @@ OUT resumes. docs/accuracy.md describes the method and holds the recorded table.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -213,15 +214,22 @@ def answer(client, label: str, item, cap: int, ctx: int) -> dict:
             "seconds": round(time.time() - t0, 3)}
 
 
-def run_image(a, label: str, path: Path, items_by_set: dict) -> None:
+def start_server(a, label: str, path: Path) -> Server:
+    return Server(a.kestrel, path, label, a.threads, a.ctx, a.out / f"serve-{label}.log", a.extra.get(label, []))
+
+
+def run_image(a, label: str, path: Path, items_by_set: dict, srv: Server | None = None) -> None:
+    """Answers the items `label` has not answered yet, on `srv` (this image's running server) or
+    on a server started for the purpose."""
     import openai
     todo = {s: [it for it in items if it.id not in read_records(a.out / s / f"{label}.jsonl")]
             for s, items in items_by_set.items()}
     if not any(todo.values()):
         print(f"[{label}] every item already answered", flush=True)
         return
-    with Server(a.kestrel, path, label, a.threads, a.ctx, a.out / f"serve-{label}.log",
-                a.extra.get(label, [])) as srv:
+    with contextlib.ExitStack() as stack:
+        if srv is None:
+            srv = stack.enter_context(start_server(a, label, path))
         client = openai.OpenAI(base_url=srv.base_url, api_key="none", timeout=3600, max_retries=0)
         for s, items in todo.items():
             out = a.out / s / f"{label}.jsonl"
@@ -265,19 +273,16 @@ def perplexity(a) -> dict:
     return out
 
 
-def load_sets(a) -> dict:
+def load_sets(a, srv: Server | None) -> dict:
     """{set: items}. Sets generated in the served model's tokens (RULER) are fitted with the
-    tokenizer of the first image's server (every image of a comparison shares the tokenizer)."""
-    a.count_tokens = None
-    if not any(SETS[s].get("tokenizer") for s in a.sets):
-        return {s: SETS[s]["load"](a) for s in a.sets}
-    label, path = a.images[0]
+    tokenizer of `srv`, the first image's server (every image of a comparison shares the
+    tokenizer)."""
+    a.count_tokens = srv.count_tokens if srv else None
     t0 = time.time()
-    with Server(a.kestrel, path, label, a.threads, a.ctx, a.out / f"serve-{label}.log",
-                a.extra.get(label, [])) as srv:
-        a.count_tokens = srv.count_tokens
-        out = {s: SETS[s]["load"](a) for s in a.sets}
-    print(f"[{label}] generated {sum(map(len, out.values()))} items in {time.time() - t0:.0f} s", flush=True)
+    out = {s: SETS[s]["load"](a) for s in a.sets}
+    if srv:
+        print(f"[{a.images[0][0]}] generated {sum(map(len, out.values()))} items in {time.time() - t0:.0f} s",
+              flush=True)
     return out
 
 
@@ -286,7 +291,28 @@ def main(argv=None) -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     for s in a.sets:
         (a.out / s).mkdir(exist_ok=True)
-    items_by_set = load_sets(a)
+    with contextlib.ExitStack() as first:  # the first image's server, when a set needs its tokenizer
+        srv = first.enter_context(start_server(a, *a.images[0])) if any(
+            SETS[s].get("tokenizer") for s in a.sets) else None
+        items_by_set = load_sets(a, srv)
+        config = write_config(a, items_by_set)
+        for k, (label, path) in enumerate(a.images):
+            run_image(a, label, path, items_by_set, srv if k == 0 else None)
+            if k == 0:
+                first.close()  # stopped before the next image's server starts
+    labels = [lab for lab, _ in a.images]
+    table = build_table(a.out, a.sets, labels, a.resamples)
+    ppl = perplexity(a) if a.ppl_chunks > 0 and len(a.images) > 1 else None
+    (a.out / "report.json").write_text(json.dumps({"config": config, "table": table, "perplexity": ppl}, indent=1))
+    md = markdown(table, ppl)
+    (a.out / "report.md").write_text(md)
+    print(md)
+    return 0
+
+
+def write_config(a, items_by_set: dict) -> dict:
+    """Writes OUT/config.json (merged with a resumed run's); exits when the folder holds answers
+    made with other settings."""
     config = {"images": {lab: " ".join([str(p)] + a.extra.get(lab, [])) for lab, p in a.images}, "sets": a.sets, "limit": {s: a.limits[s] for s in a.sets},
               "seed": a.seed, "max_tokens": {s: a.caps[s] for s in a.sets}, "gsm8k_shots": a.gsm8k_shots,
               "ctx": a.ctx, "threads": a.threads, "items": {s: [it.id for it in v] for s, v in items_by_set.items()}}
@@ -295,7 +321,11 @@ def main(argv=None) -> int:
     cfg_path = a.out / "config.json"
     if cfg_path.exists():  # answers already here must come from the same settings
         old = json.loads(cfg_path.read_text())
-        for key in ("seed", "gsm8k_shots", "ctx") + (("ruler",) if "ruler" in a.sets and "ruler" in old else ()):
+        # The context changes answers only where a prompt plus its cap may not fit (chat sets);
+        # RULER's items fit their length whatever the context, and are generated independently of
+        # each other, so lengths and tasks may be added to a folder.
+        ctx_matters = any(s != "ruler" and s in old.get("sets", []) for s in a.sets)
+        for key in ("seed", "gsm8k_shots") + (("ctx",) if ctx_matters else ()):
             if old.get(key) != config[key]:
                 sys.exit(f"{cfg_path}: this folder holds a run with {key}={old.get(key)!r}, not "
                          f"{config[key]!r}; use another --out")
@@ -311,18 +341,13 @@ def main(argv=None) -> int:
         for key in ("limit", "max_tokens", "items"):
             config[key] = {**old.get(key, {}), **config[key]}
         config["sets"] = list(dict.fromkeys(old.get("sets", []) + a.sets))
+        if "ruler" in old:
+            cur = config.get("ruler", {"lengths": [], "tasks": []})
+            config["ruler"] = {"lengths": sorted(set(old["ruler"]["lengths"]) | set(cur["lengths"])),
+                               "tasks": list(dict.fromkeys(old["ruler"]["tasks"] + cur["tasks"]))}
         config["images"] = {**old.get("images", {}), **config["images"]}
     cfg_path.write_text(json.dumps(config, indent=1))
-    for label, path in a.images:
-        run_image(a, label, path, items_by_set)
-    labels = [lab for lab, _ in a.images]
-    table = build_table(a.out, a.sets, labels, a.resamples)
-    ppl = perplexity(a) if a.ppl_chunks > 0 and len(a.images) > 1 else None
-    (a.out / "report.json").write_text(json.dumps({"config": config, "table": table, "perplexity": ppl}, indent=1))
-    md = markdown(table, ppl)
-    (a.out / "report.md").write_text(md)
-    print(md)
-    return 0
+    return config
 
 
 def _terminate(signum, frame):
