@@ -1,6 +1,7 @@
 """RULER in the accuracy harness (scripts/eval/ruler.py): the generators are deterministic for a
 seed, the needles are where they should be and nowhere else, the haystack fills the length in the
 served model's tokens, the scorer is RULER's string match, and a short run goes end to end."""
+import importlib.util
 import json
 import re
 import subprocess
@@ -14,14 +15,14 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts" / "eval"))
 
 import evalsets  # noqa: E402
+import ruler  # noqa: E402
 from serve_helpers import KESTREL, Server, model_path  # noqa: E402
 
-ruler = pytest.importorskip("ruler")
-pytest.importorskip("wonderwords", reason="wonderwords missing: pip install -r scripts/requirements.txt")
-pytest.importorskip("nltk", reason="nltk missing: pip install -r scripts/requirements.txt")
-
 ESSAY = evalsets.DATA / "wikitext2" / "wiki.test.raw"
-needs_essay = pytest.mark.skipif(not ESSAY.exists(), reason="../shared/data/wikitext2 missing")
+_missing = [m for m in ("wonderwords", "nltk", "punkt") if importlib.util.find_spec(m) is None]
+needs_essay = pytest.mark.skipif(not ESSAY.exists() or bool(_missing),
+                                 reason=f"../shared/data/wikitext2 or {_missing or 'a package'} missing "
+                                        "(pip install -r scripts/requirements.txt)")
 needs_model = pytest.mark.skipif(not KESTREL.exists() or not model_path().exists(),
                                  reason="build/kestrel or the default model missing (scripts/quickstart.sh)")
 
@@ -184,6 +185,7 @@ def test_frequent_words_are_the_three_after_the_noise_word():
     assert counts[s.outputs[2]] > counts[ranked[4]]
 
 
+@needs_essay
 def test_bad_requests_are_clear_errors():
     with pytest.raises(KeyError, match="unknown RULER task"):
         ruler.generate("qa_1", 4096, 0, 0, words_count, ESSAY)
