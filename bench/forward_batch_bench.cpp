@@ -117,8 +117,8 @@ void SeparateForwardHidden(benchmark::State& state) { Decode(state, Mode::kSepar
 void DecodeStep(benchmark::State& state) { Decode(state, Mode::kStep); }
 void HeadSearch(benchmark::State& state) { Decode(state, Mode::kSearch); }
 BENCHMARK(ForwardBatch)->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(DecodeStep)->Arg(1)->Arg(2)->Arg(4)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(HeadSearch)->Arg(1)->Arg(4)->Arg(7)->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK(DecodeStep)->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(HeadSearch)->Arg(1)->Arg(4)->Arg(8)->Arg(16)->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(SeparateForwardHidden)->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace

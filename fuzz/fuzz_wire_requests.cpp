@@ -1,20 +1,25 @@
 // libFuzzer target: the request translations of the Responses API and Anthropic's Messages API
-// (server/responses_request.h, server/messages_request.h) and the chat request parser they
-// feed (server/request.h), on arbitrary bytes read as JSON.
+// (server/responses_request.h, server/messages_request.h), the chat request parser they
+// feed (server/request.h), and the /v1/embeddings reader (server/embeddings.h), on arbitrary
+// bytes read as JSON.
 //
 // Checked invariants (a violation aborts, which libFuzzer reports as a crash):
 //  * no exception but ApiError (the client's 4xx), no sanitizer report;
 //  * every ApiError is a 4xx with a non-empty message;
-//  * a translation that succeeds yields a body the chat parser reads (or refuses with ApiError).
+//  * a translation that succeeds yields a body the chat parser reads (or refuses with ApiError);
+//  * an embeddings request that parses has at least one input, at most kMaxEmbeddingInputs
+//    texts, no empty token-id list, and a base64 encoding of 4 bytes per float.
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "kestrel/server/api_error.h"
+#include "kestrel/server/embeddings.h"
 #include "kestrel/server/messages_request.h"
 #include "kestrel/server/request.h"
 #include "kestrel/server/responses_request.h"
@@ -61,5 +66,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       expect_only_api_errors([&] { kestrel::server::parse_chat_request(nlohmann::json::parse(m.chat.dump())); });
     });
   }
+  expect_only_api_errors([&] {
+    const auto e = kestrel::server::parse_embeddings_request(nlohmann::json::parse(text));
+    const size_t n = e.inputs.texts.size() + e.inputs.ids.size();
+    bool ok = n >= 1 && e.inputs.texts.size() <= kestrel::server::kMaxEmbeddingInputs;
+    for (const auto& ids : e.inputs.ids) ok = ok && !ids.empty();
+    if (!ok) {
+      std::fprintf(stderr, "embeddings request parsed into %zu inputs, one of them empty or too many\n", n);
+      std::abort();
+    }
+    const std::vector<float> v(n % 7, 1.0f);
+    if (kestrel::server::base64_floats(v).size() != (v.size() * 4 + 2) / 3 * 4) std::abort();
+  });
   return 0;
 }

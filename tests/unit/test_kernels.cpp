@@ -284,3 +284,22 @@ TEST(Kernels, AttentionBlockMatchesPerQueryAttention) {
     hwy::SetSupportedTargetsForTest(0);
   }
 }
+
+TEST(Kernels, SumExpShiftedEqualsTheSequentialFloat64Sum) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> logit(0.0f, 6.0f);
+  for (size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{33}, size_t{1000}, size_t{262144}}) {
+    std::vector<float> x(n);
+    for (auto& v : x) v = logit(rng);
+    if (n > 20) x[3] = -INFINITY, x[11] = -2000.0f;  // masked and underflowing entries add 0
+    float mx = -INFINITY;
+    for (float v : x) mx = std::max(mx, v);
+    const double shift = n == 0 ? 0.0 : mx;
+    double ref = 0;
+    for (float v : x) ref += std::exp(static_cast<double>(v) - shift);
+    const double got = k::sum_exp_shifted(x.data(), n, shift);
+    // Both sums round: a sequential float64 sum of n positive terms is within (n - 1) * 2^-53 of
+    // exact (relative; Higham, Accuracy and Stability, 4.2), and each Exp is within 1 ulp.
+    EXPECT_NEAR(got, ref, (static_cast<double>(n) + 2) * 0x1p-52 * ref) << n;
+  }
+}

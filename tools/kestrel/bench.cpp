@@ -316,9 +316,9 @@ int run_concurrency_bench(const BenchCliOptions& o) {
   if (prompt_tokens < 2) throw Error("--prompt-tokens must be at least 2");
   size_t max_n = 0;
   for (size_t n : o.concurrency) max_n = std::max(max_n, n);
-  std::string md = "| model | concurrency | aggregate decode tok/s | vs 1 stream | per-stream tok/s | ITL p50 ms | ITL p99 ms | "
-                   "worst stream's ITL p99 ms | TTFT p50 ms | TTFT max ms |\n"
-                   "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n";
+  std::string md = "| model | concurrency | aggregate decode tok/s | vs 1 stream | read bound | per-stream tok/s | ITL p50 ms | "
+                   "ITL p99 ms | worst stream's ITL p99 ms | TTFT p50 ms | TTFT max ms |\n"
+                   "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n";
   json report = {{"schema", "kestrel-bench-concurrency/1"}, {"machine", machine_json()}, {"rows", json::array()}};
   const std::vector<std::string> models = o.models.empty() ? std::vector<std::string>{""} : o.models;
   for (const auto& arg : models) {
@@ -332,6 +332,12 @@ int run_concurrency_bench(const BenchCliOptions& o) {
     std::optional<bench::TokenId> bos;
     if (engine.tokenizer().add_bos()) bos = engine.tokenizer().bos();
     const auto prompts = bench::cut_prompts(stream, bos, prompt_tokens, max_n * rounds);
+    // The read bound (Engine::decode_row_bytes): what n streams could give over one if a step
+    // cost only its bytes, taken mid-answer; rows probing the same clusters would share more.
+    model::KvCache mid = engine.model().new_cache(prompt_tokens + output_tokens + 1);
+    mid.n_past = prompt_tokens + output_tokens / 2;
+    const double b1 = static_cast<double>(engine.decode_read_bytes(mid));
+    const double b_row = static_cast<double>(engine.decode_row_bytes(mid));
     double single = 0;
     for (size_t n : o.concurrency) {
       std::vector<double> aggregate, itl, itl_p99, ttft;
@@ -347,15 +353,17 @@ int run_concurrency_bench(const BenchCliOptions& o) {
       const double agg = bench::percentile(aggregate, 50);
       if (n == 1) single = agg;
       const double worst_p99 = *std::max_element(itl_p99.begin(), itl_p99.end());
+      const double nd = static_cast<double>(n), read_bound = nd * b1 / (b1 + (nd - 1) * b_row);
       char line[512];
-      std::snprintf(line, sizeof(line), "| %s | %zu | %.1f | %s | %.1f | %.1f | %.1f | %.1f | %.0f | %.0f |\n",
+      std::snprintf(line, sizeof(line), "| %s | %zu | %.1f | %s | %.2fx | %.1f | %.1f | %.1f | %.1f | %.0f | %.0f |\n",
                     m.label.c_str(), n, agg, single > 0 ? (std::to_string(agg / single).substr(0, 4) + "x").c_str() : "",
-                    agg / static_cast<double>(n), 1e3 * bench::percentile(itl, 50), 1e3 * bench::percentile(itl, 99),
+                    read_bound, agg / nd, 1e3 * bench::percentile(itl, 50), 1e3 * bench::percentile(itl, 99),
                     1e3 * worst_p99, 1e3 * bench::percentile(ttft, 50), 1e3 * bench::percentile(ttft, 100));
       md += line;
       report["rows"].push_back({{"model", m.label}, {"path", m.path.string()}, {"concurrency", n},
                                 {"prompt_tokens", prompt_tokens}, {"output_tokens", output_tokens},
                                 {"threads", engine.pool().size()}, {"prefill_chunk", o.prefill_chunk},
+                                {"step_read_bytes", b1}, {"row_read_bytes", b_row}, {"read_bound_ratio", read_bound},
                                 {"aggregate_decode_tok_s", aggregate}, {"itl_s", itl}, {"itl_p99_per_stream_s", itl_p99},
                                 {"ttft_s", ttft}});
     }

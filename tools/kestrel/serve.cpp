@@ -110,6 +110,12 @@ Command add_serve_command(CLI::App& app) {
                   "/v1/responses kept in memory for previous_response_id (the least recently used dropped first)")
       ->check(integer_range(size_t{0}, size_t{1} << 20))
       ->capture_default_str();
+  cmd->add_flag("--embeddings", s.embeddings,
+                "Serve /v1/embeddings: each input's final hidden states (after the output norm) pooled and "
+                "L2-normalized. A causal LM's pooled hidden states, not a trained embedding model's vectors");
+  cmd->add_option("--pooling", s.pooling, "How /v1/embeddings pools a prompt's hidden states: mean, last or cls (the first token)")
+      ->check(CLI::IsMember({"mean", "last", "cls"}))
+      ->capture_default_str();
   cmd->callback([opts] {
     const auto& so = opts->server;
     if (so.http_threads != 0 && so.http_threads < so.max_queue + server::kMinSpareHttpThreads) {

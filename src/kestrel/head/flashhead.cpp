@@ -493,10 +493,13 @@ void FlashHead::certify(size_t n_rows, std::span<Candidates* const> out, ThreadP
 }
 
 size_t FlashHead::search_bytes(size_t probes) const {
+  return centroids_.bytes() + (radii_ != nullptr ? n_clusters_ * sizeof(float) : 0) + search_row_bytes(probes);
+}
+
+size_t FlashHead::search_row_bytes(size_t probes) const {
   const kernels::Matrix& w = head_->weight;
   const size_t row = w.rows > 0 ? w.bytes() / w.rows : 0;
-  const size_t rows = std::clamp<size_t>(probes, 1, n_clusters_) * cluster_size_ + special_.size();
-  return centroids_.bytes() + (radii_ != nullptr ? n_clusters_ * sizeof(float) : 0) + rows * row;
+  return (std::clamp<size_t>(probes, 1, n_clusters_) * cluster_size_ + special_.size()) * row;
 }
 
 }  // namespace kestrel::head

@@ -123,6 +123,10 @@ class FlashHead {
   /// Bytes one search(hidden, probes) reads: the centroids (and radii), then the head rows of the
   /// probed clusters and of the special tokens (probes clamped as search clamps it).
   size_t search_bytes(size_t probes) const;
+  /// The part of search_bytes that is a row's own in a batched search (search_batch): the head
+  /// rows of its probed clusters and special tokens. The centroids are read once for all rows;
+  /// rows that probe the same cluster share its reading too, so this is the most a row adds.
+  size_t search_row_bytes(size_t probes) const;
 
   /// Stage 1 only: the cluster scores float32 [n_clusters] (for sampling and evaluation).
   void cluster_scores(const float* hidden, float* scores, ThreadPool& pool) const;

@@ -329,6 +329,27 @@ void ToFp16(const float* x, uint16_t* y, size_t n) {
   for (; i < n; ++i) y[i] = gguf::fp32_to_fp16(x[i]);
 }
 
+double SumExpShifted(const float* x, size_t n, double shift) {
+  const hn::ScalableTag<double> dd;
+  const hn::Rebind<float, decltype(dd)> df;
+  const size_t N = hn::Lanes(dd);
+  const auto vshift = hn::Set(dd, shift);
+  const auto floor = hn::Set(dd, -745.0);  // exp below underflows to 0 (and -inf is outside Exp's range)
+  auto acc0 = hn::Zero(dd), acc1 = hn::Zero(dd);
+  auto term = [&](const float* p) {
+    const auto v = hn::Sub(hn::PromoteTo(dd, hn::LoadU(df, p)), vshift);
+    return hn::IfThenElseZero(hn::Gt(v, floor), hn::Exp(dd, hn::Max(v, floor)));
+  };
+  size_t i = 0;
+  for (; i + 2 * N <= n; i += 2 * N) {
+    acc0 = hn::Add(acc0, term(x + i));
+    acc1 = hn::Add(acc1, term(x + i + N));
+  }
+  double sum = hn::GetLane(hn::SumOfLanes(dd, hn::Add(acc0, acc1)));
+  for (; i < n; ++i) sum += std::exp(static_cast<double>(x[i]) - shift);
+  return sum;
+}
+
 void GeluTanhMul(const float* gate, const float* up, float* y, size_t n) {
   const hn::ScalableTag<float> d;
   const size_t N = hn::Lanes(d);
@@ -373,6 +394,7 @@ HWY_EXPORT(SumSquares);
 HWY_EXPORT(AttendGroup);
 HWY_EXPORT(AttendBlock);
 HWY_EXPORT(ExpShifted);
+HWY_EXPORT(SumExpShifted);
 HWY_EXPORT(GeluTanhMul);
 HWY_EXPORT(Softcap);
 HWY_EXPORT(ToFp16);
@@ -422,6 +444,10 @@ void rope_neox(float* x, size_t n_heads, size_t head_dim, size_t n_rot, const fl
 }
 
 void to_fp16(const float* x, uint16_t* y, size_t n) { HWY_DYNAMIC_DISPATCH(ToFp16)(x, y, n); }
+
+double sum_exp_shifted(const float* x, size_t n, double shift) {
+  return HWY_DYNAMIC_DISPATCH(SumExpShifted)(x, n, shift);
+}
 
 float exp_shifted(float* scores, size_t n, float* max_out) {
   return HWY_DYNAMIC_DISPATCH(ExpShifted)(scores, n, max_out);

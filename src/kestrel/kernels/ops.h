@@ -71,6 +71,13 @@ void attend_block(const float* const* queries, size_t n_queries, const size_t* b
 /// returns the sum. Vectorized (Highway's Exp, ~1 ulp).
 float exp_shifted(float* scores, size_t n, float* max_out);
 
+/// sum_i exp(double(x[i]) - shift) in float64: the log-sum-exp of a logit row for
+/// runtime::compute_logprobs (what prompt scoring runs on every row). Vectorized with Highway's
+/// float64 Exp (max error 1 ulp), lanes summed apart then together: against a sequential
+/// std::exp loop the sum differs within the two sums' rounding (tests/unit/test_kernels.cpp).
+/// x[i] - shift below -745 (exp underflows to 0), -inf included, adds 0; NaN propagates.
+double sum_exp_shifted(const float* x, size_t n, double shift);
+
 /// The attention of `group` heads over part of the visible positions, unnormalized, so that
 /// several threads can each take a slice of a long cache during decode and merge (the
 /// log-sum-exp split of FlashDecoding, Dao et al. 2023). `out` must hold group * head_dim

@@ -271,7 +271,7 @@ void GemmaDecoder::forward_batch(std::span<const BatchSequence> seqs, ThreadPool
   tokens.reserve(total);
   segs.reserve(seqs.size());
   for (const BatchSequence& s : seqs) {
-    segs.push_back({tokens.size(), s.tokens.size(), s.cache->n_past, s.cache, s.hidden});
+    segs.push_back({tokens.size(), s.tokens.size(), s.cache->n_past, s.cache, s.hidden, s.all_rows});
     tokens.insert(tokens.end(), s.tokens.begin(), s.tokens.end());
   }
   forward_chunk(tokens, segs, Logits::kLast, pool, nullptr);
@@ -324,7 +324,7 @@ void GemmaDecoder::forward_chunk(std::span<const TokenId> tokens, std::span<cons
   for (const Segment& seg : segs) {
     seg.cache->append(tokens.subspan(seg.first, seg.n), seg.n >= kernels::kTileMinTokens);
     if (seg.hidden == nullptr) continue;
-    const size_t first = which == Logits::kAll ? 0 : seg.n - 1;
+    const size_t first = which == Logits::kAll || seg.all_rows ? 0 : seg.n - 1;
     for (size_t t = first; t < seg.n; ++t) {
       kernels::rms_norm(&s.x[(seg.first + t) * d], output_norm_, &seg.hidden[(t - first) * d], d, c.rms_eps);
     }

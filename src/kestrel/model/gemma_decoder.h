@@ -90,6 +90,7 @@ class GemmaDecoder final : public Model {
     size_t pos0 = 0;
     KvCache* cache = nullptr;
     float* hidden = nullptr;  // final hidden states per `which` (kAll: n rows, kLast: the last), or null
+    bool all_rows = false;    // n rows whatever `which` says (BatchSequence::all_rows)
   };
 
   /// Activations of one chunk, float32 row-major with one row per token, in one arena (the

@@ -53,6 +53,7 @@ struct BatchSequence {
   std::span<const TokenId> tokens;  // appended at positions cache->n_past, n_past + 1, ...
   KvCache* cache = nullptr;         // this sequence's own cache
   float* hidden = nullptr;          // float32 [d_model]: the final hidden state (after the output norm) of its LAST token; may be null
+  bool all_rows = false;            // hidden receives every token's row instead, float32 [tokens.size(), d_model] (embeddings)
 };
 
 /// Sees the input of every layer matrix during a forward pass (calibration statistics).
@@ -85,7 +86,7 @@ class Model {
 
   /// Several sequences in one pass: the layer matmuls over all their rows at once, attention per
   /// sequence over its own cache. Each sequence's `hidden` and cache end as forward_hidden(tokens,
-  /// *cache, Logits::kLast, hidden) alone would leave them, up to the kernels' row-count-dependent
+  /// *cache, Logits::kLast, hidden) (Logits::kAll with all_rows) alone would leave them, up to the kernels' row-count-dependent
   /// rounding. Bit-identical where every matrix takes the same kernel path for the batch's row
   /// count as for the sequence's own: always for F32 and Q8_0 weights (Precision::kSource of
   /// Gemma 3 270M and the tiny Gemma 4s), and for fewer than 8 rows in all. From 8 rows, W4

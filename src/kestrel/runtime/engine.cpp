@@ -234,4 +234,8 @@ size_t Engine::decode_read_bytes(const model::KvCache& cache) const {
   return model_->info().decode_weight_bytes + head + cache.read_bytes();
 }
 
+size_t Engine::decode_row_bytes(const model::KvCache& cache) const {
+  return (flash_ ? flash_->search_row_bytes(probes_) : 0) + cache.read_bytes();
+}
+
 }  // namespace kestrel::runtime

@@ -121,6 +121,14 @@ class Engine {
   /// read_bytes(). Divided into the machine's read bandwidth it gives decode's upper limit in
   /// tokens/s (docs/benchmarks.md).
   size_t decode_read_bytes(const model::KvCache& cache) const;
+  /// The bytes of decode_read_bytes that are one row's own when several sequences decode in one
+  /// step (Scheduler: one pass over the layers for every row): its KV cache's read_bytes() and,
+  /// with FlashHead, the head rows of its probed clusters (FlashHead::search_row_bytes); the
+  /// layers, the centroids and a dense head are read once for all rows. A step of n rows at
+  /// these positions reads at most decode_read_bytes + (n - 1) * decode_row_bytes, so on a
+  /// read-bound CPU n streams give at most n * B1 / (B1 + (n - 1) * b) times one stream's
+  /// tokens/s (`kestrel bench --concurrency`'s "read bound" column; docs/benchmarks.md).
+  size_t decode_row_bytes(const model::KvCache& cache) const;
   /// Compiles grammars for this model's vocabulary and stop tokens (created on first use, then
   /// shared by every Session). Thread-safe.
   GrammarCompiler& grammars();

@@ -12,6 +12,7 @@
 #include "kestrel/runtime/drafter.h"
 #include "kestrel/runtime/grammar.h"
 #include "kestrel/runtime/logprobs.h"
+#include "kestrel/runtime/pooling.h"
 #include "kestrel/runtime/sampler.h"
 
 namespace kestrel::runtime {
@@ -63,6 +64,11 @@ struct GenerateOptions {
   /// first (runtime/prompt_scoring.h) with this many alternatives, from an empty cache (no
   /// prefix reuse: every position needs its row), before generating. -1: none.
   int prompt_logprobs = -1;
+  /// Embeddings (runtime/pooling.h): other than kNone, the prompt is prefilled from an empty cache
+  /// with every token's final hidden state (after the output norm) kept, pooled so and
+  /// L2-normalized into GenerateResult::embedding; nothing is generated (max_tokens, sampling,
+  /// grammar and drafting are not used).
+  Pooling pooling = Pooling::kNone;
 };
 
 /// A grammar step that allows at most this many tokens scores exactly them, not the candidates.
@@ -88,6 +94,9 @@ struct GenerateResult {
   /// entries), and its 1-based rank in the vocabulary.
   std::vector<StepLogprobs> prompt_logprobs;
   std::vector<uint32_t> prompt_ranks;
+  /// With options.pooling other than kNone: the prompt's pooled, L2-normalized hidden state,
+  /// float32 [d_model].
+  std::vector<float> embedding;
 };
 
 /// Called with each piece of text as soon as it is final; return false to stop generating.

@@ -68,6 +68,12 @@ Generation::Generation(Session& session, std::span<const TokenId> prompt, const 
   result_.prompt_tokens = prompt.size();
   result_.finish_reason = "length";
   t0_ = Clock::now();
+  if (options.pooling != Pooling::kNone) {
+    // Embeddings: a prefill of every row from an empty cache; nothing is sampled.
+    session.reset();
+    pool_.emplace(options.pooling, session.engine().model().info().d_model);
+    return;
+  }
   if (options.prompt_logprobs >= 0) {
     // Scoring: every prompt row, as one prefill (on the scheduler's thread, which owns the
     // model). Then the last rows go again through the ordinary prefill (reuse_prefix leaves
@@ -148,14 +154,23 @@ void Generation::advance(size_t n, TokenScores scores) {
   if (prefilling()) {
     next_prompt_ += n;
     if (prefilling()) return;
-    if (options_.max_tokens == 0) {  // nothing to generate: the prefill alone is timed
+    if (options_.max_tokens == 0 || pool_) {  // nothing to generate: the prefill alone is timed
       prefill_ms_ = ms_between(t0_, Clock::now());
+      if (pool_) {
+        if (pool_->tokens() != prompt_.size()) throw Error("Generation::advance: prompt rows were not pooled");
+        result_.embedding = pool_->finish();
+      }
       done_ = true;
       return;
     }
   }
   sample(scores, 0);
   reset_draft();
+}
+
+void Generation::pool_rows(const float* rows, size_t n) {
+  if (!pool_) throw Error("Generation::pool_rows: this generation does not pool hidden states");
+  pool_->add(rows, n);
 }
 
 void Generation::advance_rows(size_t n, std::span<const TokenScores> rows) {

@@ -15,6 +15,7 @@
 #include "kestrel/runtime/drafter.h"
 #include "kestrel/runtime/generate_options.h"
 #include "kestrel/runtime/grammar.h"
+#include "kestrel/runtime/pooling.h"
 #include "kestrel/runtime/sampler.h"
 #include "kestrel/text/tokenizer.h"
 
@@ -64,7 +65,15 @@ class Generation {
   /// if not decoding or the sizes disagree.
   void advance_rows(size_t n, std::span<const TokenScores> rows);
   /// True when advance(n, ...) will sample, i.e. feeding n tokens of input() needs scores.
-  bool needs_scores(size_t n) const { return !prefilling() || next_prompt_ + n >= prompt_.size(); }
+  bool needs_scores(size_t n) const {
+    return !pool_ && (!prefilling() || next_prompt_ + n >= prompt_.size());
+  }
+  /// Embeddings (GenerateOptions::pooling): the caller must feed every prompt row's final hidden
+  /// state to pool_rows() before advance().
+  bool pools() const { return pool_.has_value(); }
+  /// Embeddings: `rows`, float32 [n, d_model], the final hidden states of the n prompt tokens
+  /// input() gave last. kestrel::Error when this generation does not pool.
+  void pool_rows(const float* rows, size_t n);
 
   /// Stops it as a client that went away does (GenerateResult::cancelled).
   void cancel() {
@@ -113,6 +122,7 @@ class Generation {
   bool drafted_ = false;  // draft() ran for the coming step
   std::vector<TokenDistribution> draft_q_;  // the draft's q (empty: point masses)
   std::optional<TokenConstraint> constraint_;
+  std::optional<HiddenPool> pool_;  // embeddings: the prompt's hidden rows pooled
   std::vector<TokenId> allowed_;  // the grammar's allowed tokens, when few
   std::vector<TokenId> raised_;   // candidates and the tokens logit_bias raises (with_raised_tokens)
   std::vector<uint8_t> bias_seen_;  // per logit_bias entry: among this step's candidates

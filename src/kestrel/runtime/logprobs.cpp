@@ -5,6 +5,7 @@
 #include <string>
 
 #include "kestrel/base/error.h"
+#include "kestrel/kernels/ops.h"
 
 namespace kestrel::runtime {
 
@@ -31,8 +32,7 @@ StepLogprobs compute_logprobs(std::span<const float> logits, std::span<const Tok
   // Stable log-sum-exp: max first, then the sum of exp(l - max) in double.
   float max_logit = logits[0];
   for (float l : logits) max_logit = std::max(max_logit, l);
-  double sum = 0.0;
-  for (float l : logits) sum += std::exp(static_cast<double>(l) - static_cast<double>(max_logit));
+  const double sum = kernels::sum_exp_shifted(logits.data(), logits.size(), static_cast<double>(max_logit));
   const double log_z = static_cast<double>(max_logit) + std::log(sum);
   auto logprob_of = [&](size_t i) { return static_cast<float>(static_cast<double>(logits[i]) - log_z); };
 

@@ -282,9 +282,18 @@ void Scheduler::step() {
   const bool any_rows = engine_.model().batch_exactness() == model::BatchExactness::kAnyRows;
   std::vector<std::vector<model::BatchSequence>> groups(1);
   std::vector<model::BatchSequence> long_rows;
+  // Embeddings: every row's hidden state, for the generation to pool (one buffer per such row).
+  std::vector<std::vector<float>> pooled_rows(rows.size());
+  const size_t d_model = engine_.model().info().d_model;
   size_t in_group = 0;
-  for (const Row& r : rows) {
-    const model::BatchSequence seq{r.tokens, &r.job->session->cache(), r.job->session->hidden()};
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    model::BatchSequence seq{r.tokens, &r.job->session->cache(), r.job->session->hidden()};
+    if (r.job->generation->pools()) {
+      pooled_rows[i].resize(r.tokens.size() * d_model);
+      seq.hidden = pooled_rows[i].data();
+      seq.all_rows = true;
+    }
     if (any_rows || r.tokens.size() >= kShortRows) {
       long_rows.push_back(seq);
       continue;
@@ -332,6 +341,7 @@ void Scheduler::step() {
     const size_t n = rows[i].tokens.size();
     const TokenScores s = g.needs_scores(n) ? scores[k++] : TokenScores{};
     try {
+      if (g.pools()) g.pool_rows(pooled_rows[i].data(), n);
       g.advance(n, s);
     } catch (...) {
       failed.emplace_back(rows[i].job, std::current_exception());

@@ -144,7 +144,12 @@ GenerateResult Session::generate(std::span<const TokenId> prompt, const Generate
   while (!g.done()) {
     g.draft();
     const auto in = g.input(std::max(prompt.size(), kMaxDraft + 1));
-    if (!g.prefilling() && in.size() > 1) {
+    if (g.pools()) {  // embeddings: every prompt row's hidden state
+      std::vector<float> rows(in.size() * engine_.model().info().d_model);
+      engine_.model().forward_hidden(in, cache_, model::Logits::kAll, rows.data(), engine_.pool());
+      g.pool_rows(rows.data(), in.size());
+      g.advance(in.size(), {});
+    } else if (!g.prefilling() && in.size() > 1) {
       g.advance_rows(in.size(), step_rows(in));
     } else {
       g.advance(in.size(), step(in));

@@ -210,6 +210,7 @@ void App::install_routes() {
   });
   install_webui_routes();
   install_wire_routes();
+  install_embeddings_routes();
   post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res, const std::string& body) {
     handle_generate(req, res, body, Endpoint::kChat);
   });
@@ -248,6 +249,21 @@ void App::install_routes() {
         out["pieces"] = pieces;
       }
       send_json(res, 200, out);
+    });
+  });
+  // vLLM's GET /tokenizer_info: what lm-eval's remote tokenizer backend reads (its special tokens).
+  http_.Get("/tokenizer_info", [this](const httplib::Request& req, httplib::Response& res) {
+    guarded("tokenizer_info", res, [&] {
+      check_auth(req);
+      check_ready();
+      const text::Tokenizer& tok = engine_->tokenizer();
+      auto piece = [&](TokenId id) { return id < 0 ? json(nullptr) : json(tok.token_to_piece(id, true)); };
+      send_json(res, 200, {{"tokenizer_class", "kestrel"},
+                           {"bos_token", piece(tok.bos())},
+                           {"eos_token", piece(tok.eos())},
+                           {"pad_token", nullptr},
+                           {"model_max_length", engine_->n_ctx()},
+                           {"vocab_size", tok.n_vocab()}});
     });
   });
   post("/detokenize", [this](const httplib::Request& req, httplib::Response& res, const std::string& raw) {

@@ -68,13 +68,16 @@ struct Job {
 
 class App {
  public:
-  /// Throws kestrel::Error for an empty options.draft, an unknown options.draft_accept or
-  /// options.log_format.
+  /// Throws kestrel::Error for an empty options.draft, an unknown options.draft_accept,
+  /// options.log_format or options.pooling.
   explicit App(const ServerOptions& options)
       : options_(options),
         log_format_(parse_log_format(options.log_format)),
         draft_mode_(runtime::parse_draft_mode(options.draft)),
-        draft_accept_(runtime::parse_draft_accept(options.draft_accept)) {}
+        draft_accept_(runtime::parse_draft_accept(options.draft_accept)),
+        pooling_(runtime::parse_pooling(options.pooling)) {
+    if (pooling_ == runtime::Pooling::kNone) throw Error("--pooling none: /v1/embeddings needs mean, last or cls");
+  }
 
   void install_routes();
   /// GET / (the chat page), /metrics/live (live metrics) and /ui/FILE (their static files).
@@ -145,6 +148,9 @@ class App {
   void run_messages(Job& job, const std::function<bool(const std::string&)>& write);
   /// The routes of the Responses and Messages APIs (wire_routes.cpp).
   void install_wire_routes();
+  /// POST /v1/embeddings (embeddings_routes.cpp): each input a prefill on the scheduler whose
+  /// final hidden states are pooled (options.pooling); 501 unless options.embeddings.
+  void install_embeddings_routes();
   void run_job(Job& job, httplib::DataSink& sink);
   void run_chat(Job& job, const std::function<bool(const std::string&)>& write);
   /// Non-streamed n / best_of / several prompts: every (prompt, sample) runs as its own request
@@ -170,6 +176,7 @@ class App {
   LogFormat log_format_;
   runtime::DraftMode draft_mode_;
   runtime::DraftAccept draft_accept_;
+  runtime::Pooling pooling_;
   httplib::Server http_;
   std::unique_ptr<runtime::Engine> engine_;
   std::unique_ptr<runtime::Scheduler> scheduler_;  // after engine_: stopped before it goes

@@ -452,49 +452,56 @@ std::string schema_in_client_order(std::string_view raw_body, const std::string&
   return nlohmann::ordered_json::parse(raw_body).at(nlohmann::ordered_json::json_pointer(pointer)).dump();
 }
 
+PromptList parse_prompt_list(const json& v, const std::string& name, size_t max_items) {
+  PromptList out;
+  const char* expected = "a string, an array of strings, an array of token ids or an array of arrays of token ids";
+  auto token_ids = [&](const json& arr) {
+    std::vector<int32_t> ids;
+    for (const auto& t : arr) {
+      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+        throw bad_request("'" + name + "' token ids must be non-negative integers", name);
+      }
+      ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
+    }
+    return ids;
+  };
+  if (v.is_string()) {
+    out.texts.push_back(v.get<std::string>());
+    return out;
+  }
+  if (!v.is_array()) wrong_type(name, expected, v);
+  if (v.empty()) throw bad_request("'" + name + "' must not be empty", name);
+  const json& first = v[0];
+  if (v.size() > max_items && !first.is_number()) {
+    throw bad_request("at most " + std::to_string(max_items) + " " + name + "s per request", name);
+  }
+  if (first.is_string()) {
+    for (const auto& p : v) {
+      if (!p.is_string()) wrong_type(name, expected, p);
+      out.texts.push_back(p.get<std::string>());
+    }
+  } else if (first.is_number()) {
+    out.ids.push_back(token_ids(v));
+  } else if (first.is_array()) {
+    for (const auto& p : v) {
+      if (!p.is_array() || p.empty()) throw bad_request("'" + name + "' token-id lists must be non-empty arrays", name);
+      out.ids.push_back(token_ids(p));
+    }
+  } else {
+    wrong_type(name, expected, first);
+  }
+  return out;
+}
+
 GenerationRequest parse_completion_request(const json& body) {
   GenerationRequest r;
   r.endpoint = Endpoint::kCompletion;
   parse_common(body, r);
   const json* prompt = field(body, "prompt");
   if (!prompt) throw bad_request("'prompt' is required", "prompt");
-  auto token_ids = [](const json& arr) {
-    std::vector<int32_t> ids;
-    for (const auto& t : arr) {
-      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
-        throw bad_request("'prompt' token ids must be non-negative integers", "prompt");
-      }
-      ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
-    }
-    return ids;
-  };
-  if (prompt->is_string()) {
-    r.prompt_texts.push_back(prompt->get<std::string>());
-  } else if (prompt->is_array() && !prompt->empty()) {
-    if (prompt->size() > kMaxPrompts && !(*prompt)[0].is_number()) {
-      throw bad_request("at most " + std::to_string(kMaxPrompts) + " prompts per request", "prompt");
-    }
-    const json& first = (*prompt)[0];
-    if (first.is_string()) {
-      for (const auto& p : *prompt) {
-        if (!p.is_string()) wrong_type("prompt", "a string, an array of strings or token ids", p);
-        r.prompt_texts.push_back(p.get<std::string>());
-      }
-    } else if (first.is_number()) {
-      r.prompt_ids.push_back(token_ids(*prompt));
-    } else if (first.is_array()) {
-      for (const auto& p : *prompt) {
-        if (!p.is_array() || p.empty()) throw bad_request("'prompt' token-id lists must be non-empty arrays", "prompt");
-        r.prompt_ids.push_back(token_ids(p));
-      }
-    } else {
-      wrong_type("prompt", "a string, an array of strings or token ids", first);
-    }
-  } else if (prompt->is_array()) {
-    throw bad_request("'prompt' must not be empty", "prompt");
-  } else {
-    wrong_type("prompt", "a string, an array of strings or token ids", *prompt);
-  }
+  PromptList prompts = parse_prompt_list(*prompt, "prompt", kMaxPrompts);
+  r.prompt_texts = std::move(prompts.texts);
+  r.prompt_ids = std::move(prompts.ids);
   if (auto lp = get_int(body, "logprobs", 0, kMaxTopLogprobs)) r.top_logprobs = static_cast<int>(*lp);
   if (auto e = get_bool(body, "echo")) r.echo = *e;
   if (auto p = get_int(body, "prompt_logprobs", 0, kMaxTopLogprobs)) r.prompt_logprobs = static_cast<int>(*p);

@@ -90,6 +90,17 @@ GenerationRequest parse_chat_request(const nlohmann::json& body);
 /// order is the order the answer writes them in).
 std::string schema_in_client_order(std::string_view raw_body, const std::string& pointer);
 
+/// Prompts as /v1/completions' `prompt` and /v1/embeddings' `input` take them: a string, an
+/// array of strings, an array of token ids, or an array of arrays of token ids.
+struct PromptList {
+  std::vector<std::string> texts;         // the strings, or empty
+  std::vector<std::vector<int32_t>> ids;  // the token-id lists, or empty (ids are checked >= 0 only)
+};
+/// Reads `v` (the field `name`) into a PromptList. Throws ApiError (400) naming the field for
+/// another type, an empty array or token-id list, a negative or non-integer id, or more than
+/// `max_items` strings or lists.
+PromptList parse_prompt_list(const nlohmann::json& v, const std::string& name, size_t max_items);
+
 /// Validates a /v1/completions body; prompt is a string, an array of strings, an array of
 /// token ids or an array of arrays of token ids. echo and prompt_logprobs (0 to
 /// kMaxTopLogprobs) score the prompt; neither streams. Throws ApiError (400) as

@@ -9,33 +9,12 @@ namespace kestrel::server {
 namespace {
 
 using ojson = nlohmann::ordered_json;
-
-using json_fields::get;
-using json_fields::kind;
-
-[[noreturn]] void wrong(const std::string& where, const char* expected, const ojson& v) {
-  throw bad_request("'" + where + "' must be " + expected + ", got " + kind(v), where);
-}
+using namespace json_fields;  // get, wrong, string_field, string_or, for_each_object
 
 // A message's content: a string, or parts of type input_text / output_text / text.
 std::string content_text(const ojson& content, const std::string& where) {
-  if (content.is_string()) return content.get<std::string>();
-  if (!content.is_array()) wrong(where, "a string or an array of content parts", content);
-  std::string out;
-  for (size_t i = 0; i < content.size(); ++i) {
-    const ojson& part = content[i];
-    const std::string at = where + "[" + std::to_string(i) + "]";
-    if (!part.is_object()) wrong(at, "an object", part);
-    const std::string type = part.value("type", std::string());
-    if (type != "input_text" && type != "output_text" && type != "text") {
-      throw bad_request("'" + at + ".type' " + (type.empty() ? "is missing" : "'" + type + "' is not supported") +
-                            " (input_text, output_text: this server reads text only)", at + ".type");
-    }
-    const ojson* text = get(part, "text");
-    if (!text || !text->is_string()) throw bad_request("'" + at + ".text' must be a string", at + ".text");
-    out += text->get<std::string>();
-  }
-  return out;
+  return json_fields::content_text(content, where, {"input_text", "output_text", "text"},
+                                   "input_text, output_text: this server reads text only");
 }
 
 // Appends the input items as chat messages; function calls of one turn share an assistant message.
@@ -44,24 +23,16 @@ void add_items(const ojson& input, ojson& messages) {
     messages.push_back({{"role", "user"}, {"content", input.get<std::string>()}});
     return;
   }
-  if (!input.is_array()) wrong("input", "a string or an array of items", input);
   std::unordered_map<std::string, std::string> call_names;
   for (const auto& m : messages) {
     if (auto tc = m.find("tool_calls"); tc != m.end()) {
       for (const auto& c : *tc) call_names[c.value("id", "")] = c["function"].value("name", "");
     }
   }
-  for (size_t i = 0; i < input.size(); ++i) {
-    const ojson& item = input[i];
-    const std::string where = "input[" + std::to_string(i) + "]";
-    if (!item.is_object()) wrong(where, "an object", item);
-    const ojson* type_field = get(item, "type");
-    if (type_field && !type_field->is_string()) wrong(where + ".type", "a string", *type_field);
-    const std::string type = type_field ? type_field->get<std::string>() : "message";
+  for_each_object(input, "input", "a string or an array of items", [&](const ojson& item, const std::string& where) {
+    const std::string type = string_or(item, "type", where, "message");
     if (type == "message") {
-      const ojson* role = get(item, "role");
-      if (!role || !role->is_string()) throw bad_request("'" + where + ".role' must be a string", where + ".role");
-      const std::string r = role->get<std::string>();
+      const std::string r = string_field(item, "role", where).get<std::string>();
       if (r != "user" && r != "assistant" && r != "system" && r != "developer") {
         throw bad_request("'" + where + ".role' must be user, assistant, system or developer", where + ".role");
       }
@@ -69,36 +40,31 @@ void add_items(const ojson& input, ojson& messages) {
       if (!content) throw bad_request("'" + where + ".content' is required", where + ".content");
       messages.push_back({{"role", r}, {"content", content_text(*content, where + ".content")}});
     } else if (type == "function_call") {
-      const ojson* name = get(item, "name");
-      const ojson* call_id = get(item, "call_id");
+      const ojson& name = string_field(item, "name", where);
+      const ojson& call_id = string_field(item, "call_id", where);
       const ojson* args = get(item, "arguments");
-      if (!name || !name->is_string()) throw bad_request("'" + where + ".name' must be a string", where + ".name");
-      if (!call_id || !call_id->is_string()) throw bad_request("'" + where + ".call_id' must be a string", where + ".call_id");
       if (args && !args->is_string()) wrong(where + ".arguments", "a string (JSON)", *args);
-      ojson call = {{"id", *call_id}, {"type", "function"},
-                    {"function", {{"name", *name}, {"arguments", args ? args->get<std::string>() : "{}"}}}};
-      call_names[call_id->get<std::string>()] = name->get<std::string>();
+      ojson call = {{"id", call_id}, {"type", "function"},
+                    {"function", {{"name", name}, {"arguments", args ? args->get<std::string>() : "{}"}}}};
+      call_names[call_id.get<std::string>()] = name.get<std::string>();
       if (!messages.empty() && messages.back()["role"] == "assistant" && messages.back().contains("tool_calls")) {
         messages.back()["tool_calls"].push_back(call);
       } else {
         messages.push_back({{"role", "assistant"}, {"content", nullptr}, {"tool_calls", ojson::array({call})}});
       }
     } else if (type == "function_call_output") {
-      const ojson* call_id = get(item, "call_id");
+      const ojson& call_id = string_field(item, "call_id", where);
       const ojson* output = get(item, "output");
-      if (!call_id || !call_id->is_string()) throw bad_request("'" + where + ".call_id' must be a string", where + ".call_id");
       if (!output) throw bad_request("'" + where + ".output' is required", where + ".output");
-      ojson msg = {{"role", "tool"}, {"tool_call_id", *call_id},
+      ojson msg = {{"role", "tool"}, {"tool_call_id", call_id},
                    {"content", output->is_string() ? output->get<std::string>() : content_text(*output, where + ".output")}};
-      if (auto n = call_names.find(call_id->get<std::string>()); n != call_names.end()) msg["name"] = n->second;
+      if (auto n = call_names.find(call_id.get<std::string>()); n != call_names.end()) msg["name"] = n->second;
       messages.push_back(std::move(msg));
-    } else if (type == "reasoning") {
-      continue;  // a previous turn's reasoning item: not rendered again
-    } else {
+    } else if (type != "reasoning") {  // a previous turn's reasoning item is not rendered again
       throw bad_request("'" + where + ".type' '" + type +
                             "' is not supported (message, function_call, function_call_output)", where + ".type");
     }
-  }
+  });
 }
 
 }  // namespace
@@ -166,13 +132,9 @@ ResponsesRequest responses_to_chat(const ojson& body, ResponseStore& store) {
   }
   if (const ojson* m = get(body, "max_output_tokens")) chat["max_tokens"] = *m;
   if (const ojson* tools = get(body, "tools")) {
-    if (!tools->is_array()) wrong("tools", "an array", *tools);
     ojson chat_tools = ojson::array();
-    for (size_t i = 0; i < tools->size(); ++i) {
-      const ojson& t = (*tools)[i];
-      const std::string where = "tools[" + std::to_string(i) + "]";
-      if (!t.is_object()) wrong(where, "an object", t);
-      const std::string type = t.value("type", std::string());
+    for_each_object(*tools, "tools", "an array", [&](const ojson& t, const std::string& where) {
+      const std::string type = string_or(t, "type", where, "");
       if (type != "function") {
         throw bad_request("'" + where + ".type' '" + type + "' is not supported: this server calls functions only",
                           where + ".type");
@@ -182,7 +144,7 @@ ResponsesRequest responses_to_chat(const ojson& body, ResponseStore& store) {
         if (const ojson* v = get(t, key)) fn[key] = *v;
       }
       chat_tools.push_back({{"type", "function"}, {"function", fn}});
-    }
+    });
     chat["tools"] = chat_tools;
     out.echo["tools"] = *tools;
   } else {
@@ -191,7 +153,8 @@ ResponsesRequest responses_to_chat(const ojson& body, ResponseStore& store) {
   if (const ojson* choice = get(body, "tool_choice")) {
     if (choice->is_string()) {
       chat["tool_choice"] = *choice;
-    } else if (choice->is_object() && choice->value("type", std::string()) == "function" && get(*choice, "name")) {
+    } else if (choice->is_object() && string_or(*choice, "type", "tool_choice", "") == "function" &&
+               get(*choice, "name")) {
       chat["tool_choice"] = {{"type", "function"}, {"function", {{"name", (*choice)["name"]}}}};
     } else {
       throw bad_request("'tool_choice' must be none, auto, required or {\"type\": \"function\", \"name\": ...}",
@@ -206,13 +169,13 @@ ResponsesRequest responses_to_chat(const ojson& body, ResponseStore& store) {
     if (!text->is_object()) wrong("text", "an object", *text);
     if (const ojson* f = get(*text, "format")) {
       if (!f->is_object()) wrong("text.format", "an object", *f);
-      const std::string type = f->value("type", std::string());
+      const std::string type = string_or(*f, "type", "text.format", "");
       if (type == "json_schema") {
         const ojson* schema = get(*f, "schema");
         if (!schema || !schema->is_object()) {
           throw bad_request("'text.format.schema' must be a JSON Schema object", "text.format.schema");
         }
-        ojson js = {{"name", f->value("name", std::string("response"))}, {"schema", *schema}};
+        ojson js = {{"name", string_or(*f, "name", "text.format", "response")}, {"schema", *schema}};
         if (const ojson* strict = get(*f, "strict")) js["strict"] = *strict;
         chat["response_format"] = {{"type", "json_schema"}, {"json_schema", js}};
       } else if (type == "json_object") {

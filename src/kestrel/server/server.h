@@ -30,6 +30,8 @@ struct ServerOptions {
   std::string log_format = "text";   // the access log's lines: text or json (access_log.h)
   bool quiet = false;                // no access log
   size_t responses_store = 1024;     // /v1/responses kept for previous_response_id (least recently used dropped)
+  bool embeddings = false;           // serve /v1/embeddings (else it answers 501)
+  std::string pooling = "mean";      // --pooling: mean, last or cls (runtime/pooling.h)
 };
 
 /// Every admitted request (max_queue of them, running or waiting for a session) holds a
