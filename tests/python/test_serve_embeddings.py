@@ -87,6 +87,8 @@ def test_input_shapes_and_usage(pooled):
         assert float(unit(other) @ unit(v)) > 0.9999
 
 
+# The wire format and the errors do not depend on the pooling: one server's worth (CI time).
+@pytest.mark.parametrize("pooled", ["mean"], indirect=True)
 def test_openai_client_and_base64(pooled):
     openai = pytest.importorskip("openai")
     name, server = pooled
@@ -99,6 +101,7 @@ def test_openai_client_and_base64(pooled):
                                       np.asarray(b["embedding"], dtype=np.float32))
 
 
+@pytest.mark.parametrize("pooled", ["mean"], indirect=True)
 def test_errors(pooled):
     _, server = pooled
     for body, param in (({}, "input"), ({"input": []}, "input"), ({"input": [[2, 10**7]]}, "input"),
