@@ -5,12 +5,16 @@
 #include <vector>
 
 #include "kestrel/kernels/attention_bf16.h"
+#include "kestrel/kernels/attention_kv.h"
 #include "kestrel/kernels/matmul.h"
 #include "kestrel/kernels/ops.h"
 
 namespace kestrel::model {
 
 namespace {
+
+// The default cache: both halves fp16, which ops.h's kernels read (others: attention_kv.h).
+bool fp16_cache(const LayerCache& lc) { return lc.k.type == KvType::kF16 && lc.v.type == KvType::kF16; }
 
 // The visible positions [begin, end) of a query at `pos`: causal, within the window if any.
 std::pair<size_t, size_t> visible(const AttentionShape& s, size_t pos) {
@@ -68,8 +72,8 @@ std::vector<kernels::KvBf16> kv_to_bf16(const AttentionShape& s, size_t n, size_
     for (size_t item = b; item < e; ++item) {
       const size_t g = item / pieces, p0 = first + (item % pieces) * kConvertPositions;
       uint16_t* kb = buffer + 2 * g * head_elems;
-      kernels::kv_to_bf16(lc.k.data() + g * hd, lc.v.data() + g * hd, lc.stride, lc.capacity, hd, first, pos0 + n,
-                          p0, std::min(end, p0 + kConvertPositions), kb, kb + head_elems);
+      kernels::kv_to_bf16(lc.k.head(g, hd), lc.v.head(g, hd), lc.capacity, hd, first, pos0 + n, p0,
+                          std::min(end, p0 + kConvertPositions), kb, kb + head_elems);
     }
   });
   std::vector<kernels::KvBf16> views;
@@ -131,9 +135,19 @@ void cached_attention_rows(const AttentionShape& s, std::span<const AttentionRow
       const AttentionRow& row = rows[u.row];
       const LayerCache& lc = *row.cache;
       const float* q = row.q + u.g * group * hd;
-      const uint16_t* kc = lc.k.data() + u.g * hd;
-      const uint16_t* vc = lc.v.data() + u.g * hd;
       float* out = row.out + u.g * group * hd;
+      if (!fp16_cache(lc)) {  // bf16 or q8 (attention_kv.h): the typed kernels
+        const kernels::KvHeadView kh = lc.k.head(u.g, hd), vh = lc.v.head(u.g, hd);
+        if (u.part != kWhole) {
+          const kernels::AttentionPartial& p = parts[u.part];
+          kernels::attend_partial_kv(q, group, kh, vh, lc.capacity, hd, u.s0, u.s1, scores.data(), p.out, p.max, p.sum);
+        } else {
+          kernels::attend_group_kv(q, group, kh, vh, lc.capacity, hd, u.s0, u.s1, scores.data(), out);
+        }
+        continue;
+      }
+      const uint16_t* kc = lc.k.half.data() + u.g * hd;
+      const uint16_t* vc = lc.v.half.data() + u.g * hd;
       if (u.part != kWhole) {
         kernels::attend_partial(q, group, kc, vc, lc.stride, lc.capacity, hd, u.s0, u.s1, scores.data(), &parts[u.part]);
       } else if (block) {
@@ -169,8 +183,9 @@ void cached_attention(const AttentionShape& s, const float* q, size_t n, size_t 
     return;
   }
   const size_t group = s.n_heads / s.n_kv_heads;
-  const uint16_t* kc = lc.k.data();
-  const uint16_t* vc = lc.v.data();
+  const bool fp16 = fp16_cache(lc);
+  const uint16_t* kc = lc.k.half.data();
+  const uint16_t* vc = lc.v.half.data();
   const size_t n_items = n * s.n_kv_heads;
   // Never chosen by the thread count (the results must not depend on it).
   if (group <= kernels::kMaxBlockQueries && hd % 16 == 0) {
@@ -207,6 +222,9 @@ void cached_attention(const AttentionShape& s, const float* q, size_t n, size_t 
         }
         if (bf16) {
           kernels::attend_block_bf16(queries, n_q, begins, ends, views[g], hd, outs);
+        } else if (!fp16) {
+          kernels::attend_block_kv(queries, n_q, begins, ends, lc.k.head(g, hd), lc.v.head(g, hd), lc.capacity, hd,
+                                   scores.data(), outs);
         } else {
           kernels::attend_block(queries, n_q, begins, ends, kc + g * hd, vc + g * hd, lc.stride,
                                 lc.capacity, hd, scores.data(), outs);
@@ -221,6 +239,11 @@ void cached_attention(const AttentionShape& s, const float* q, size_t n, size_t 
     for (size_t item = b; item < e; ++item) {
       const size_t t = item / s.n_kv_heads, g = item % s.n_kv_heads;
       const auto [begin, end] = visible(s, pos0 + t);
+      if (!fp16) {
+        kernels::attend_group_kv(q + t * q_dim + g * group * hd, group, lc.k.head(g, hd), lc.v.head(g, hd),
+                                 lc.capacity, hd, begin, end, scores.data(), out + t * q_dim + g * group * hd);
+        continue;
+      }
       kernels::attend_group(q + t * q_dim + g * group * hd, group, kc + g * hd, vc + g * hd,
                             lc.stride, lc.capacity, hd, begin, end, scores.data(),
                             out + t * q_dim + g * group * hd);
