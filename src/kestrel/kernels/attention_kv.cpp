@@ -340,6 +340,21 @@ void kv_read_row(KvType t, const void* row, const uint16_t* scales, size_t n, si
   }
 }
 
+void hadamard_rotate(float* x, size_t n) {
+  if (n == 0 || (n & (n - 1)) != 0) throw Error("hadamard_rotate: " + std::to_string(n) + " is not a power of two");
+  for (size_t h = 1; h < n; h *= 2) {
+    for (size_t i = 0; i < n; i += 2 * h) {
+      for (size_t j = i; j < i + h; ++j) {
+        const float a = x[j], b = x[j + h];
+        x[j] = a + b;
+        x[j + h] = a - b;
+      }
+    }
+  }
+  const float s = 1.0f / std::sqrt(static_cast<float>(n));
+  for (size_t i = 0; i < n; ++i) x[i] *= s;
+}
+
 namespace {
 void check_views(const KvHeadView& k, const KvHeadView& v, size_t head_dim) {
   for (const KvHeadView* x : {&k, &v}) {

@@ -53,6 +53,13 @@ void kv_write_row(KvType t, const float* x, size_t n, size_t block, void* out, u
 /// The inverse: y[0..n) = the row's values as float32 (exact: q * d is exact in float32).
 void kv_read_row(KvType t, const void* row, const uint16_t* scales, size_t n, size_t block, float* y);
 
+/// In place: x[0..n) = H x / sqrt(n), H the n x n Walsh-Hadamard matrix (Sylvester's order; n a
+/// power of two): an orthonormal rotation that is its own inverse, so that (H q) . (H k) = q . k.
+/// Rotating K before q8 rounding spreads a head's outlier dimensions over all of its blocks
+/// (QuaRot, Ashkboos et al. 2024; llama.cpp rotates quantized KV the same way). Throws
+/// kestrel::Error when n is not a power of two.
+void hadamard_rotate(float* x, size_t n);
+
 /// attend_group() (ops.h) over typed views: the `group` query heads q [group, head_dim] (scaled)
 /// of one KV head, over positions [pos_begin, pos_end), out [group, head_dim] normalized.
 /// `scores` needs group * (pos_end - pos_begin) floats. Each K row's products are summed in

@@ -86,8 +86,10 @@ std::vector<kernels::KvBf16> kv_to_bf16(const AttentionShape& s, size_t n, size_
 
 }  // namespace
 
-void cached_attention_rows(const AttentionShape& s, std::span<const AttentionRow> rows, ThreadPool& pool) {
-  if (rows.empty()) return;
+namespace {
+
+// cached_attention_rows() on queries as the cache wants them.
+void attend_rows(const AttentionShape& s, std::span<const AttentionRow> rows, ThreadPool& pool) {
   const size_t hd = s.head_dim, group = s.n_heads / s.n_kv_heads;
   // A row's plan depends on its visible range only, never on the thread count, so that its
   // result does not either: a range of at most kSlice positions is one item per KV head; a
@@ -171,6 +173,29 @@ void cached_attention_rows(const AttentionShape& s, std::span<const AttentionRow
   }
 }
 
+}  // namespace
+
+void cached_attention_rows(const AttentionShape& s, std::span<const AttentionRow> rows, ThreadPool& pool) {
+  if (rows.empty()) return;
+  if (!rows[0].cache->k.rotated) {
+    attend_rows(s, rows, pool);
+    return;
+  }
+  // A cache whose K heads are Hadamard-rotated (KvTensor::rotated): the queries are rotated
+  // alike, so that the scores are unchanged: (H q) . (H k) = q . k.
+  thread_local std::vector<float> q_buffer;
+  thread_local std::vector<AttentionRow> rotated;
+  const size_t q_dim = s.n_heads * s.head_dim;
+  q_buffer.resize(rows.size() * q_dim);
+  rotated.assign(rows.begin(), rows.end());
+  for (size_t r = 0; r < rows.size(); ++r) {
+    std::copy_n(rows[r].q, q_dim, &q_buffer[r * q_dim]);
+    for (size_t h = 0; h < s.n_heads; ++h) kernels::hadamard_rotate(&q_buffer[r * q_dim + h * s.head_dim], s.head_dim);
+    rotated[r].q = &q_buffer[r * q_dim];
+  }
+  attend_rows(s, rotated, pool);
+}
+
 void cached_attention(const AttentionShape& s, const float* q, size_t n, size_t pos0,
                       const LayerCache& lc, float* out, ThreadPool& pool) {
   const size_t hd = s.head_dim;
@@ -181,6 +206,12 @@ void cached_attention(const AttentionShape& s, const float* q, size_t n, size_t 
     for (size_t t = 0; t < n; ++t) rows.push_back({q + t * q_dim, pos0 + t, &lc, out + t * q_dim});
     cached_attention_rows(s, rows, pool);
     return;
+  }
+  if (lc.k.rotated) {  // Hadamard-rotated K heads: the queries alike (cached_attention_rows)
+    thread_local std::vector<float> q_buffer;
+    q_buffer.assign(q, q + n * q_dim);
+    for (size_t i = 0; i < n * s.n_heads; ++i) kernels::hadamard_rotate(&q_buffer[i * hd], hd);
+    q = q_buffer.data();
   }
   const size_t group = s.n_heads / s.n_kv_heads;
   const bool fp16 = fp16_cache(lc);

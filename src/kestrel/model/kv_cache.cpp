@@ -15,20 +15,27 @@ KvTensor tensor_for(KvType type, const LayerCacheSpec& s, bool per_head) {
   KvTensor t;
   t.type = type;
   t.stride = s.stride;
-  t.block = kernels::kv_q8_block(s.head_dim != 0 ? s.head_dim : s.stride, per_head);
+  t.head_dim = s.head_dim != 0 ? s.head_dim : s.stride;
+  t.block = kernels::kv_q8_block(t.head_dim, per_head);
   return t;
 }
 
 }  // namespace
 
 std::string kv_types_name(const KvTypes& t) {
-  std::string q8 = t.q8_per_head ? "q8 (a scale per head)" : "q8";
+  const std::string q8 = t.q8_per_head ? "q8 (a scale per head)" : "q8";
   const auto name = [&](KvType x) { return x == KvType::kQ8 ? q8 : std::string(kernels::kv_type_name(x)); };
-  return t.k == t.v ? name(t.k) : "K " + name(t.k) + ", V " + name(t.v);
+  const std::string k = name(t.k) + (t.k_hadamard && t.k == KvType::kQ8 ? " (Hadamard-rotated)" : "");
+  return t.k == t.v && k == name(t.v) ? k : "K " + k + ", V " + name(t.v);
 }
 
 void KvTensor::write(size_t slot, const float* x) {
-  if (type == KvType::kQ8) {
+  if (rotated) {
+    thread_local std::vector<float> r;
+    r.assign(x, x + stride);
+    for (size_t h = 0; h < stride; h += head_dim) kernels::hadamard_rotate(&r[h], head_dim);
+    kernels::kv_write_row(type, r.data(), stride, block, &q[slot * stride], &scales[slot * (stride / block)]);
+  } else if (type == KvType::kQ8) {
     kernels::kv_write_row(type, x, stride, block, &q[slot * stride], &scales[slot * (stride / block)]);
   } else {
     kernels::kv_write_row(type, x, stride, block, &half[slot * stride], nullptr);
@@ -90,6 +97,11 @@ KvCache KvCache::allocate(size_t n_ctx, const std::vector<LayerCacheSpec>& specs
     lc.window = s.window;
     for (auto [t, type] : {std::pair{&lc.k, types.k}, std::pair{&lc.v, types.v}}) {
       *t = tensor_for(type, s, types.q8_per_head);
+      t->rotated = t == &lc.k && type == KvType::kQ8 && types.k_hadamard;
+      if (t->rotated && (t->head_dim & (t->head_dim - 1)) != 0) {
+        throw Error("KV cache: the Hadamard rotation of K needs a power-of-two head size, not " +
+                    std::to_string(t->head_dim));
+      }
       if (type == KvType::kQ8) {
         if (s.stride % t->block != 0) throw Error("KV cache: q8 blocks do not divide a layer's row");
         t->q.assign(lc.capacity * lc.stride, 0);
