@@ -271,3 +271,22 @@ TEST(KvQ8, Bf16TileConversionOfAnFp16CacheIsUnchanged) {
     }
   }
 }
+
+TEST(KvQ8, HadamardRotationIsOrthonormalAndItsOwnInverse) {
+  const size_t n = 256;
+  const auto a = gaussian(n, 21), b = gaussian(n, 22);
+  auto ra = a, rb = b;
+  k::hadamard_rotate(ra.data(), n);
+  k::hadamard_rotate(rb.data(), n);
+  double dot = 0.0, rdot = 0.0;
+  for (size_t i = 0; i < n; ++i) dot += static_cast<double>(a[i]) * b[i], rdot += static_cast<double>(ra[i]) * rb[i];
+  EXPECT_NEAR(rdot, dot, 1e-4 * (1.0 + std::fabs(dot)));
+  // Row i of H / sqrt(n) times e_0 is 1 / sqrt(n) in every element.
+  std::vector<float> e(n, 0.0f);
+  e[0] = 1.0f;
+  k::hadamard_rotate(e.data(), n);
+  for (float x : e) EXPECT_FLOAT_EQ(x, 1.0f / 16.0f);
+  k::hadamard_rotate(ra.data(), n);
+  for (size_t i = 0; i < n; ++i) EXPECT_NEAR(ra[i], a[i], 1e-5f);
+  EXPECT_THROW(k::hadamard_rotate(ra.data(), 48), kestrel::Error);
+}

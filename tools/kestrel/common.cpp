@@ -79,8 +79,8 @@ void add_kv_cache_options(CLI::App& cmd, std::string& k, std::string& v) {
 model::KvTypes kv_types_of(const std::string& k, const std::string& v) {
   model::KvTypes t{kernels::parse_kv_type(k, "--cache-type-k"), kernels::parse_kv_type(v, "--cache-type-v")};
   const auto set = [](const char* name) {
-    const char* v = std::getenv(name);
-    return v != nullptr && *v != '\0' && *v != '0';
+    const char* value = std::getenv(name);
+    return value != nullptr && *value != '\0' && *value != '0';
   };
   t.q8_per_head = set("KESTREL_KV_Q8_PER_HEAD");
   t.k_hadamard = set("KESTREL_KV_HADAMARD");

@@ -60,17 +60,17 @@ void KvTensor::copy_in(size_t slot, const uint8_t* bytes) {
   }
 }
 
-kernels::KvHeadView KvTensor::head(size_t g, size_t head_dim) const {
+kernels::KvHeadView KvTensor::head(size_t g, size_t hd) const {
   kernels::KvHeadView v;
   v.type = type;
   v.stride = stride;
   v.block = block;
   if (type == KvType::kQ8) {
-    v.data = q.data() + g * head_dim;
-    v.scales = scales.data() + g * head_dim / block;
+    v.data = q.data() + g * hd;
+    v.scales = scales.data() + g * hd / block;
     v.scale_stride = stride / block;
   } else {
-    v.data = half.data() + g * head_dim;
+    v.data = half.data() + g * hd;
   }
   return v;
 }

@@ -56,8 +56,8 @@ struct KvTensor {
   /// the prefix cache's copies.
   void copy_out(size_t slot, uint8_t* bytes) const;
   void copy_in(size_t slot, const uint8_t* bytes);
-  /// The view of KV head g (head_dim elements from g * head_dim in each slot) for the kernels.
-  kernels::KvHeadView head(size_t g, size_t head_dim) const;
+  /// The view of KV head g (hd elements from g * hd in each slot) for the kernels.
+  kernels::KvHeadView head(size_t g, size_t hd) const;
 };
 
 /// Keys and values of one layer [capacity, stride]. Position p lives in slot p % capacity.

@@ -28,7 +28,7 @@ struct LoadOptions {
   /// INT4 layers: the activations of decode products (1-7 tokens), kernels::w4_int8_chosen.
   kernels::DecodeActivations decode_activations = kernels::DecodeActivations::kAuto;
   /// The element types of every KV cache the model allocates (`--cache-type-k` / `-v`).
-  KvTypes kv_types;
+  KvTypes kv_types{};
 };
 
 /// Weight matrices and vectors of a model, converted to the precision asked for. A Kestrel
