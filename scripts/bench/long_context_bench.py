@@ -6,7 +6,7 @@ For each depth D (default 1k, 4k, 8k, 16k, 32k tokens):
   * prefill tok/s of D tokens from an empty cache: Kestrel `run --token-ids F -n 0 --json`
     (prefill_tok_s); llama-bench `-p D -n 0`;
   * decode tok/s of N tokens after D: Kestrel `run --token-ids F -n N --ignore-eos --temp 0 --json`
-    (decode_tok_s, its own prefill not timed in it); llama-bench `-p 0 -n N -d D`;
+    (decode_tok_s, its own prefill not timed in it; no drafting: `--draft none`); llama-bench `-p 0 -n N -d D`;
   * Kestrel's `decode_read_bytes` (weights, head, KV cache read by one step at the last position),
     `kv_read_bytes` (the KV cache's part) and `decode_read_gb_s` (bytes x decode tok/s).
 The prompt is D token ids: BOS then a fixed pseudo-random sequence (llama-bench times random ids too),
@@ -57,6 +57,7 @@ def kestrel_row(kestrel, model, kv, depth, n_gen, threads):
         ids = f.name
     try:
         cmd = [kestrel, "run", "-m", model, "--token-ids", ids, "-n", str(n_gen), "--temp", "0", "--ignore-eos",
+               "--draft", "none",
                "--json", "-t", str(threads), "-c", str(depth + n_gen + 8), "--cache-type-k", kv, "--cache-type-v", kv]
         p = subprocess.run(cmd, capture_output=True, text=True)
         if p.returncode != 0:
