@@ -106,6 +106,7 @@ def plot(path, depths, rows):
         ax.set_xlabel("context depth D (tokens)")
         ax.set_title(title)
         ax.grid(alpha=0.3)
+        ax.set_ylim(bottom=0)
     a.legend(fontsize=8)
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
