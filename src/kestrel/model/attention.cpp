@@ -175,44 +175,45 @@ void attend_rows(const AttentionShape& s, std::span<const AttentionRow> rows, Th
 
 }  // namespace
 
+// Heads of a q8 cache stored Hadamard-rotated (KvTensor::rotated): the queries are rotated as K
+// is, so that the scores are unchanged ((H q) . (H k) = q . k), and the outputs, sums of rotated
+// V rows, are rotated back (H is its own inverse).
+static void rotate_heads(float* x, size_t n_heads, size_t head_dim) {
+  for (size_t h = 0; h < n_heads; ++h) kernels::hadamard_rotate(x + h * head_dim, head_dim);
+}
+
 void cached_attention_rows(const AttentionShape& s, std::span<const AttentionRow> rows, ThreadPool& pool) {
   if (rows.empty()) return;
-  if (!rows[0].cache->k.rotated) {
+  const bool rot_k = rows[0].cache->k.rotated, rot_v = rows[0].cache->v.rotated;
+  if (!rot_k && !rot_v) {
     attend_rows(s, rows, pool);
     return;
   }
-  // A cache whose K heads are Hadamard-rotated (KvTensor::rotated): the queries are rotated
-  // alike, so that the scores are unchanged: (H q) . (H k) = q . k.
   thread_local std::vector<float> q_buffer;
   thread_local std::vector<AttentionRow> rotated;
   const size_t q_dim = s.n_heads * s.head_dim;
-  q_buffer.resize(rows.size() * q_dim);
   rotated.assign(rows.begin(), rows.end());
-  for (size_t r = 0; r < rows.size(); ++r) {
-    std::copy_n(rows[r].q, q_dim, &q_buffer[r * q_dim]);
-    for (size_t h = 0; h < s.n_heads; ++h) kernels::hadamard_rotate(&q_buffer[r * q_dim + h * s.head_dim], s.head_dim);
-    rotated[r].q = &q_buffer[r * q_dim];
+  if (rot_k) {
+    q_buffer.resize(rows.size() * q_dim);
+    for (size_t r = 0; r < rows.size(); ++r) {
+      std::copy_n(rows[r].q, q_dim, &q_buffer[r * q_dim]);
+      rotate_heads(&q_buffer[r * q_dim], s.n_heads, s.head_dim);
+      rotated[r].q = &q_buffer[r * q_dim];
+    }
   }
   attend_rows(s, rotated, pool);
+  if (rot_v) {
+    for (const AttentionRow& row : rows) rotate_heads(row.out, s.n_heads, s.head_dim);
+  }
 }
 
-void cached_attention(const AttentionShape& s, const float* q, size_t n, size_t pos0,
-                      const LayerCache& lc, float* out, ThreadPool& pool) {
+namespace {
+
+// cached_attention() of a chunk of prefill size, on queries as the cache wants them.
+void attend_chunk(const AttentionShape& s, const float* q, size_t n, size_t pos0, const LayerCache& lc, float* out,
+                  ThreadPool& pool) {
   const size_t hd = s.head_dim;
   const size_t q_dim = s.n_heads * hd;
-  if (n < kernels::kTileMinTokens) {  // rows alone: decode, and short chunks (verification)
-    thread_local std::vector<AttentionRow> rows;
-    rows.clear();
-    for (size_t t = 0; t < n; ++t) rows.push_back({q + t * q_dim, pos0 + t, &lc, out + t * q_dim});
-    cached_attention_rows(s, rows, pool);
-    return;
-  }
-  if (lc.k.rotated) {  // Hadamard-rotated K heads: the queries alike (cached_attention_rows)
-    thread_local std::vector<float> q_buffer;
-    q_buffer.assign(q, q + n * q_dim);
-    for (size_t i = 0; i < n * s.n_heads; ++i) kernels::hadamard_rotate(&q_buffer[i * hd], hd);
-    q = q_buffer.data();
-  }
   const size_t group = s.n_heads / s.n_kv_heads;
   const bool fp16 = fp16_cache(lc);
   const uint16_t* kc = lc.k.half.data();
@@ -280,6 +281,28 @@ void cached_attention(const AttentionShape& s, const float* q, size_t n, size_t 
                             out + t * q_dim + g * group * hd);
     }
   });
+}
+
+}  // namespace
+
+void cached_attention(const AttentionShape& s, const float* q, size_t n, size_t pos0,
+                      const LayerCache& lc, float* out, ThreadPool& pool) {
+  const size_t q_dim = s.n_heads * s.head_dim;
+  if (n < kernels::kTileMinTokens) {  // rows alone: decode, and short chunks (verification)
+    thread_local std::vector<AttentionRow> rows;
+    rows.clear();
+    for (size_t t = 0; t < n; ++t) rows.push_back({q + t * q_dim, pos0 + t, &lc, out + t * q_dim});
+    cached_attention_rows(s, rows, pool);
+    return;
+  }
+  if (lc.k.rotated) {  // Hadamard-rotated heads (cached_attention_rows)
+    thread_local std::vector<float> q_buffer;
+    q_buffer.assign(q, q + n * q_dim);
+    rotate_heads(q_buffer.data(), n * s.n_heads, s.head_dim);
+    q = q_buffer.data();
+  }
+  attend_chunk(s, q, n, pos0, lc, out, pool);
+  if (lc.v.rotated) rotate_heads(out, n * s.n_heads, s.head_dim);
 }
 
 }  // namespace kestrel::model

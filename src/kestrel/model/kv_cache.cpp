@@ -25,8 +25,8 @@ KvTensor tensor_for(KvType type, const LayerCacheSpec& s, bool per_head) {
 std::string kv_types_name(const KvTypes& t) {
   const std::string q8 = t.q8_per_head ? "q8 (a scale per head)" : "q8";
   const auto name = [&](KvType x) { return x == KvType::kQ8 ? q8 : std::string(kernels::kv_type_name(x)); };
-  const std::string k = name(t.k) + (t.k_hadamard && t.k == KvType::kQ8 ? " (Hadamard-rotated)" : "");
-  return t.k == t.v && k == name(t.v) ? k : "K " + k + ", V " + name(t.v);
+  const auto rotated = [&](KvType x) { return name(x) + (t.k_hadamard && x == KvType::kQ8 ? " (Hadamard-rotated)" : ""); };
+  return t.k == t.v ? rotated(t.k) : "K " + rotated(t.k) + ", V " + rotated(t.v);
 }
 
 void KvTensor::write(size_t slot, const float* x) {
@@ -97,9 +97,9 @@ KvCache KvCache::allocate(size_t n_ctx, const std::vector<LayerCacheSpec>& specs
     lc.window = s.window;
     for (auto [t, type] : {std::pair{&lc.k, types.k}, std::pair{&lc.v, types.v}}) {
       *t = tensor_for(type, s, types.q8_per_head);
-      t->rotated = t == &lc.k && type == KvType::kQ8 && types.k_hadamard;
+      t->rotated = type == KvType::kQ8 && types.k_hadamard;
       if (t->rotated && (t->head_dim & (t->head_dim - 1)) != 0) {
-        throw Error("KV cache: the Hadamard rotation of K needs a power-of-two head size, not " +
+        throw Error("KV cache: the Hadamard rotation needs a power-of-two head size, not " +
                     std::to_string(t->head_dim));
       }
       if (type == KvType::kQ8) {

@@ -23,8 +23,9 @@ struct KvTypes {
   /// q8: one scale per head (head_dim elements) instead of per block of 32 elements: less memory,
   /// more error (docs/quantization.md measures both; KESTREL_KV_Q8_PER_HEAD=1 for A/B runs).
   bool q8_per_head = false;
-  /// q8 K: rotate each head by the Walsh-Hadamard matrix before rounding (kernels::hadamard_rotate;
-  /// the attention rotates the queries alike). KESTREL_KV_HADAMARD=1 for A/B runs.
+  /// q8 K and V: rotate each head by the Walsh-Hadamard matrix before rounding
+  /// (kernels::hadamard_rotate; the attention rotates the queries alike and its outputs back).
+  /// KESTREL_KV_HADAMARD=1 for A/B runs.
   bool k_hadamard = false;
   bool operator==(const KvTypes&) const = default;
 };
@@ -40,7 +41,7 @@ struct KvTensor {
   size_t stride = 0;
   size_t block = 32;
   size_t head_dim = 0;
-  bool rotated = false;  // each head stored as H x / sqrt(head_dim) (KvTypes::k_hadamard)
+  bool rotated = false;  // q8: each head stored as H x / sqrt(head_dim) (KvTypes::k_hadamard)
   std::vector<uint16_t> half;
   std::vector<int8_t> q;
   std::vector<uint16_t> scales;
