@@ -234,6 +234,13 @@ TEST(ForwardBatch, Q8KvCacheMatchesForwardHidden) {
     check(m, std::string(name) + " source, q8 KV, mixed", kMixedTiny, 512, true, 0.0f);
     check(m, std::string(name) + " source, q8 KV, decode", kDecodeTiny, 512, true, 0.0f);
   }
+  // Hadamard-rotated heads (KvTypes::k_hadamard): the queries and outputs are rotated per row.
+  {
+    KvTypes rotated = q8;
+    rotated.k_hadamard = true;
+    Loaded r(tiny("e4b_tiny"), Precision::kSource, kernels::DecodeActivations::kAuto, rotated);
+    check(r, "e4b_tiny source, q8 KV rotated, mixed", kMixedTiny, 512, true, 0.0f);
+  }
   // Mixed types too: K q8, V f16.
   Loaded m(tiny("e4b_tiny"), Precision::kSource, kernels::DecodeActivations::kAuto, {KvType::kQ8, KvType::kF16});
   check(m, "e4b_tiny source, K q8 V f16, mixed", kMixedTiny, 512, true, 0.0f);
