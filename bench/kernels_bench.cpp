@@ -127,11 +127,12 @@ void DecodeAttention(benchmark::State& state, kestrel::model::AttentionShape sha
   for (auto& c : caches) {
     c.capacity = pos + 1;
     c.stride = shape.n_kv_heads * shape.head_dim;
-    c.k.resize(c.capacity * c.stride);
-    c.v.resize(c.capacity * c.stride);
-    for (size_t i = 0; i < c.k.size(); ++i) {
-      c.k[i] = kestrel::gguf::fp32_to_fp16(0.05f * values[i % values.size()]);
-      c.v[i] = kestrel::gguf::fp32_to_fp16(values[(i * 7) % values.size()]);
+    for (auto* t : {&c.k, &c.v}) t->stride = c.stride, t->head_dim = shape.head_dim;
+    c.k.half.resize(c.capacity * c.stride);
+    c.v.half.resize(c.capacity * c.stride);
+    for (size_t i = 0; i < c.k.half.size(); ++i) {
+      c.k.half[i] = kestrel::gguf::fp32_to_fp16(0.05f * values[i % values.size()]);
+      c.v.half[i] = kestrel::gguf::fp32_to_fp16(values[(i * 7) % values.size()]);
     }
   }
   const auto q = gaussian(shape.n_heads * shape.head_dim);
@@ -160,12 +161,13 @@ void PrefillAttention(benchmark::State& state, kestrel::model::AttentionShape sh
   kestrel::model::LayerCache c;
   c.capacity = n;
   c.stride = shape.n_kv_heads * shape.head_dim;
-  c.k.resize(c.capacity * c.stride);
-  c.v.resize(c.capacity * c.stride);
+  for (auto* t : {&c.k, &c.v}) t->stride = c.stride, t->head_dim = shape.head_dim;
+  c.k.half.resize(c.capacity * c.stride);
+  c.v.half.resize(c.capacity * c.stride);
   const auto values = gaussian(4096);
-  for (size_t i = 0; i < c.k.size(); ++i) {
-    c.k[i] = kestrel::gguf::fp32_to_fp16(0.05f * values[i % values.size()]);
-    c.v[i] = kestrel::gguf::fp32_to_fp16(values[(i * 7) % values.size()]);
+  for (size_t i = 0; i < c.k.half.size(); ++i) {
+    c.k.half[i] = kestrel::gguf::fp32_to_fp16(0.05f * values[i % values.size()]);
+    c.v.half[i] = kestrel::gguf::fp32_to_fp16(values[(i * 7) % values.size()]);
   }
   const auto q = gaussian(n * shape.n_heads * shape.head_dim);
   std::vector<float> out(q.size());

@@ -232,6 +232,9 @@ class Model(_Generator):
         decode_act: INT4 layers' activations, ``auto``, ``int8`` or ``bf16`` (``--decode-act``).
         draft_model: a smaller model with the same vocabulary for ``draft="model"``
             (``"default"``: the default model).
+        cache_type_k, cache_type_v: the KV cache's element types, ``f16`` (default), ``bf16`` or
+            ``q8`` (int8 with an fp16 scale per 32 values: 17/32 of the memory; ``--cache-type-k`` /
+            ``--cache-type-v``, docs/quantization.md).
 
     Raises kestrel.ModelFileError for a missing or damaged file, kestrel.OptionError for an
     option the model does not take, kestrel.Error otherwise. One generation computes at a time:
@@ -240,9 +243,9 @@ class Model(_Generator):
 
     def __init__(self, model: str = "default", *, n_ctx: Optional[int] = None, threads: int = 0,
                  precision: str = "auto", head: str = "auto", probes: int = 0, decode_act: str = "auto",
-                 draft_model: Optional[str] = None) -> None:
+                 draft_model: Optional[str] = None, cache_type_k: str = "f16", cache_type_v: str = "f16") -> None:
         self._engine = _kestrel.load(str(model), n_ctx, threads, precision, head, probes, decode_act,
-                                     None if draft_model is None else str(draft_model))
+                                     None if draft_model is None else str(draft_model), cache_type_k, cache_type_v)
         if self._engine.warning:
             warnings.warn(self._engine.warning, RuntimeWarning, stacklevel=2)
         self._model = self

@@ -4,6 +4,7 @@
 #include <random>
 #include <utility>
 
+#include "kestrel/kernels/attention_kv.h"
 #include "kestrel/kernels/gemv_w4_int8.h"
 #include "kestrel/quant/precision.h"
 #include "kestrel/runtime/model_path.h"
@@ -57,6 +58,12 @@ runtime::EngineOptions engine_options(const LoadArgs& a) {
                                : runtime::HeadMode::kAuto;
   o.probes = a.probes;
   o.load.decode_activations = kernels::parse_decode_activations(a.decode_act);
+  try {
+    o.load.kv_types = {kernels::parse_kv_type(a.cache_type_k, "cache_type_k"),
+                       kernels::parse_kv_type(a.cache_type_v, "cache_type_v")};
+  } catch (const kestrel::Error& e) {
+    throw InvalidArgument(e.what());
+  }
   return o;
 }
 

@@ -76,6 +76,8 @@ struct LoadArgs {
   size_t probes = 0;                    // FlashHead clusters per token; 0: the image's
   std::string decode_act = "auto";      // auto, bf16, int8
   std::optional<std::string> draft_model;  // a smaller model with the same vocabulary
+  std::string cache_type_k = "f16";     // the KV cache's element types: f16, bf16, q8 (q8_0)
+  std::string cache_type_v = "f16";
 };
 
 /// A loaded model: the Engine, its chat format and its turn.

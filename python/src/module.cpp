@@ -165,13 +165,15 @@ NB_MODULE(_kestrel, m) {
   m.def(
       "load",
       [](const std::string& model, std::optional<size_t> n_ctx, int threads, const std::string& precision,
-         const std::string& head, size_t probes, const std::string& decode_act, std::optional<std::string> draft_model) {
-        LoadArgs a{model, n_ctx, threads, precision, head, probes, decode_act, std::move(draft_model)};
+         const std::string& head, size_t probes, const std::string& decode_act, std::optional<std::string> draft_model,
+         const std::string& cache_type_k, const std::string& cache_type_v) {
+        LoadArgs a{model, n_ctx, threads, precision, head, probes, decode_act, std::move(draft_model), cache_type_k,
+                   cache_type_v};
         nb::gil_scoped_release release;
         return load(a);
       },
       "model"_a, "n_ctx"_a.none(), "threads"_a, "precision"_a, "head"_a, "probes"_a, "decode_act"_a,
-      "draft_model"_a.none());
+      "draft_model"_a.none(), "cache_type_k"_a = "f16", "cache_type_v"_a = "f16");
 
   nb::class_<Sequence>(m, "Sequence")
       .def_static(

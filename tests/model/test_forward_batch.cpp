@@ -41,11 +41,12 @@ struct Loaded {
   ThreadPool pool{2};
   std::unique_ptr<Model> model;
   Loaded(const fs::path& path, Precision precision,
-         kernels::DecodeActivations decode = kernels::DecodeActivations::kAuto)
+         kernels::DecodeActivations decode = kernels::DecodeActivations::kAuto, KvTypes kv = {})
       : file(gguf::File::open(path)) {
     LoadOptions options;
     options.precision = precision;
     options.decode_activations = decode;
+    options.kv_types = kv;
     model = load_model(file, options, pool);
   }
   size_t d() const { return model->info().d_model; }
@@ -221,6 +222,36 @@ TEST(ForwardBatch, MatchesForwardHiddenGemma3) {
   Loaded m(path, Precision::kW4A16, kernels::DecodeActivations::kInt8);
   check(m, "gemma3 w4a16 int8 decode, mixed", mixed_w4, 1024, false, 2.0f);
   check(m, "gemma3 w4a16 int8 decode, decode", decode_w4, 1024, true, 0.0f);
+}
+
+// The int8 KV cache (--cache-type-k/-v q8) keeps the promise: the rows of a batch read and write
+// their caches as they would alone, bit for bit where the matrices take the same path.
+TEST(ForwardBatch, Q8KvCacheMatchesForwardHidden) {
+  const KvTypes q8{KvType::kQ8, KvType::kQ8};
+  for (const char* name : {"e2b_tiny", "e4b_tiny"}) {
+    Loaded m(tiny(name), Precision::kSource, kernels::DecodeActivations::kAuto, q8);
+    ASSERT_EQ(m.model->new_cache(16).types(), q8);
+    check(m, std::string(name) + " source, q8 KV, mixed", kMixedTiny, 512, true, 0.0f);
+    check(m, std::string(name) + " source, q8 KV, decode", kDecodeTiny, 512, true, 0.0f);
+  }
+  // Hadamard-rotated heads (KvTypes::k_hadamard): the queries and outputs are rotated per row.
+  {
+    KvTypes rotated = q8;
+    rotated.k_hadamard = true;
+    Loaded r(tiny("e4b_tiny"), Precision::kSource, kernels::DecodeActivations::kAuto, rotated);
+    check(r, "e4b_tiny source, q8 KV rotated, mixed", kMixedTiny, 512, true, 0.0f);
+  }
+  // Mixed types too: K q8, V f16.
+  Loaded m(tiny("e4b_tiny"), Precision::kSource, kernels::DecodeActivations::kAuto, {KvType::kQ8, KvType::kF16});
+  check(m, "e4b_tiny source, K q8 V f16, mixed", kMixedTiny, 512, true, 0.0f);
+}
+
+TEST(ForwardBatch, Q8KvCacheMatchesForwardHiddenGemma3) {
+  KESTREL_DEFAULT_MODEL_OR_SKIP(path)
+  // The default load (int8 activations where the CPU has them): decode rows batched together are
+  // bit-identical to the rows alone; ring 767 slots wrapped at 800.
+  Loaded m(path, Precision::kAuto, kernels::DecodeActivations::kAuto, {KvType::kQ8, KvType::kQ8});
+  check(m, "gemma3 auto, q8 KV, decode", {{5, 1}, {37, 1}, {800, 1}}, 1024, true, 0.0f);
 }
 
 bool same_cache(const KvCache& a, const KvCache& b) {

@@ -137,8 +137,8 @@ void fill(LayerCache& lc, const std::vector<float>& k, const std::vector<float>&
   ASSERT_EQ(k.size(), n * lc.stride);
   for (size_t pos = 0; pos < n; ++pos) {
     const size_t slot = pos % lc.capacity;
-    kernels::to_fp16(&k[pos * lc.stride], &lc.k[slot * lc.stride], lc.stride);
-    kernels::to_fp16(&v[pos * lc.stride], &lc.v[slot * lc.stride], lc.stride);
+    lc.k.write(slot, &k[pos * lc.stride]);
+    lc.v.write(slot, &v[pos * lc.stride]);
   }
 }
 

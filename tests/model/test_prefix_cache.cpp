@@ -12,6 +12,7 @@
 #include <memory>
 #include <vector>
 
+#include "kestrel/base/error.h"
 #include "kestrel/base/thread_pool.h"
 #include "kestrel/formats/gguf.h"
 #include "kestrel/model/model.h"
@@ -30,8 +31,10 @@ struct Loaded {
   ThreadPool pool{2};
   std::unique_ptr<model::Model> model;
   std::vector<float> hidden;
-  explicit Loaded(const fs::path& path) : file(gguf::File::open(path)) {
-    model = model::load_model(file, {}, pool);
+  explicit Loaded(const fs::path& path, model::KvTypes kv = {}) : file(gguf::File::open(path)) {
+    model::LoadOptions options;
+    options.kv_types = kv;
+    model = model::load_model(file, options, pool);
     hidden.resize(model->info().d_model);
   }
   void feed(std::span<const TokenId> t, KvCache& cache) {
@@ -90,6 +93,63 @@ TEST(PrefixCache, RestoredPrefixAnswersAsAColdPrefillGemma3) {
   Loaded m(path);
   // Window 512, ring 767: 1,100 positions wrap it.
   check_restores_exactly(m, 2048, 1100, 256, {96, 1088});
+}
+
+// The int8 KV cache (--cache-type-k/-v q8): blocks copy its int8 values and scales, and a
+// restored prefix answers as a cold q8 prefill, bit for bit.
+TEST(PrefixCache, RestoredQ8PrefixAnswersAsAColdQ8Prefill) {
+  for (const char* name : {"e2b_tiny", "e4b_tiny"}) {
+    SCOPED_TRACE(name);
+    Loaded m(model::tiny_gemma4(name), {model::KvType::kQ8, model::KvType::kQ8});
+    check_restores_exactly(m, 512, 496, 128, {8, 100, 263, 496});
+  }
+  Loaded m(model::tiny_gemma4("e4b_tiny"), {model::KvType::kF16, model::KvType::kQ8});
+  check_restores_exactly(m, 512, 300, 128, {100, 300});
+  Loaded r(model::tiny_gemma4("e4b_tiny"), {model::KvType::kQ8, model::KvType::kQ8, false, true});  // rotated
+  check_restores_exactly(r, 512, 300, 128, {100, 300});
+}
+
+TEST(PrefixCache, RestoredQ8PrefixAnswersAsAColdQ8PrefillGemma3) {
+  KESTREL_DEFAULT_MODEL_OR_SKIP(path);
+  Loaded m(path, {model::KvType::kQ8, model::KvType::kQ8});
+  check_restores_exactly(m, 2048, 1100, 256, {96, 1088});
+}
+
+// A q8 block takes 1 + 2/32 bytes per element where f16 takes 2: 17/32 of the bytes.
+TEST(PrefixCache, Q8BlocksTakeSeventeenThirtySecondsOfF16s) {
+  Loaded f16(model::tiny_gemma4("e4b_tiny")), q8(model::tiny_gemma4("e4b_tiny"), {model::KvType::kQ8, model::KvType::kQ8});
+  const KvCache a = f16.model->new_cache(256), b = q8.model->new_cache(256);
+  EXPECT_EQ(PrefixCache(b, 0).block_bytes() * 32, PrefixCache(a, 0).block_bytes() * 17);
+  EXPECT_EQ(b.bytes() * 32, a.bytes() * 17);
+}
+
+// Files record the KV type: a directory written with an f16 cache is not read into a q8 one
+// (even under the same model id), with a warning, and the other way round.
+TEST(PrefixCache, AFileOfAnotherKvTypeIsIgnored) {
+  Loaded f16(model::tiny_gemma4("e4b_tiny")), q8(model::tiny_gemma4("e4b_tiny"), {model::KvType::kQ8, model::KvType::kQ8});
+  const auto a = model::random_tokens(64, f16.model->info().n_vocab, 5);
+  const fs::path dir = fs::temp_directory_path() / ("kestrel-prefix-kv-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  KvCache source = f16.model->new_cache(256);
+  f16.feed(a, source);
+  { PrefixCache(source, size_t{1} << 30, dir, "model A").publish(source); }
+  KvCache q8_cache = q8.model->new_cache(256);
+  {
+    PrefixCache reader(q8_cache, size_t{1} << 30, dir, "model A");
+    EXPECT_EQ(reader.match(a, 64), 0u);
+    EXPECT_EQ(reader.stats().disk_rejected.load(), 1u);
+  }
+  {  // In memory: restoring f16 blocks into a q8 cache is an error, not a misread.
+    PrefixCache mem(source, size_t{1} << 30);
+    mem.publish(source);
+    EXPECT_THROW(mem.restore(a, 64, q8_cache), Error);
+  }
+  {
+    PrefixCache same(source, size_t{1} << 30, dir, "model A");
+    EXPECT_EQ(same.match(a, 64), 64u);
+    EXPECT_EQ(same.stats().disk_rejected.load(), 0u);
+  }
+  fs::remove_all(dir);
 }
 
 TEST(PrefixCache, ADifferentPrefixFindsNothing) {
@@ -165,13 +225,13 @@ TEST(PrefixCache, DirectoryKeepsBlocksAcrossRestartsAndIgnoresDamage) {
     EXPECT_EQ(other_model.match(query, 112), 0u);
   }
   // Damage the second block (positions block .. 2 * block): the prefix ends before it, with a
-  // warning. Its file: the one holding those positions' token ids (after the 48-byte header).
+  // warning. Its file: the one holding those positions' token ids (after the 56-byte header).
   fs::path damaged;
   for (const auto& f : files) {
     std::ifstream in(f, std::ios::binary);
     std::vector<char> bytes((std::istreambuf_iterator<char>(in)), {});
     std::vector<TokenId> ids(block);
-    std::memcpy(ids.data(), bytes.data() + 48, block * sizeof(TokenId));
+    std::memcpy(ids.data(), bytes.data() + 56, block * sizeof(TokenId));
     if (std::equal(ids.begin(), ids.end(), a.begin() + static_cast<std::ptrdiff_t>(block))) damaged = f;
   }
   ASSERT_FALSE(damaged.empty());

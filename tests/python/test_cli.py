@@ -65,6 +65,8 @@ def error_of(result, code=1):
     (("build", "default", "-o", "x.kimg", "--radius-weight", "big"), "--radius-weight: Value big is not a number"),
     (("run", "-p", "x", "--decode-act", "fp8"), "--decode-act: fp8 not in {auto,bf16,int8}"),
     (("perplexity", "-f", "README.md", "--kl-base-decode-act", "INT8"), "--kl-base-decode-act: INT8 not in"),
+    (("run", "-p", "x", "-ctk", "q4_0"), "--cache-type-k: q4_0 not in {f16,fp16,bf16,q8,q8_0}"),
+    (("perplexity", "-f", "README.md", "--cache-type-v", "int8"), "--cache-type-v: int8 not in"),
     (("run", "-p", "x", "--bogus"), "--bogus"),
     (("run",), "--prompt, --file or --token-ids"),
 ])

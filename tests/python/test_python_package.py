@@ -277,3 +277,13 @@ def test_ctrl_c_stops_a_generation(stream):
         p.kill()
     assert p.returncode == 3, (out, err)
     assert "interrupted" in out
+
+
+def test_q8_kv_cache_equals_the_cli():
+    """cache_type_k/v="q8" (the int8 KV cache) gives the CLI's -ctk q8 -ctv q8 greedy ids; a bad name is an error."""
+    want = cli_run("-p", PROMPTS[0], "-n", N, "--temp", 0, "-ctk", "q8", "-ctv", "q8")
+    assert want["kv_cache_type"] == "q8"
+    m = kestrel.Model("default", threads=2, cache_type_k="q8", cache_type_v="q8")
+    assert m.generate(PROMPTS[0], max_tokens=N, temperature=0).token_ids == want["tokens"]
+    with pytest.raises(kestrel.Error):
+        kestrel.Model("default", threads=2, cache_type_k="q4_0")

@@ -60,6 +60,7 @@ struct BenchCliOptions {
   size_t prefill_chunk = 64;
   std::string draft = "none";  // speculative decoding in the suites (off: the model card measures plain decode)
   size_t draft_max = runtime::kMaxDraft;
+  std::string cache_type_k = "f16", cache_type_v = "f16";  // --cache-type-k / -v
 };
 
 struct ModelArg {
@@ -187,6 +188,7 @@ bench::VariantResult run_model(const ModelArg& m, const BenchCliOptions& o, cons
   eo.n_threads = o.threads;
   eo.n_ctx = o.ctx;
   eo.load.precision = quant::Precision::kAuto;  // as `kestrel run` loads it
+  eo.load.kv_types = kv_types_of(o.cache_type_k, o.cache_type_v);
   runtime::Engine engine(m.path, eo);
   if (runtime::parse_draft_mode(o.draft) == runtime::DraftMode::kModel) {
     engine.load_draft_model(draft_model_argument(o.draft, m.path, true), eo);
@@ -326,6 +328,7 @@ int run_concurrency_bench(const BenchCliOptions& o) {
     runtime::EngineOptions eo;
     eo.n_threads = o.threads;
     eo.load.precision = quant::Precision::kAuto;  // as `kestrel serve` loads it
+    eo.load.kv_types = kv_types_of(o.cache_type_k, o.cache_type_v);
     eo.n_ctx = std::min<size_t>(o.ctx.value_or(SIZE_MAX), prompt_tokens + output_tokens + 1);
     runtime::Engine engine(m.path, eo);
     const std::vector<bench::TokenId> stream = bench::text_token_stream(engine.tokenizer(), text);
@@ -490,6 +493,7 @@ Command add_bench_command(CLI::App& app) {
   cmd->add_option("--prefill-chunk", o->prefill_chunk, "With --concurrency: the scheduler's prefill chunk (8-256)")
       ->check(integer_range(size_t{8}, size_t{256}))
       ->capture_default_str();
+  add_kv_cache_options(*cmd, o->cache_type_k, o->cache_type_v);
   cmd->add_flag("--sensors", o->sensors,
                 "Only list the power/energy sensors found (and why others are not used), measure the idle "
                 "power over --idle-seconds, and exit");

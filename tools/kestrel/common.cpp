@@ -59,6 +59,32 @@ void ModelOptions::add_to(CLI::App& cmd) {
       ->capture_default_str()
       ->group(kModelGroup);
   add_decode_act_option(cmd, "--decode-act", decode_act)->group(kModelGroup);
+  add_kv_cache_options(cmd, cache_type_k, cache_type_v);
+}
+
+void add_kv_cache_options(CLI::App& cmd, std::string& k, std::string& v) {
+  const auto names = CLI::IsMember({"f16", "fp16", "bf16", "q8", "q8_0"});
+  cmd.add_option("--cache-type-k", k,
+                 "KV cache type of the keys (-ctk): f16, bf16, or q8 (int8 with an fp16 scale per 32 values, "
+                 "llama.cpp's q8_0 size: 53 % of f16's memory and decode reads; docs/quantization.md)")
+      ->check(names)
+      ->capture_default_str()
+      ->group(kModelGroup);
+  cmd.add_option("--cache-type-v", v, "KV cache type of the values (-ctv): f16, bf16, q8")
+      ->check(names)
+      ->capture_default_str()
+      ->group(kModelGroup);
+}
+
+model::KvTypes kv_types_of(const std::string& k, const std::string& v) {
+  model::KvTypes t{kernels::parse_kv_type(k, "--cache-type-k"), kernels::parse_kv_type(v, "--cache-type-v")};
+  const auto set = [](const char* name) {
+    const char* value = std::getenv(name);
+    return value != nullptr && *value != '\0' && *value != '0';
+  };
+  t.q8_per_head = set("KESTREL_KV_Q8_PER_HEAD");
+  t.k_hadamard = set("KESTREL_KV_HADAMARD");
+  return t;
 }
 
 CLI::Option* add_decode_act_option(CLI::App& cmd, const std::string& name, std::string& value,
@@ -120,6 +146,7 @@ runtime::EngineOptions ModelOptions::engine_options() const {
   o.probes = probes;
   o.flashhead_proof = flashhead_proof == "on";
   o.load.decode_activations = kernels::parse_decode_activations(decode_act);
+  o.load.kv_types = kv_types_of(cache_type_k, cache_type_v);
   return o;
 }
 

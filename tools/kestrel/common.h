@@ -32,6 +32,8 @@ struct ModelOptions {
   size_t probes = 0;
   std::string flashhead_proof = "off";  // --flashhead-proof
   std::string decode_act = "auto";  // kernels::parse_decode_activations
+  std::string cache_type_k = "f16";  // --cache-type-k / -ctk (kernels::parse_kv_type)
+  std::string cache_type_v = "f16";  // --cache-type-v / -ctv
 
   /// Adds -m (in the command's own options) and the loading options (kModelGroup).
   void add_to(CLI::App& cmd);
@@ -54,6 +56,14 @@ struct ModelOptions {
 CLI::Option* add_decode_act_option(CLI::App& cmd, const std::string& name, std::string& value,
                                    const std::string& whose = "",
                                    const std::string& source_option = "--precision source");
+
+/// Adds --cache-type-k and --cache-type-v (llama.cpp's names; main() maps its short forms -ctk and
+/// -ctv onto them) to `cmd`'s model-loading group: the KV cache's element types, f16 (default),
+/// bf16 or q8 (q8_0 accepted).
+void add_kv_cache_options(CLI::App& cmd, std::string& k, std::string& v);
+/// The model::KvTypes those options name (for A/B measurements, KESTREL_KV_Q8_PER_HEAD=1: q8 with a
+/// scale per head; KESTREL_KV_HADAMARD=1: q8 K rotated). Throws kestrel::Error for a bad name.
+model::KvTypes kv_types_of(const std::string& k, const std::string& v);
 
 /// The text of the file `path`, or of standard input for "-": a regular file, or a pipe, FIFO or
 /// other file that is read to its end (`-f <(cmd)`, `-f /dev/stdin`). Throws kestrel::Error naming

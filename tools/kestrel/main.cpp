@@ -117,8 +117,17 @@ int main(int argc, char** argv) {
                  argv[1], names.c_str());
     return 2;  // usage error
   }
+  // llama.cpp's short forms of --cache-type-k / -v: CLI11 takes a single dash before one letter
+  // only (it would read -ctk as -c tk).
+  std::vector<std::string> args(argv, argv + argc);
+  for (auto& a : args) {
+    if (a == "-ctk") a = "--cache-type-k";
+    if (a == "-ctv") a = "--cache-type-v";
+  }
+  std::vector<char*> arg_ptrs;
+  for (auto& a : args) arg_ptrs.push_back(a.data());
   try {
-    app.parse(argc, argv);
+    app.parse(static_cast<int>(arg_ptrs.size()), arg_ptrs.data());
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {

@@ -28,6 +28,7 @@ struct PerplexityCliOptions {
   std::string decode_act = "auto";
   std::string base_decode_act = "auto";
   std::string base_precision = "source";
+  std::string cache_type_k = "f16", cache_type_v = "f16";  // the model's; --kl-base keeps f16
   bool json = false;
 };
 
@@ -38,19 +39,22 @@ std::string count(size_t n, const char* noun) {
 
 // The engines' own caches are not used (perplexity makes one per model at --ctx), so they are
 // loaded with the smallest context; --ctx is checked against the model's maximum afterwards.
-runtime::Engine load(const std::string& path, int threads, const std::string& decode_act) {
+runtime::Engine load(const std::string& path, int threads, const std::string& decode_act, const std::string& ctk,
+                     const std::string& ctv) {
   ModelOptions m;
   m.model = path;
   m.threads = threads;
   m.ctx = 1;
   m.decode_act = decode_act;
+  m.cache_type_k = ctk;
+  m.cache_type_v = ctv;
   return m.load();
 }
 
 int run_perplexity(const PerplexityCliOptions& o) {
   if (o.ctx < 4) throw Error("--ctx must be at least 4 (got " + std::to_string(o.ctx) + ")");
   const std::string text = read_input_file(o.file);
-  runtime::Engine engine = load(o.model, o.threads, o.decode_act);
+  runtime::Engine engine = load(o.model, o.threads, o.decode_act, o.cache_type_k, o.cache_type_v);
   std::optional<runtime::Engine> base;
   if (!o.base.empty()) {
     runtime::EngineOptions base_options;
@@ -147,6 +151,7 @@ Command add_perplexity_command(CLI::App& app) {
                   "or auto (as -m loads a GGUF: docs/quantization.md)")
       ->check(CLI::IsMember({"source", "auto"}))
       ->capture_default_str();
+  add_kv_cache_options(*cmd, opts->cache_type_k, opts->cache_type_v);  // -m's cache; --kl-base's is f16
   cmd->add_flag("--json", opts->json, "Print one JSON object with the results");
   return [opts] { return run_perplexity(*opts); };
 }

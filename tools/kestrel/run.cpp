@@ -128,6 +128,11 @@ int run(const RunOptions& o) {
     // drafts (one step a token), the read rate that decode_tok_s implies.
     const size_t read_bytes = engine.decode_read_bytes(engine.cache());
     j["decode_read_bytes"] = read_bytes;
+    // The KV cache: its element types (--cache-type-k / -v), the bytes it holds for the whole
+    // context, and the part of decode_read_bytes it is.
+    j["kv_cache_type"] = model::kv_types_name(engine.cache().types());
+    j["kv_cache_bytes"] = engine.cache().bytes();
+    j["kv_read_bytes"] = engine.cache().read_bytes();
     j["decode_read_gb_s"] = result.drafted_tokens == 0 && result.decode_tok_s > 0
                                 ? nlohmann::json(static_cast<double>(read_bytes) * result.decode_tok_s / 1e9)
                                 : nlohmann::json(nullptr);

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kestrel/formats/dequant.h"
 #include "kestrel/kernels/gemm_bf16.h"
 #include "kestrel/kernels/ops.h"
 #include "kestrel/kernels/x86_bf16.h"
@@ -140,6 +141,70 @@ void convert(const uint16_t* k, const uint16_t* v, size_t stride, size_t capacit
   }
 }
 
+alignas(64) const float kZeroRowF32[kMaxHeadDim] = {};
+
+// y[0..hd) = the row of `view` at `slot` as float32 (exact), hd a multiple of 16.
+KESTREL_BF16_TARGET void row_to_f32(const KvHeadView& view, size_t slot, size_t hd, float* y) {
+  switch (view.type) {
+    case KvType::kF16: {
+      const auto* h = static_cast<const uint16_t*>(view.data) + slot * view.stride;
+      for (size_t c = 0; c < hd; c += 16) _mm512_storeu_ps(y + c, load_f16(h + c));
+      return;
+    }
+    case KvType::kBF16: {
+      const auto* h = static_cast<const uint16_t*>(view.data) + slot * view.stride;
+      for (size_t c = 0; c < hd; c += 16) {
+        const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + c)));
+        _mm512_storeu_ps(y + c, _mm512_castsi512_ps(_mm512_slli_epi32(w, 16)));
+      }
+      return;
+    }
+    case KvType::kQ8: {
+      const auto* q = static_cast<const int8_t*>(view.data) + slot * view.stride;
+      const uint16_t* sc = view.scales + slot * view.scale_stride;
+      if (view.block % 16 != 0) {
+        kv_read_row(view.type, q, sc, hd, view.block, y);
+        return;
+      }
+      for (size_t c = 0; c < hd; c += 16) {
+        const __m512 x = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + c))));
+        _mm512_storeu_ps(y + c, _mm512_mul_ps(x, _mm512_set1_ps(gguf::fp16_to_fp32(sc[c / view.block]))));
+      }
+      return;
+    }
+  }
+}
+
+// y[2c] = bf16(a[c]), y[2c + 1] = bf16(b[c]) for c < n (float32 rows; n a multiple of 16).
+KESTREL_BF16_TARGET void interleave_pair_f32(const float* a, const float* b, uint16_t* y, size_t n) {
+  const __m512i idx = _mm512_load_si512(kInterleave);
+  for (size_t c = 0; c < n; c += 16) {
+    const __m512i ab = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(_mm512_loadu_ps(b + c), _mm512_loadu_ps(a + c)));
+    _mm512_storeu_si512(y + 2 * c, _mm512_permutexvar_epi16(idx, ab));
+  }
+}
+
+void convert_typed(const KvHeadView& k, const KvHeadView& v, size_t capacity, size_t hd, size_t first,
+                   size_t valid_end, size_t p0, size_t p1, uint16_t* k_out, uint16_t* v_out) {
+  alignas(64) float a[kMaxHeadDim], b[kMaxHeadDim];
+  alignas(64) uint16_t rows[16 * kMaxHeadDim];
+  const auto row = [&](const KvHeadView& view, size_t pos, float* y) -> const float* {
+    if (pos >= valid_end) return kZeroRowF32;
+    row_to_f32(view, pos % capacity, hd, y);
+    return y;
+  };
+  for (size_t p = p0; p < p1; p += 16) {
+    for (size_t r = 0; r < 16; ++r) f32_to_bf16(row(k, p + r, a), rows + r * hd, hd);
+    uint16_t* block = k_out + (p - first) * hd;
+    for (size_t c2 = 0; c2 < hd / 2; ++c2) {
+      for (size_t r = 0; r < 16; ++r) std::memcpy(block + 32 * c2 + 2 * r, rows + r * hd + 2 * c2, 4);
+    }
+    for (size_t r = 0; r < 16; r += 2) {
+      interleave_pair_f32(row(v, p + r, a), row(v, p + r + 1, b), v_out + (p + r - first) * hd, hd);
+    }
+  }
+}
+
 void attend(const float* const* queries, size_t n_q, const size_t* begins, const size_t* ends, const KvBf16& kv,
             size_t hd, float* const* outs) {
   thread_local Scratch s;
@@ -240,6 +305,21 @@ void kv_to_bf16(const uint16_t* k, const uint16_t* v, size_t stride, size_t capa
 #else
   (void)k, (void)v, (void)stride, (void)capacity, (void)head_dim, (void)first, (void)valid_end, (void)p0,
       (void)p1, (void)k_out, (void)v_out;
+#endif
+}
+
+void kv_to_bf16(const KvHeadView& k, const KvHeadView& v, size_t capacity, size_t head_dim, size_t first,
+                size_t valid_end, size_t p0, size_t p1, uint16_t* k_out, uint16_t* v_out) {
+#ifdef KESTREL_HAVE_BF16_DOT
+  if (k.type == KvType::kF16 && v.type == KvType::kF16) {
+    convert(static_cast<const uint16_t*>(k.data), static_cast<const uint16_t*>(v.data), k.stride, capacity, head_dim,
+            first, valid_end, p0, p1, k_out, v_out);
+    return;
+  }
+  convert_typed(k, v, capacity, head_dim, first, valid_end, p0, p1, k_out, v_out);
+#else
+  (void)k, (void)v, (void)capacity, (void)head_dim, (void)first, (void)valid_end, (void)p0, (void)p1, (void)k_out,
+      (void)v_out;
 #endif
 }
 

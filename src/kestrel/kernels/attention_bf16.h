@@ -5,6 +5,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kestrel/kernels/attention_kv.h"
+
 namespace kestrel::kernels {
 
 /// True where this CPU has AVX512-BF16, neither KESTREL_NO_BF16_DOT nor
@@ -31,6 +33,12 @@ struct KvBf16 {
 /// zero rows. Disjoint ranges may be filled by different threads.
 void kv_to_bf16(const uint16_t* k, const uint16_t* v, size_t stride, size_t capacity, size_t head_dim,
                 size_t first, size_t valid_end, size_t p0, size_t p1, uint16_t* k_out, uint16_t* v_out);
+
+/// kv_to_bf16() from a typed cache (attention_kv.h: f16, bf16 or q8, K and V each their own):
+/// the values are widened to float32 exactly, then rounded to bfloat16, so an fp16 cache gives
+/// the bits of the overload above.
+void kv_to_bf16(const KvHeadView& k, const KvHeadView& v, size_t capacity, size_t head_dim, size_t first,
+                size_t valid_end, size_t p0, size_t p1, uint16_t* k_out, uint16_t* v_out);
 
 /// attend_block() (ops.h) over a converted cache: n_queries (1..16) float32 query vectors, query i
 /// seeing positions [begins[i], ends[i]) (within [kv.first, kv.end)), outs[i] its output

@@ -5,12 +5,16 @@
 #include <vector>
 
 #include "kestrel/kernels/attention_bf16.h"
+#include "kestrel/kernels/attention_kv.h"
 #include "kestrel/kernels/matmul.h"
 #include "kestrel/kernels/ops.h"
 
 namespace kestrel::model {
 
 namespace {
+
+// The default cache: both halves fp16, which ops.h's kernels read (others: attention_kv.h).
+bool fp16_cache(const LayerCache& lc) { return lc.k.type == KvType::kF16 && lc.v.type == KvType::kF16; }
 
 // The visible positions [begin, end) of a query at `pos`: causal, within the window if any.
 std::pair<size_t, size_t> visible(const AttentionShape& s, size_t pos) {
@@ -68,8 +72,8 @@ std::vector<kernels::KvBf16> kv_to_bf16(const AttentionShape& s, size_t n, size_
     for (size_t item = b; item < e; ++item) {
       const size_t g = item / pieces, p0 = first + (item % pieces) * kConvertPositions;
       uint16_t* kb = buffer + 2 * g * head_elems;
-      kernels::kv_to_bf16(lc.k.data() + g * hd, lc.v.data() + g * hd, lc.stride, lc.capacity, hd, first, pos0 + n,
-                          p0, std::min(end, p0 + kConvertPositions), kb, kb + head_elems);
+      kernels::kv_to_bf16(lc.k.head(g, hd), lc.v.head(g, hd), lc.capacity, hd, first, pos0 + n, p0,
+                          std::min(end, p0 + kConvertPositions), kb, kb + head_elems);
     }
   });
   std::vector<kernels::KvBf16> views;
@@ -82,8 +86,10 @@ std::vector<kernels::KvBf16> kv_to_bf16(const AttentionShape& s, size_t n, size_
 
 }  // namespace
 
-void cached_attention_rows(const AttentionShape& s, std::span<const AttentionRow> rows, ThreadPool& pool) {
-  if (rows.empty()) return;
+namespace {
+
+// cached_attention_rows() on queries as the cache wants them.
+void attend_rows(const AttentionShape& s, std::span<const AttentionRow> rows, ThreadPool& pool) {
   const size_t hd = s.head_dim, group = s.n_heads / s.n_kv_heads;
   // A row's plan depends on its visible range only, never on the thread count, so that its
   // result does not either: a range of at most kSlice positions is one item per KV head; a
@@ -131,9 +137,19 @@ void cached_attention_rows(const AttentionShape& s, std::span<const AttentionRow
       const AttentionRow& row = rows[u.row];
       const LayerCache& lc = *row.cache;
       const float* q = row.q + u.g * group * hd;
-      const uint16_t* kc = lc.k.data() + u.g * hd;
-      const uint16_t* vc = lc.v.data() + u.g * hd;
       float* out = row.out + u.g * group * hd;
+      if (!fp16_cache(lc)) {  // bf16 or q8 (attention_kv.h): the typed kernels
+        const kernels::KvHeadView kh = lc.k.head(u.g, hd), vh = lc.v.head(u.g, hd);
+        if (u.part != kWhole) {
+          const kernels::AttentionPartial& p = parts[u.part];
+          kernels::attend_partial_kv(q, group, kh, vh, lc.capacity, hd, u.s0, u.s1, scores.data(), p.out, p.max, p.sum);
+        } else {
+          kernels::attend_group_kv(q, group, kh, vh, lc.capacity, hd, u.s0, u.s1, scores.data(), out);
+        }
+        continue;
+      }
+      const uint16_t* kc = lc.k.half.data() + u.g * hd;
+      const uint16_t* vc = lc.v.half.data() + u.g * hd;
       if (u.part != kWhole) {
         kernels::attend_partial(q, group, kc, vc, lc.stride, lc.capacity, hd, u.s0, u.s1, scores.data(), &parts[u.part]);
       } else if (block) {
@@ -157,20 +173,51 @@ void cached_attention_rows(const AttentionShape& s, std::span<const AttentionRow
   }
 }
 
-void cached_attention(const AttentionShape& s, const float* q, size_t n, size_t pos0,
-                      const LayerCache& lc, float* out, ThreadPool& pool) {
-  const size_t hd = s.head_dim;
-  const size_t q_dim = s.n_heads * hd;
-  if (n < kernels::kTileMinTokens) {  // rows alone: decode, and short chunks (verification)
-    thread_local std::vector<AttentionRow> rows;
-    rows.clear();
-    for (size_t t = 0; t < n; ++t) rows.push_back({q + t * q_dim, pos0 + t, &lc, out + t * q_dim});
-    cached_attention_rows(s, rows, pool);
+}  // namespace
+
+// Heads of a q8 cache stored Hadamard-rotated (KvTensor::rotated): the queries are rotated as K
+// is, so that the scores are unchanged ((H q) . (H k) = q . k), and the outputs, sums of rotated
+// V rows, are rotated back (H is its own inverse).
+static void rotate_heads(float* x, size_t n_heads, size_t head_dim) {
+  for (size_t h = 0; h < n_heads; ++h) kernels::hadamard_rotate(x + h * head_dim, head_dim);
+}
+
+void cached_attention_rows(const AttentionShape& s, std::span<const AttentionRow> rows, ThreadPool& pool) {
+  if (rows.empty()) return;
+  const bool rot_k = rows[0].cache->k.rotated, rot_v = rows[0].cache->v.rotated;
+  if (!rot_k && !rot_v) {
+    attend_rows(s, rows, pool);
     return;
   }
+  thread_local std::vector<float> q_buffer;
+  thread_local std::vector<AttentionRow> rotated;
+  const size_t q_dim = s.n_heads * s.head_dim;
+  rotated.assign(rows.begin(), rows.end());
+  if (rot_k) {
+    q_buffer.resize(rows.size() * q_dim);
+    for (size_t r = 0; r < rows.size(); ++r) {
+      std::copy_n(rows[r].q, q_dim, &q_buffer[r * q_dim]);
+      rotate_heads(&q_buffer[r * q_dim], s.n_heads, s.head_dim);
+      rotated[r].q = &q_buffer[r * q_dim];
+    }
+  }
+  attend_rows(s, rotated, pool);
+  if (rot_v) {
+    for (const AttentionRow& row : rows) rotate_heads(row.out, s.n_heads, s.head_dim);
+  }
+}
+
+namespace {
+
+// cached_attention() of a chunk of prefill size, on queries as the cache wants them.
+void attend_chunk(const AttentionShape& s, const float* q, size_t n, size_t pos0, const LayerCache& lc, float* out,
+                  ThreadPool& pool) {
+  const size_t hd = s.head_dim;
+  const size_t q_dim = s.n_heads * hd;
   const size_t group = s.n_heads / s.n_kv_heads;
-  const uint16_t* kc = lc.k.data();
-  const uint16_t* vc = lc.v.data();
+  const bool fp16 = fp16_cache(lc);
+  const uint16_t* kc = lc.k.half.data();
+  const uint16_t* vc = lc.v.half.data();
   const size_t n_items = n * s.n_kv_heads;
   // Never chosen by the thread count (the results must not depend on it).
   if (group <= kernels::kMaxBlockQueries && hd % 16 == 0) {
@@ -207,6 +254,9 @@ void cached_attention(const AttentionShape& s, const float* q, size_t n, size_t 
         }
         if (bf16) {
           kernels::attend_block_bf16(queries, n_q, begins, ends, views[g], hd, outs);
+        } else if (!fp16) {
+          kernels::attend_block_kv(queries, n_q, begins, ends, lc.k.head(g, hd), lc.v.head(g, hd), lc.capacity, hd,
+                                   scores.data(), outs);
         } else {
           kernels::attend_block(queries, n_q, begins, ends, kc + g * hd, vc + g * hd, lc.stride,
                                 lc.capacity, hd, scores.data(), outs);
@@ -221,11 +271,38 @@ void cached_attention(const AttentionShape& s, const float* q, size_t n, size_t 
     for (size_t item = b; item < e; ++item) {
       const size_t t = item / s.n_kv_heads, g = item % s.n_kv_heads;
       const auto [begin, end] = visible(s, pos0 + t);
+      if (!fp16) {
+        kernels::attend_group_kv(q + t * q_dim + g * group * hd, group, lc.k.head(g, hd), lc.v.head(g, hd),
+                                 lc.capacity, hd, begin, end, scores.data(), out + t * q_dim + g * group * hd);
+        continue;
+      }
       kernels::attend_group(q + t * q_dim + g * group * hd, group, kc + g * hd, vc + g * hd,
                             lc.stride, lc.capacity, hd, begin, end, scores.data(),
                             out + t * q_dim + g * group * hd);
     }
   });
+}
+
+}  // namespace
+
+void cached_attention(const AttentionShape& s, const float* q, size_t n, size_t pos0,
+                      const LayerCache& lc, float* out, ThreadPool& pool) {
+  const size_t q_dim = s.n_heads * s.head_dim;
+  if (n < kernels::kTileMinTokens) {  // rows alone: decode, and short chunks (verification)
+    thread_local std::vector<AttentionRow> rows;
+    rows.clear();
+    for (size_t t = 0; t < n; ++t) rows.push_back({q + t * q_dim, pos0 + t, &lc, out + t * q_dim});
+    cached_attention_rows(s, rows, pool);
+    return;
+  }
+  if (lc.k.rotated) {  // Hadamard-rotated heads (cached_attention_rows)
+    thread_local std::vector<float> q_buffer;
+    q_buffer.assign(q, q + n * q_dim);
+    rotate_heads(q_buffer.data(), n * s.n_heads, s.head_dim);
+    q = q_buffer.data();
+  }
+  attend_chunk(s, q, n, pos0, lc, out, pool);
+  if (lc.v.rotated) rotate_heads(out, n * s.n_heads, s.head_dim);
 }
 
 }  // namespace kestrel::model

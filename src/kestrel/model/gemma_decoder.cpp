@@ -95,7 +95,7 @@ GemmaDecoder::Scratch::Scratch(const GemmaConfig& c, size_t n, size_t n_rope_tab
 }
 
 GemmaDecoder::GemmaDecoder(const gguf::File& file, const LoadOptions& options, ThreadPool& pool)
-    : config_(GemmaConfig::from_gguf(file)), store_(file, options, pool) {
+    : config_(GemmaConfig::from_gguf(file)), store_(file, options, pool), kv_types_(options.kv_types) {
   GemmaConfig& c = config_;
   // The vocabulary is the embedding's rows (llama.cpp's converter trims the table to the
   // tokenizer; they are equal for every Gemma file).
@@ -203,9 +203,9 @@ KvCache GemmaDecoder::new_cache(size_t n_ctx) const {
   for (size_t il = 0; il < c.n_layers(); ++il) {
     const GemmaLayerConfig& l = c.layers[il];
     const size_t capacity = !c.owns_kv(il) ? 0 : l.sliding ? std::min(n_ctx, l.window + kMaxUbatch - 1) : n_ctx;
-    specs.push_back({capacity, l.n_kv_heads * l.head_dim, l.window});
+    specs.push_back({capacity, l.n_kv_heads * l.head_dim, l.window, l.head_dim});
   }
-  return KvCache::allocate(n_ctx, specs);
+  return KvCache::allocate(n_ctx, specs, kv_types_);
 }
 
 void GemmaDecoder::check(std::span<const TokenId> tokens, const KvCache& cache) const {
@@ -353,7 +353,8 @@ void GemmaDecoder::attention_block(size_t il, size_t n, std::span<const Segment>
   if (owns_kv && l.wv.data == nullptr) std::copy_n(s.k, n * kv_dim, s.v);
 
   const size_t rope_row = rope_stride();
-  // Per row: q/k norms per head, RoPE, the fp16 stores: ~8 operations per float.
+  // Per row: q/k norms per head, RoPE, the cache's stores (fp16, or q8's scales and
+  // rounding): ~8 operations per float.
   pool.parallel_for(n, rows_grain(8 * (q_dim + 2 * kv_dim)), [&](size_t b, size_t e) {
     for (size_t t = b; t < e; ++t) {
       const Segment& seg = *(std::upper_bound(segs.begin(), segs.end(), t,
@@ -374,8 +375,8 @@ void GemmaDecoder::attention_block(size_t il, size_t n, std::span<const Segment>
       kernels::rope_neox(kt, n_kv, hd, n_rot, cos_sin);
       LayerCache& cache = seg.cache->layers[il];
       const size_t slot = pos % cache.capacity;
-      kernels::to_fp16(kt, &cache.k[slot * cache.stride], kv_dim);
-      kernels::to_fp16(vt, &cache.v[slot * cache.stride], kv_dim);
+      cache.k.write(slot, kt);
+      cache.v.write(slot, vt);
     }
   });
 

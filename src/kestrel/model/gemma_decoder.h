@@ -132,6 +132,7 @@ class GemmaDecoder final : public Model {
   ModelInfo info_;
   WeightStore store_;
   BatchExactness batch_exactness_ = BatchExactness::kShortApart;
+  KvTypes kv_types_;  // of the caches new_cache allocates
   kernels::Matrix embedding_;  // [n_vocab, d_model], also the output head when tied
   bool tied_ = true;
   head::OutputHead head_;

@@ -1,30 +1,115 @@
 #include "kestrel/model/kv_cache.h"
 
 #include <algorithm>
+#include <cstring>
+#include <utility>
 
 #include "kestrel/base/error.h"
 #include "kestrel/model/model.h"
 
 namespace kestrel::model {
 
-size_t KvCache::bytes_for(const std::vector<LayerCacheSpec>& specs) {
+namespace {
+
+KvTensor tensor_for(KvType type, const LayerCacheSpec& s, bool per_head) {
+  KvTensor t;
+  t.type = type;
+  t.stride = s.stride;
+  t.head_dim = s.head_dim != 0 ? s.head_dim : s.stride;
+  t.block = kernels::kv_q8_block(t.head_dim, per_head);
+  return t;
+}
+
+}  // namespace
+
+std::string kv_types_name(const KvTypes& t) {
+  const std::string q8 = t.q8_per_head ? "q8 (a scale per head)" : "q8";
+  const auto name = [&](KvType x) { return x == KvType::kQ8 ? q8 : std::string(kernels::kv_type_name(x)); };
+  const auto rotated = [&](KvType x) { return name(x) + (t.k_hadamard && x == KvType::kQ8 ? " (Hadamard-rotated)" : ""); };
+  return t.k == t.v ? rotated(t.k) : "K " + rotated(t.k) + ", V " + rotated(t.v);
+}
+
+void KvTensor::write(size_t slot, const float* x) {
+  if (rotated) {
+    thread_local std::vector<float> r;
+    r.assign(x, x + stride);
+    for (size_t h = 0; h < stride; h += head_dim) kernels::hadamard_rotate(&r[h], head_dim);
+    kernels::kv_write_row(type, r.data(), stride, block, &q[slot * stride], &scales[slot * (stride / block)]);
+  } else if (type == KvType::kQ8) {
+    kernels::kv_write_row(type, x, stride, block, &q[slot * stride], &scales[slot * (stride / block)]);
+  } else {
+    kernels::kv_write_row(type, x, stride, block, &half[slot * stride], nullptr);
+  }
+}
+
+void KvTensor::copy_out(size_t slot, uint8_t* bytes) const {
+  if (type == KvType::kQ8) {
+    std::memcpy(bytes, &q[slot * stride], stride);
+    std::memcpy(bytes + stride, &scales[slot * (stride / block)], 2 * (stride / block));
+  } else {
+    std::memcpy(bytes, &half[slot * stride], 2 * stride);
+  }
+}
+
+void KvTensor::copy_in(size_t slot, const uint8_t* bytes) {
+  if (type == KvType::kQ8) {
+    std::memcpy(&q[slot * stride], bytes, stride);
+    std::memcpy(&scales[slot * (stride / block)], bytes + stride, 2 * (stride / block));
+  } else {
+    std::memcpy(&half[slot * stride], bytes, 2 * stride);
+  }
+}
+
+kernels::KvHeadView KvTensor::head(size_t g, size_t hd) const {
+  kernels::KvHeadView v;
+  v.type = type;
+  v.stride = stride;
+  v.block = block;
+  if (type == KvType::kQ8) {
+    v.data = q.data() + g * hd;
+    v.scales = scales.data() + g * hd / block;
+    v.scale_stride = stride / block;
+  } else {
+    v.data = half.data() + g * hd;
+  }
+  return v;
+}
+
+size_t KvCache::bytes_for(const std::vector<LayerCacheSpec>& specs, const KvTypes& types) {
   size_t total = 0;
-  for (const auto& s : specs) total += 2 * s.capacity * s.stride * sizeof(uint16_t);
+  for (const auto& s : specs) {
+    total += s.capacity * (tensor_for(types.k, s, types.q8_per_head).slot_bytes() +
+                           tensor_for(types.v, s, types.q8_per_head).slot_bytes());
+  }
   return total;
 }
 
-KvCache KvCache::allocate(size_t n_ctx, const std::vector<LayerCacheSpec>& specs) {
-  check_memory("the KV cache for a context of " + std::to_string(n_ctx) + " tokens", bytes_for(specs));
+KvCache KvCache::allocate(size_t n_ctx, const std::vector<LayerCacheSpec>& specs, const KvTypes& types) {
+  check_memory("the KV cache for a context of " + std::to_string(n_ctx) + " tokens", bytes_for(specs, types));
   KvCache cache;
   cache.n_ctx = n_ctx;
+  cache.types_ = types;
   cache.tokens_.reserve(n_ctx);
   for (const auto& s : specs) {
     LayerCache lc;
     lc.capacity = s.capacity;
     lc.stride = s.stride;
     lc.window = s.window;
-    lc.k.assign(lc.capacity * lc.stride, 0);
-    lc.v.assign(lc.capacity * lc.stride, 0);
+    for (auto [t, type] : {std::pair{&lc.k, types.k}, std::pair{&lc.v, types.v}}) {
+      *t = tensor_for(type, s, types.q8_per_head);
+      t->rotated = type == KvType::kQ8 && types.k_hadamard;
+      if (t->rotated && (t->head_dim & (t->head_dim - 1)) != 0) {
+        throw Error("KV cache: the Hadamard rotation needs a power-of-two head size, not " +
+                    std::to_string(t->head_dim));
+      }
+      if (type == KvType::kQ8) {
+        if (s.stride % t->block != 0) throw Error("KV cache: q8 blocks do not divide a layer's row");
+        t->q.assign(lc.capacity * lc.stride, 0);
+        t->scales.assign(lc.capacity * (lc.stride / t->block), 0);
+      } else {
+        t->half.assign(lc.capacity * lc.stride, 0);
+      }
+    }
     cache.layers.push_back(std::move(lc));
   }
   return cache;
@@ -32,7 +117,7 @@ KvCache KvCache::allocate(size_t n_ctx, const std::vector<LayerCacheSpec>& specs
 
 size_t KvCache::bytes() const {
   size_t total = 0;
-  for (const auto& layer : layers) total += (layer.k.size() + layer.v.size()) * sizeof(uint16_t);
+  for (const auto& layer : layers) total += layer.k.bytes() + layer.v.bytes();
   return total;
 }
 
@@ -41,7 +126,7 @@ size_t KvCache::read_bytes() const {
   for (const auto& layer : layers) {
     if (layer.capacity == 0) continue;
     const size_t seen = layer.window > 0 ? std::min(n_past + 1, layer.window) : n_past + 1;
-    total += 2 * seen * layer.stride * sizeof(uint16_t);
+    total += seen * (layer.k.slot_bytes() + layer.v.slot_bytes());
   }
   return total;
 }

@@ -1,6 +1,6 @@
-// The KV cache of one sequence: per-layer fp16 keys and values, the token ids they were computed
-// from, and the truncate / rollback contract that prefix reuse (and later speculative decoding)
-// relies on.
+// The KV cache of one sequence: per-layer keys and values (fp16 by default; bf16 or int8 with
+// block scales on request), the token ids they were computed from, and the truncate / rollback
+// contract that prefix reuse (and later speculative decoding) relies on.
 #pragma once
 
 #include <cstddef>
@@ -9,11 +9,59 @@
 #include <string>
 #include <vector>
 
+#include "kestrel/kernels/attention_kv.h"
+
 namespace kestrel::model {
 
 using TokenId = int32_t;
+using kernels::KvType;
 
-/// Keys and values of one layer, fp16 [capacity, stride]. Position p lives in slot p % capacity.
+/// The element types of the K and V caches (`--cache-type-k` / `--cache-type-v`).
+struct KvTypes {
+  KvType k = KvType::kF16;
+  KvType v = KvType::kF16;
+  /// q8: one scale per head (head_dim elements) instead of per block of 32 elements: less memory,
+  /// more error (docs/quantization.md measures both; KESTREL_KV_Q8_PER_HEAD=1 for A/B runs).
+  bool q8_per_head = false;
+  /// q8 K and V: rotate each head by the Walsh-Hadamard matrix before rounding
+  /// (kernels::hadamard_rotate; the attention rotates the queries alike and its outputs back).
+  /// KESTREL_KV_HADAMARD=1 for A/B runs.
+  bool k_hadamard = false;
+  bool operator==(const KvTypes&) const = default;
+};
+
+/// "f16", "q8", or "K q8, V f16" when they differ.
+std::string kv_types_name(const KvTypes& t);
+
+/// K or V of one layer: [capacity, stride] elements of `type`. f16 / bf16 in `half`; q8 in `q`
+/// (int8) with fp16 `scales` [capacity, stride / block] (a scale per block of `block` elements,
+/// blocks never straddling two heads).
+struct KvTensor {
+  KvType type = KvType::kF16;
+  size_t stride = 0;
+  size_t block = 32;
+  size_t head_dim = 0;
+  bool rotated = false;  // q8: each head stored as H x / sqrt(head_dim) (KvTypes::k_hadamard)
+  std::vector<uint16_t> half;
+  std::vector<int8_t> q;
+  std::vector<uint16_t> scales;
+
+  bool operator==(const KvTensor&) const = default;
+  /// Bytes one slot (all heads of one position) takes: kernels::kv_row_bytes.
+  size_t slot_bytes() const { return kernels::kv_row_bytes(type, stride, block); }
+  /// Bytes held.
+  size_t bytes() const { return half.size() * 2 + q.size() + scales.size() * 2; }
+  /// Writes the float32 row x [stride] (all heads) into `slot` in this type (kernels::kv_write_row).
+  void write(size_t slot, const float* x);
+  /// The slot's bytes (slot_bytes() of them: the elements, then q8's scales) to / from `bytes`:
+  /// the prefix cache's copies.
+  void copy_out(size_t slot, uint8_t* bytes) const;
+  void copy_in(size_t slot, const uint8_t* bytes);
+  /// The view of KV head g (hd elements from g * hd in each slot) for the kernels.
+  kernels::KvHeadView head(size_t g, size_t hd) const;
+};
+
+/// Keys and values of one layer [capacity, stride]. Position p lives in slot p % capacity.
 /// A global layer holds one slot per context position; a sliding-window layer of window W keeps
 /// a ring of W + ubatch - 1 slots (enough for a chunk of ubatch queries to see their windows
 /// while the chunk's own keys are written); a layer that reads another's cache (Gemma 4 KV
@@ -22,7 +70,7 @@ struct LayerCache {
   size_t capacity = 0;
   size_t stride = 0;  // elements per slot: n_kv_heads * head_dim
   size_t window = 0;  // sliding window W in positions; 0 = global (every position kept)
-  std::vector<uint16_t> k, v;
+  KvTensor k, v;
 };
 
 /// What a model asks of one layer's cache (KvCache::allocate).
@@ -30,6 +78,7 @@ struct LayerCacheSpec {
   size_t capacity = 0;
   size_t stride = 0;
   size_t window = 0;
+  size_t head_dim = 0;  // q8 blocks divide it (kernels::kv_q8_block); 0: stride
 };
 
 /// The KV cache of one sequence.
@@ -46,16 +95,20 @@ struct KvCache {
   size_t n_ctx = 0;   // positions the sequence may reach
   size_t n_past = 0;  // positions written and valid (== tokens().size())
 
-  /// Allocates one LayerCache per spec (fp16 zeros) for a sequence of up to n_ctx positions.
-  /// Throws kestrel::Error when the total exceeds the machine's physical memory.
-  static KvCache allocate(size_t n_ctx, const std::vector<LayerCacheSpec>& specs);
-  /// Bytes the specs need: 2 (K and V) * capacity * stride * 2 bytes, summed.
-  static size_t bytes_for(const std::vector<LayerCacheSpec>& specs);
+  /// Allocates one LayerCache per spec (zeros) of the element types `types` for a sequence of up
+  /// to n_ctx positions. Throws kestrel::Error when the total exceeds the machine's physical
+  /// memory.
+  static KvCache allocate(size_t n_ctx, const std::vector<LayerCacheSpec>& specs, const KvTypes& types = {});
+  /// Bytes the specs need: capacity * (K's + V's slot bytes), summed: 4 bytes per element pair
+  /// for f16 / bf16, 2 + 4 / 32 for q8 (llama.cpp's q8_0 size).
+  static size_t bytes_for(const std::vector<LayerCacheSpec>& specs, const KvTypes& types = {});
 
+  /// The element types of K and V.
+  KvTypes types() const { return types_; }
   /// Bytes held by keys and values.
   size_t bytes() const;
   /// Bytes of keys and values that the query of the next position (n_past) reads: per layer with
-  /// a cache of its own, 2 (K and V) * stride * 2 bytes for each of the min(n_past + 1, window)
+  /// a cache of its own, K's and V's slot bytes for each of the min(n_past + 1, window)
   /// positions it attends to (all n_past + 1 on a global layer). KV-shared layers read their
   /// source's cache again and are not counted twice.
   size_t read_bytes() const;
@@ -93,6 +146,7 @@ struct KvCache {
 
  private:
   std::vector<TokenId> tokens_;
+  KvTypes types_;
   size_t prefilled_ = 0;
   // Every ring holds all positions in [ring_floor_, n_past): writing position p overwrote
   // p - capacity of each ring, so ring_floor_ = max over writes of (p + 1 - min ring capacity).

@@ -12,6 +12,7 @@
 #include "kestrel/kernels/gemv_w4_int8.h"
 #include "kestrel/kernels/gemv_w4_interleaved.h"
 #include "kestrel/kernels/matmul.h"
+#include "kestrel/model/kv_cache.h"
 #include "kestrel/quant/precision.h"
 #include "kestrel/quant/w4.h"
 
@@ -26,6 +27,8 @@ struct LoadOptions {
   int scale_bits = 16;     // kW4A16: 16, or 8 (quant::compress_group_params; affine groups)
   /// INT4 layers: the activations of decode products (1-7 tokens), kernels::w4_int8_chosen.
   kernels::DecodeActivations decode_activations = kernels::DecodeActivations::kAuto;
+  /// The element types of every KV cache the model allocates (`--cache-type-k` / `-v`).
+  KvTypes kv_types{};
 };
 
 /// Weight matrices and vectors of a model, converted to the precision asked for. A Kestrel

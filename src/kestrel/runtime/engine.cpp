@@ -118,6 +118,7 @@ std::string kv_identity_of(const std::filesystem::path& path, const model::LoadO
   id += "\nload " + std::to_string(static_cast<int>(load.precision)) + " " + std::to_string(load.group_size) + " " +
         std::to_string(load.zero_points) + " " + std::to_string(load.scale_bits) + " " +
         std::to_string(kernels::w4_int8_chosen(load.decode_activations));
+  id += "\nkv " + model::kv_types_name(load.kv_types);
   for (const char* var : {"KESTREL_AMX", "KESTREL_W8A8", "KESTREL_NO_VNNI", "KESTREL_NO_INTERLEAVE", "KESTREL_W4_INT8"}) {
     const char* v = std::getenv(var);
     id += std::string("\n") + var + "=" + (v ? v : "");

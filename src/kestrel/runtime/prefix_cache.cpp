@@ -15,11 +15,12 @@ namespace {
 
 constexpr size_t kMaxBlockTokens = 32;
 constexpr char kMagic[8] = {'K', 'S', 'T', 'R', 'L', 'K', 'V', '1'};
-constexpr uint32_t kFileVersion = 1;
+// 2: the KV element types and q8 block sizes in the header (1 had fp16 keys and values only).
+constexpr uint32_t kFileVersion = 2;
 
 // The file's fixed header: magic, version, block tokens, the model id's hash, the key, the
-// payload's size. Then the block's token ids, its keys and values, and an XXH3-64 of all that
-// precedes it.
+// payload's size, the element types of K and V (kernels::KvType) and their q8 blocks. Then the
+// block's token ids, its keys and values, and an XXH3-64 of all that precedes it.
 struct FileHeader {
   char magic[8];
   uint32_t version;
@@ -27,13 +28,25 @@ struct FileHeader {
   uint64_t id_hash;
   uint64_t key[2];
   uint64_t payload_bytes;
+  uint8_t k_type, v_type;
+  uint16_t k_block, v_block;
+  uint8_t reserved[2];
 };
+static_assert(sizeof(FileHeader) == 56);
+
+// The header's record of the element types (q8 blocks only where a type is q8).
+void set_types(FileHeader& h, const model::KvTypes& t, size_t k_block, size_t v_block) {
+  h.k_type = static_cast<uint8_t>(t.k);
+  h.v_type = static_cast<uint8_t>(t.v);
+  h.k_block = static_cast<uint16_t>(t.k == model::KvType::kQ8 ? k_block : 0);
+  h.v_block = static_cast<uint16_t>(t.v == model::KvType::kQ8 ? v_block : 0);
+}
 
 }  // namespace
 
 struct PrefixCache::Block {
   std::vector<TokenId> tokens;   // [block_tokens]
-  std::vector<uint16_t> kv;      // per layer with a cache: K [block, stride] then V [block, stride]
+  std::vector<uint8_t> kv;       // per layer with a cache: K's slots [block] then V's (slot_bytes each)
   Lru::iterator lru;
   bool on_disk = false;          // the directory has this block already
 };
@@ -42,14 +55,18 @@ PrefixCache::PrefixCache(const model::KvCache& layout, size_t max_bytes, std::fi
                          std::string model_id)
     : n_ctx_(layout.n_ctx), max_bytes_(max_bytes), dir_(std::move(dir)), model_id_(std::move(model_id)) {
   size_t per_position = 0;
+  types_ = layout.types();
   for (const auto& l : layout.layers) {
     const bool ring = l.capacity > 0 && l.capacity < layout.n_ctx;
-    layers_.push_back({l.capacity, l.stride, ring});
-    if (l.capacity > 0) per_position += 2 * l.stride;
+    layers_.push_back({l.capacity, l.stride, ring, l.k.slot_bytes(), l.v.slot_bytes()});
+    if (l.capacity > 0) {
+      per_position += l.k.slot_bytes() + l.v.slot_bytes();
+      k_block_ = l.k.block, v_block_ = l.v.block;
+    }
     if (ring && l.window > 0) block_ = std::min(block_, l.window);
   }
   block_ = std::clamp<size_t>(block_, 1, kMaxBlockTokens);
-  block_bytes_ = block_ * per_position * sizeof(uint16_t);
+  block_bytes_ = block_ * per_position;
   id_hash_ = XXH3_64bits(model_id_.data(), model_id_.size());
   if (!dir_.empty()) {
     std::error_code ec;
@@ -102,16 +119,16 @@ void PrefixCache::publish(const model::KvCache& cache) {
     if (b * block_ < floor || (chain.size() + 1) * block_bytes_ > max_bytes_) break;
     auto block = std::make_unique<Block>();
     block->tokens.assign(t.begin(), t.end());
-    block->kv.resize(block_bytes_ / sizeof(uint16_t));
-    uint16_t* out = block->kv.data();
+    block->kv.resize(block_bytes_);
+    uint8_t* out = block->kv.data();
     for (size_t l = 0; l < layers_.size(); ++l) {
       const LayerShape& s = layers_[l];
       if (s.capacity == 0) continue;
       const model::LayerCache& lc = cache.layers[l];
-      for (const std::vector<uint16_t>* src : {&lc.k, &lc.v}) {
+      for (const model::KvTensor* src : {&lc.k, &lc.v}) {
         for (size_t p = b * block_; p < (b + 1) * block_; ++p) {
-          std::memcpy(out, src->data() + (p % s.capacity) * s.stride, s.stride * sizeof(uint16_t));
-          out += s.stride;
+          src->copy_out(p % s.capacity, out);
+          out += src->slot_bytes();
         }
       }
     }
@@ -203,19 +220,21 @@ size_t PrefixCache::restore(std::span<const TokenId> prompt, size_t limit, model
   }
   n = chain.size() * block_;
   if (n == 0) return 0;
+  if (cache.types() != types_) throw Error("prefix cache: a KV cache of other element types");
   cache.clear();
   for (size_t b = 0; b < chain.size(); ++b) {
-    const uint16_t* in = chain[b]->kv.data();
+    const uint8_t* in = chain[b]->kv.data();
     for (size_t l = 0; l < layers_.size(); ++l) {
       const LayerShape& s = layers_[l];
       if (s.capacity == 0) continue;
       model::LayerCache& lc = cache.layers[l];
       // A ring keeps the positions a cold prefill of n tokens leaves in it: the last `capacity`.
       const size_t lo = s.ring && n > s.capacity ? n - s.capacity : 0;
-      for (std::vector<uint16_t>* dst : {&lc.k, &lc.v}) {
-        for (size_t p = b * block_; p < (b + 1) * block_; ++p, in += s.stride) {
+      for (model::KvTensor* dst : {&lc.k, &lc.v}) {
+        const size_t bytes = dst->slot_bytes();
+        for (size_t p = b * block_; p < (b + 1) * block_; ++p, in += bytes) {
           if (p < lo) continue;
-          std::memcpy(dst->data() + (p % s.capacity) * s.stride, in, s.stride * sizeof(uint16_t));
+          dst->copy_in(p % s.capacity, in);
         }
       }
     }
@@ -241,12 +260,13 @@ void PrefixCache::write_file(const BlockKey& key, const Block& block) {
   h.block_tokens = static_cast<uint32_t>(block_);
   h.id_hash = id_hash_;
   h.key[0] = key[0], h.key[1] = key[1];
-  h.payload_bytes = block.tokens.size() * sizeof(TokenId) + block.kv.size() * sizeof(uint16_t);
+  h.payload_bytes = block.tokens.size() * sizeof(TokenId) + block.kv.size();
+  set_types(h, types_, k_block_, v_block_);
   XXH3_state_t* st = XXH3_createState();
   XXH3_64bits_reset(st);
   XXH3_64bits_update(st, &h, sizeof h);
   XXH3_64bits_update(st, block.tokens.data(), block.tokens.size() * sizeof(TokenId));
-  XXH3_64bits_update(st, block.kv.data(), block.kv.size() * sizeof(uint16_t));
+  XXH3_64bits_update(st, block.kv.data(), block.kv.size());
   const uint64_t sum = XXH3_64bits_digest(st);
   XXH3_freeState(st);
   // Written beside, then renamed: a reader never sees half a file under the block's name.
@@ -255,7 +275,7 @@ void PrefixCache::write_file(const BlockKey& key, const Block& block) {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     out.write(reinterpret_cast<const char*>(&h), sizeof h);
     out.write(reinterpret_cast<const char*>(block.tokens.data()), static_cast<std::streamsize>(block.tokens.size() * sizeof(TokenId)));
-    out.write(reinterpret_cast<const char*>(block.kv.data()), static_cast<std::streamsize>(block.kv.size() * sizeof(uint16_t)));
+    out.write(reinterpret_cast<const char*>(block.kv.data()), static_cast<std::streamsize>(block.kv.size()));
     out.write(reinterpret_cast<const char*>(&sum), sizeof sum);
     if (!out) {
       std::error_code ec;
@@ -283,12 +303,24 @@ std::unique_ptr<PrefixCache::Block> PrefixCache::read_file(const BlockKey& key, 
     return nullptr;
   };
   const size_t payload = block_ * sizeof(TokenId) + block_bytes_;
-  if (size != sizeof(FileHeader) + payload + sizeof(uint64_t)) return reject("wrong size (damaged or another layout)");
   std::ifstream in(path, std::ios::binary);
   FileHeader h{};
+  // The header first: a file of other KV types (another size too) says so rather than "damaged".
+  if (size >= sizeof h && in.read(reinterpret_cast<char*>(&h), sizeof h) &&
+      std::memcmp(h.magic, kMagic, sizeof kMagic) == 0 && h.version == kFileVersion) {
+    FileHeader mine{};
+    set_types(mine, types_, k_block_, v_block_);
+    if (h.k_type != mine.k_type || h.v_type != mine.v_type || h.k_block != mine.k_block || h.v_block != mine.v_block) {
+      const std::string why = "written with another KV cache type (this cache: " + model::kv_types_name(types_) + ")";
+      return reject(why.c_str());
+    }
+  }
+  if (size != sizeof(FileHeader) + payload + sizeof(uint64_t)) return reject("wrong size (damaged or another layout)");
+  in.clear();
+  in.seekg(0);
   auto block = std::make_unique<Block>();
   block->tokens.resize(block_);
-  block->kv.resize(block_bytes_ / sizeof(uint16_t));
+  block->kv.resize(block_bytes_);
   uint64_t sum = 0;
   in.read(reinterpret_cast<char*>(&h), sizeof h);
   in.read(reinterpret_cast<char*>(block->tokens.data()), static_cast<std::streamsize>(block_ * sizeof(TokenId)));

@@ -56,8 +56,9 @@ class PrefixCache {
   /// smaller (a block completed by a step must still be whole in every ring). `dir` (optional):
   /// blocks evicted from memory, and all of them at destruction, are written there and read back
   /// on a miss, also by a later process; `model_id` names the model and every setting that changes
-  /// the bits of its keys and values (files of another id are ignored). Throws kestrel::Error
-  /// when `dir` cannot be created.
+  /// the bits of its keys and values (files of another id are ignored). Files record the KV
+  /// element types (`--cache-type-k` / `-v`): a file of other types is ignored with a warning.
+  /// Throws kestrel::Error when `dir` cannot be created.
   PrefixCache(const model::KvCache& layout, size_t max_bytes, std::filesystem::path dir = {},
               std::string model_id = {});
   ~PrefixCache();
@@ -81,7 +82,8 @@ class PrefixCache {
 
   /// Copies that prefix (match(prompt, limit) positions) into `cache`, which is cleared first,
   /// and returns its length (0: `cache` is left unchanged). The cache then holds exactly what a
-  /// cold prefill of those tokens leaves (KvCache::adopt_prefix). Marks the blocks used.
+  /// cold prefill of those tokens leaves (KvCache::adopt_prefix). Marks the blocks used. Throws
+  /// kestrel::Error when `cache`'s element types are not the layout's.
   size_t restore(std::span<const TokenId> prompt, size_t limit, model::KvCache& cache);
 
   const PrefixCacheStats& stats() const { return stats_; }
@@ -107,7 +109,10 @@ class PrefixCache {
   struct LayerShape {
     size_t capacity = 0, stride = 0;
     bool ring = false;
+    size_t k_bytes = 0, v_bytes = 0;  // per slot (KvTensor::slot_bytes)
   };
+  model::KvTypes types_;          // of the caches it copies from and into (file headers record them)
+  size_t k_block_ = 0, v_block_ = 0;  // q8 blocks
   std::vector<LayerShape> layers_;
   size_t n_ctx_ = 0;
   size_t block_ = 32;
