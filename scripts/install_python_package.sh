@@ -6,6 +6,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$(pwd)}"
+# The compiler scripts/build.sh's CMake picks (c++): pip's environment would otherwise name g++,
+# and ccache would not serve the release build's objects to this build.
+export CXX="${CXX:-c++}"
 PY=${PYTHON:-python3}
 PIP_FLAGS=(-q --disable-pip-version-check)
 # A Debian system Python is "externally managed" (PEP 668), as in scripts/install_deps.sh.
