@@ -105,7 +105,7 @@ TEST(PrefixCache, RestoredQ8PrefixAnswersAsAColdQ8Prefill) {
   }
   Loaded m(model::tiny_gemma4("e4b_tiny"), {model::KvType::kF16, model::KvType::kQ8});
   check_restores_exactly(m, 512, 300, 128, {100, 300});
-  Loaded r(model::tiny_gemma4("e4b_tiny"), {model::KvType::kQ8, model::KvType::kQ8, false, true});  // rotated
+  Loaded r(model::tiny_gemma4("e4b_tiny"), {model::KvType::kQ8, model::KvType::kQ8, true});  // rotated
   check_restores_exactly(r, 512, 300, 128, {100, 300});
 }
 

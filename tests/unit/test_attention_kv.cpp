@@ -154,7 +154,6 @@ TEST(KvQ8, NamesAndSizes) {
   EXPECT_THROW(k::parse_kv_type("q4_0", "--cache-type-k"), kestrel::Error);
   EXPECT_EQ(k::kv_q8_block(256), 32u);
   EXPECT_EQ(k::kv_q8_block(8), 8u);
-  EXPECT_EQ(k::kv_q8_block(256, true), 256u);
   EXPECT_EQ(k::kv_row_bytes(KvType::kQ8, 256, 32), 256u + 16u);  // 17/32 of f16's 512
   EXPECT_EQ(k::kv_row_bytes(KvType::kF16, 256, 32), 512u);
 }

@@ -82,7 +82,6 @@ model::KvTypes kv_types_of(const std::string& k, const std::string& v) {
     const char* value = std::getenv(name);
     return value != nullptr && *value != '\0' && *value != '0';
   };
-  t.q8_per_head = set("KESTREL_KV_Q8_PER_HEAD");
   t.k_hadamard = set("KESTREL_KV_HADAMARD");
   return t;
 }

@@ -61,8 +61,8 @@ CLI::Option* add_decode_act_option(CLI::App& cmd, const std::string& name, std::
 /// -ctv onto them) to `cmd`'s model-loading group: the KV cache's element types, f16 (default),
 /// bf16 or q8 (q8_0 accepted).
 void add_kv_cache_options(CLI::App& cmd, std::string& k, std::string& v);
-/// The model::KvTypes those options name (for A/B measurements, KESTREL_KV_Q8_PER_HEAD=1: q8 with a
-/// scale per head; KESTREL_KV_HADAMARD=1: q8 K rotated). Throws kestrel::Error for a bad name.
+/// The model::KvTypes those options name (for A/B measurements, KESTREL_KV_HADAMARD=1: q8 heads
+/// rotated). Throws kestrel::Error for a bad name.
 model::KvTypes kv_types_of(const std::string& k, const std::string& v);
 
 /// The text of the file `path`, or of standard input for "-": a regular file, or a pipe, FIFO or

@@ -275,8 +275,7 @@ KvType parse_kv_type(const std::string& name, const std::string& option) {
   throw Error(option + ": unknown KV cache type '" + name + "' (f16, bf16 or q8)");
 }
 
-size_t kv_q8_block(size_t head_dim, bool per_head) {
-  if (per_head) return head_dim;
+size_t kv_q8_block(size_t head_dim) {
   size_t b = 32;
   while (b > 1 && head_dim % b != 0) b /= 2;
   return b;

@@ -24,8 +24,8 @@ const char* kv_type_name(KvType t);
 KvType parse_kv_type(const std::string& name, const std::string& option);
 
 /// Elements per q8 scale for a head of head_dim: the largest power of two <= 32 that divides it
-/// (32 for every Gemma head), or, with `per_head`, head_dim itself.
-size_t kv_q8_block(size_t head_dim, bool per_head = false);
+/// (32 for every Gemma head).
+size_t kv_q8_block(size_t head_dim);
 
 /// Bytes one cache row of `elems` elements takes in type t with q8 blocks of `block`: 2 per element
 /// (f16, bf16), or 1 per element plus 2 per block (q8).

@@ -11,20 +11,19 @@ namespace kestrel::model {
 
 namespace {
 
-KvTensor tensor_for(KvType type, const LayerCacheSpec& s, bool per_head) {
+KvTensor tensor_for(KvType type, const LayerCacheSpec& s) {
   KvTensor t;
   t.type = type;
   t.stride = s.stride;
   t.head_dim = s.head_dim != 0 ? s.head_dim : s.stride;
-  t.block = kernels::kv_q8_block(t.head_dim, per_head);
+  t.block = kernels::kv_q8_block(t.head_dim);
   return t;
 }
 
 }  // namespace
 
 std::string kv_types_name(const KvTypes& t) {
-  const std::string q8 = t.q8_per_head ? "q8 (a scale per head)" : "q8";
-  const auto name = [&](KvType x) { return x == KvType::kQ8 ? q8 : std::string(kernels::kv_type_name(x)); };
+  const auto name = [](KvType x) { return std::string(kernels::kv_type_name(x)); };
   const auto rotated = [&](KvType x) { return name(x) + (t.k_hadamard && x == KvType::kQ8 ? " (Hadamard-rotated)" : ""); };
   return t.k == t.v ? rotated(t.k) : "K " + rotated(t.k) + ", V " + rotated(t.v);
 }
@@ -78,8 +77,7 @@ kernels::KvHeadView KvTensor::head(size_t g, size_t hd) const {
 size_t KvCache::bytes_for(const std::vector<LayerCacheSpec>& specs, const KvTypes& types) {
   size_t total = 0;
   for (const auto& s : specs) {
-    total += s.capacity * (tensor_for(types.k, s, types.q8_per_head).slot_bytes() +
-                           tensor_for(types.v, s, types.q8_per_head).slot_bytes());
+    total += s.capacity * (tensor_for(types.k, s).slot_bytes() + tensor_for(types.v, s).slot_bytes());
   }
   return total;
 }
@@ -96,7 +94,7 @@ KvCache KvCache::allocate(size_t n_ctx, const std::vector<LayerCacheSpec>& specs
     lc.stride = s.stride;
     lc.window = s.window;
     for (auto [t, type] : {std::pair{&lc.k, types.k}, std::pair{&lc.v, types.v}}) {
-      *t = tensor_for(type, s, types.q8_per_head);
+      *t = tensor_for(type, s);
       t->rotated = type == KvType::kQ8 && types.k_hadamard;
       if (t->rotated && (t->head_dim & (t->head_dim - 1)) != 0) {
         throw Error("KV cache: the Hadamard rotation needs a power-of-two head size, not " +

@@ -20,9 +20,6 @@ using kernels::KvType;
 struct KvTypes {
   KvType k = KvType::kF16;
   KvType v = KvType::kF16;
-  /// q8: one scale per head (head_dim elements) instead of per block of 32 elements: less memory,
-  /// more error (docs/quantization.md measures both; KESTREL_KV_Q8_PER_HEAD=1 for A/B runs).
-  bool q8_per_head = false;
   /// q8 K and V: rotate each head by the Walsh-Hadamard matrix before rounding
   /// (kernels::hadamard_rotate; the attention rotates the queries alike and its outputs back).
   /// KESTREL_KV_HADAMARD=1 for A/B runs.
