@@ -334,6 +334,36 @@ BENCHMARK(PeakInt8Dot<0>)->Name("Compute/PeakInt8Dot")->UseRealTime();
 BENCHMARK(PeakInt8Dot<4>)->Name("Compute/PeakInt8Dot+4Fma")->UseRealTime();
 BENCHMARK(PeakInt8Dot<0, 4>)->Name("Compute/PeakInt8Dot+4Add")->UseRealTime();
 
+// The peak int8 multiply-accumulate rate of AVX2 as gemv_w4_int8's AVX2 path spends it: per
+// step 12 independent chains of vpmaddubsw (32 u8 x s8 products, summed in pairs to int16) each
+// added into its int16 accumulator by vpaddw, on registers only. The ceiling of the INT4 layers
+// with int8 activations on an AVX2-only CPU (Zen 1: vpmaddubsw ymm issues once per two cycles).
+__attribute__((target("avx2"))) double int8_dot_chains_avx2(size_t n) {
+  __m256i acc[12];
+  for (auto& a : acc) a = _mm256_setzero_si256();
+  __m256i a = _mm256_set1_epi8(1), b = _mm256_set1_epi8(2);
+  for (size_t i = 0; i < n; ++i) {
+    __asm__("" : "+x"(a), "+x"(b));  // no hoisting the products out of the loop
+    for (auto& x : acc) x = _mm256_add_epi16(x, _mm256_maddubs_epi16(a, b));
+  }
+  alignas(32) int16_t lanes[16];
+  double sum = 0;
+  for (const auto& x : acc) {
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), x);
+    for (int16_t l : lanes) sum += l;
+  }
+  return sum;
+}
+
+void PeakInt8DotAvx2(benchmark::State& state) {
+  if (!k::int8_isa_available(k::Int8Isa::kAvx2)) {
+    state.SkipWithError("this CPU has no AVX2");
+    return;
+  }
+  RunPeak(state, int8_dot_chains_avx2, 12 * 32);
+}
+BENCHMARK(PeakInt8DotAvx2)->Name("Compute/PeakInt8DotAvx2")->UseRealTime();
+
 // AMX-BF16's ceiling (the prefill tiles, gemm_w4_amx_bf16.h): four independent accumulator
 // tiles, each `tdpbf16ps` 16 x 16 x 32 multiply-adds on operands already in tiles.
 struct alignas(64) AmxConfig {

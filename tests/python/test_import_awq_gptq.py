@@ -400,7 +400,8 @@ def gptqmodel_quantize(dense, out, sym, fmt, desc_act=False):
     """GPTQModel's own GPTQ quantization of the tiny model (random calibration tokens), saved."""
     env = dict(os.environ, GPTQMODEL_CPU_WORKERS="2", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     p = subprocess.run([sys.executable, "-c", _GPTQMODEL_SCRIPT, str(dense), str(out), "sym" if sym else "asym", fmt,
-                        "desc_act" if desc_act else "-"], capture_output=True, text=True, timeout=900, env=env)
+                        "desc_act" if desc_act else "-"], capture_output=True, text=True, timeout=900, env=env,
+                       cwd=out.parent)  # GPTQModel writes a logs/ folder into its working directory
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     return out
 

@@ -1,5 +1,6 @@
 // kestrel run: one prompt in, the answer streamed out.
 #include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -71,7 +72,9 @@ std::optional<runtime::GrammarSpec> grammar_spec(const RunOptions& o) {
 }
 
 int run(const RunOptions& o) {
+  const auto load_start = std::chrono::steady_clock::now();
   runtime::Engine engine = o.model.load();
+  const double load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - load_start).count();
   o.sampling.load_draft(engine, o.model);
   std::vector<runtime::TokenId> prompt;
   if (!o.token_ids_file.empty()) {
@@ -128,6 +131,8 @@ int run(const RunOptions& o) {
     // drafts (one step a token), the read rate that decode_tok_s implies.
     const size_t read_bytes = engine.decode_read_bytes(engine.cache());
     j["decode_read_bytes"] = read_bytes;
+    // Opening the model file to a ready engine (mmap, load copies, tokenizer), milliseconds.
+    j["load_ms"] = load_ms;
     // The KV cache: its element types (--cache-type-k / -v), the bytes it holds for the whole
     // context, and the part of decode_read_bytes it is.
     j["kv_cache_type"] = model::kv_types_name(engine.cache().types());
@@ -139,6 +144,9 @@ int run(const RunOptions& o) {
     // Which products ran on int8 activations, and on which kernel (--decode-act).
     const size_t int8 = engine.model().info().int8_matrices;
     j["int8_matrices"] = int8;
+    // Memory beyond the file: the copies made at load (kernel layouts, conversions; issue 43).
+    j["load_copies_bytes"] =
+        engine.model().info().load_copy_bytes + (flash != nullptr ? flash->load_copy_bytes() : 0);
     j["int8_kernel"] = int8 > 0 ? nlohmann::json(kernels::int8_isa_name(kernels::best_int8_isa())) : nlohmann::json(nullptr);
     // The INT4 layers' prefill products (8+ tokens): "amx-bf16" with KESTREL_AMX=1 on a CPU that
     // has it (gemm_w4_amx_bf16.h), else the decode kernels' activations ("int8" or "bf16").

@@ -58,6 +58,8 @@ FlashHead::FlashHead(const gguf::File& file, const OutputHead& head) : head_(&he
     std::memcpy(&scale, blocks + b * 34, sizeof(scale));
     if ((scale & 0x7C00) == 0x7C00) throw Error("FlashHead: a centroid scale is not finite (corrupt image)");
   }
+  // Stage 1 reads the interleaved copy alone: the stored centroids leave the resident set.
+  file.release(*c);
   if (const gguf::TensorInfo* r = file.find_tensor(kRadiiTensor)) {
     if (r->type != gguf::TensorType::kF32 || r->shape != std::vector<uint64_t>{n_clusters_}) {
       throw Error(std::string("FlashHead: image tensor ") + kRadiiTensor + " must be F32 {" +
@@ -490,6 +492,11 @@ void FlashHead::certify(size_t n_rows, std::span<Candidates* const> out, ThreadP
     c.ids.resize(w);
     c.logits.resize(w);
   }
+}
+
+size_t FlashHead::load_copy_bytes() const {
+  return centroids_il_.codes.size() * sizeof(centroids_il_.codes[0]) +
+         centroids_il_.scales.size() * sizeof(centroids_il_.scales[0]);
 }
 
 size_t FlashHead::search_bytes(size_t probes) const {

@@ -128,6 +128,10 @@ class FlashHead {
   /// rows that probe the same cluster share its reading too, so this is the most a row adds.
   size_t search_row_bytes(size_t probes) const;
 
+  /// Bytes of the copy made at load: the centroids interleaved for stage 1 (the stored ones'
+  /// pages leave the resident set).
+  size_t load_copy_bytes() const;
+
   /// Stage 1 only: the cluster scores float32 [n_clusters] (for sampling and evaluation).
   void cluster_scores(const float* hidden, float* scores, ThreadPool& pool) const;
 

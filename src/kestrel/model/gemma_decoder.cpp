@@ -182,6 +182,7 @@ GemmaDecoder::GemmaDecoder(const gguf::File& file, const LoadOptions& options, T
   info_.context_length = c.context_length;
   info_.n_params = store_.n_params();
   info_.int8_matrices = store_.int8_matrices();
+  info_.load_copy_bytes = store_.load_copy_bytes();
   info_.decode_weight_bytes = ple_.model_proj.bytes();
   bool invariant = ple_.model_proj.data == nullptr || kernels::matmul_rows_invariant(ple_.model_proj);
   for (const Layer& l : layers_) {

@@ -31,6 +31,9 @@ struct ModelInfo {
   /// Matrices whose products take int8 activations (the int8 copies made at load: INT4 layers,
   /// Q8_0 layers, a dense Q8_0 head; kernels/gemv_w4_int8.h); 0 where activations stay bf16/float32.
   size_t int8_matrices = 0;
+  /// Bytes of the copies made at load (WeightStore::load_copy_bytes): kernel layouts, GGUF
+  /// conversions, float32 vectors. The file's mapped pages they replace leave the resident set.
+  size_t load_copy_bytes = 0;
   /// Bytes of the weights one decode step reads whatever the context: every layer matrix
   /// (kernels::Matrix::bytes) and the per-layer-input projection. Not counted: the output head
   /// (dense or FlashHead: runtime::Engine::decode_read_bytes adds it), the KV cache, and the

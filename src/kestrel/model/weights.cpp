@@ -15,7 +15,44 @@ std::string shape_string(const std::vector<uint64_t>& shape) {
   return s + "}";
 }
 
+template <typename T>
+size_t bytes_of(const std::vector<T>& v) {
+  return v.size() * sizeof(T);
+}
+
 }  // namespace
+
+size_t WeightStore::load_copy_bytes() const {
+  size_t n = 0;
+  for (const auto& v : owned_) n += bytes_of(v);
+  for (const auto& v : owned_16_) n += bytes_of(v);
+  for (const auto& v : owned_q8_0_) n += bytes_of(v);
+  for (const auto& w : owned_w4_) {
+    n += bytes_of(w.qs) + bytes_of(w.scales) + bytes_of(w.mins) + bytes_of(w.scales8) + bytes_of(w.mins8) +
+         bytes_of(w.row_scales);
+  }
+  for (const auto& il : owned_interleaved_) {
+    n += bytes_of(il.codes) + bytes_of(il.scales) + bytes_of(il.mins) + bytes_of(il.scales8) + bytes_of(il.mins8) +
+         bytes_of(il.row_d) + bytes_of(il.row_m);
+  }
+  for (const auto& il : owned_interleaved_int8_) {
+    n += bytes_of(il.codes) + bytes_of(il.scales) + bytes_of(il.mins) + bytes_of(il.scales8) + bytes_of(il.mins8) +
+         bytes_of(il.row_d) + bytes_of(il.row_m) + bytes_of(il.w8) + bytes_of(il.w8_scale);
+  }
+  for (const auto& il : owned_interleaved_q8_) n += bytes_of(il.codes) + bytes_of(il.scales);
+  return n;
+}
+
+void WeightStore::release(const gguf::TensorInfo& info) {
+  file_->release(info);
+  released_bytes_ += info.n_bytes;
+}
+
+void WeightStore::release_image_w4(const std::string& name) {
+  for (const char* suffix : {image::kQ4Suffix, image::kScalesSuffix, image::kMinsSuffix, image::kRowScalesSuffix}) {
+    if (const gguf::TensorInfo* t = file_->find_tensor(name + suffix)) release(*t);
+  }
+}
 
 const gguf::TensorInfo& WeightStore::checked(const std::string& name,
                                              std::vector<uint64_t> shape) {
@@ -150,7 +187,15 @@ kernels::Matrix WeightStore::with_interleaved(kernels::Matrix m) {
 }
 
 kernels::Matrix WeightStore::matrix(const std::string& name, size_t rows, size_t cols) {
-  if (image_) return with_interleaved(image_matrix(name, rows, cols));
+  if (image_) {
+    kernels::Matrix m = with_interleaved(image_matrix(name, rows, cols));
+    // The kernels read the copy alone from now on: the INT4 tensors' pages leave the resident
+    // set, so that the loaded model costs its file plus the copy's layout overhead, not both.
+    if (m.type == kernels::WeightType::kW4 && (m.interleaved_int8 != nullptr || m.interleaved != nullptr)) {
+      release_image_w4(name);
+    }
+    return m;
+  }
   if (options_.precision == Precision::kSource) return source_matrix(name, rows, cols);
   if (options_.precision == Precision::kAuto) return with_interleaved(converted(name, rows, cols));
   const auto& info = checked(name, {cols, rows});
@@ -209,7 +254,9 @@ kernels::Matrix WeightStore::converted(const std::string& name, size_t rows, siz
   switch (quant::kernel_form(info.type)) {
     case quant::KernelForm::kInt4:
       try {
-        return owned_w4_.emplace_back(quant::w4_from_gguf(info.type, bytes, rows, cols, *pool_)).view();
+        kernels::Matrix m = owned_w4_.emplace_back(quant::w4_from_gguf(info.type, bytes, rows, cols, *pool_)).view();
+        release(info);  // the GGUF's K-quant bytes are read once, here
+        return m;
       } catch (const Error&) {
         break;  // a Q4_K parameter past fp16's range: float32, as stored values
       }
@@ -218,6 +265,7 @@ kernels::Matrix WeightStore::converted(const std::string& name, size_t rows, siz
         kernels::Matrix m;
         m.type = kernels::WeightType::kQ8_0;
         m.data = owned_q8_0_.emplace_back(quant::q8_0_from_gguf(info.type, bytes, rows, cols, *pool_)).data();
+        release(info);  // converted once, here
         m.rows = rows;
         m.cols = cols;
         return m;

@@ -64,6 +64,12 @@ class WeightStore {
   size_t int8_matrices() const {
     return owned_interleaved_int8_.size() + owned_interleaved_q8_.size() + int8_row_matrices_;
   }
+  /// Bytes of the copies made at load (kernel layouts, conversions, float32 vectors): the
+  /// memory a loaded model holds beyond the file's mapped pages.
+  size_t load_copy_bytes() const;
+  /// Bytes of the file's tensors whose pages were dropped from the resident set after a load copy
+  /// replaced them (gguf::File::release; a later read faults them in again from the file).
+  size_t released_bytes() const { return released_bytes_; }
 
  private:
   // Whether `head` takes int8 activations: with_int8_head's condition.
@@ -82,6 +88,11 @@ class WeightStore {
   kernels::Matrix with_interleaved(kernels::Matrix m);
   const gguf::TensorInfo& image_tensor(const std::string& name, gguf::TensorType type,
                                        std::vector<uint64_t> shape);
+  // Drops the pages of the file's tensor from the resident set (a load copy replaced it).
+  void release(const gguf::TensorInfo& info);
+  // release() of an image matrix's INT4 tensors (codes, group parameters, row scales) once
+  // its interleaved copy is made: no kernel reads them after that.
+  void release_image_w4(const std::string& name);
 
   const gguf::File* file_;
   std::optional<image::ImageInfo> image_;
@@ -96,6 +107,7 @@ class WeightStore {
   std::deque<kernels::Q8Interleaved> owned_interleaved_q8_;
   size_t int8_row_matrices_ = 0;  // heads given int8_rows (with_int8_head_rows)
   size_t n_params_ = 0;
+  size_t released_bytes_ = 0;
 };
 
 }  // namespace kestrel::model

@@ -140,13 +140,15 @@ Tokenizer Tokenizer::from_gguf(const gguf::File& file) {
     std::transform(raw.begin(), raw.end(), tok.types_.begin(), to_token_type);
   }
 
-  tok.index_.reserve(n);
+  size_t slots = 16;
+  while (slots < 2 * n) slots *= 2;
+  tok.index_.assign(slots, -1);
   tok.control_.assign(n, 0);
   for (size_t i = 0; i < n; ++i) {
     const auto id = static_cast<TokenId>(i);
     std::string& piece = tok.pieces_[i];
     if (piece.empty()) piece = "[EMPTY_" + std::to_string(i) + "]";  // as llama.cpp
-    tok.index_[piece] = id;  // a later duplicate wins, as in llama.cpp's token_to_id
+    tok.index_piece(id);  // a later duplicate wins, as in llama.cpp's token_to_id
     const TokenType t = tok.types_[i];
     tok.control_[i] = t == TokenType::kControl || t == TokenType::kUnknown || forced_control(piece);
   }
@@ -163,9 +165,9 @@ Tokenizer Tokenizer::from_gguf(const gguf::File& file) {
   static constexpr char kHex[] = "0123456789ABCDEF";
   for (int b = 0; b < 256; ++b) {
     const std::string name = {'<', '0', 'x', kHex[b >> 4], kHex[b & 15], '>'};
-    auto it = tok.index_.find(name);
-    if (it == tok.index_.end()) it = tok.index_.find(std::string(1, static_cast<char>(b)));
-    tok.byte_tokens_[b] = it == tok.index_.end() ? -1 : it->second;
+    TokenId id = tok.lookup(name);
+    if (id < 0) id = tok.lookup(std::string(1, static_cast<char>(b)));
+    tok.byte_tokens_[b] = id;
   }
   tok.build_split_index();
   return tok;
@@ -296,9 +298,9 @@ void Tokenizer::tokenize_raw(std::string_view text, std::vector<TokenId>& out) c
   auto try_add = [&](int left, int right) {
     if (left < 0 || right < 0) return;
     const size_t size = symbols[left].n + symbols[right].n;
-    const auto it = index_.find(text.substr(symbols[left].offset, size));
-    if (it == index_.end()) return;
-    queue.push({left, right, scores_[it->second], size});
+    const TokenId id = lookup(text.substr(symbols[left].offset, size));
+    if (id < 0) return;
+    queue.push({left, right, scores_[id], size});
   };
   for (int i = 1; i < static_cast<int>(symbols.size()); ++i) try_add(i - 1, i);
 
@@ -318,9 +320,8 @@ void Tokenizer::tokenize_raw(std::string_view text, std::vector<TokenId>& out) c
 
   for (int i = symbols.empty() ? -1 : 0; i != -1; i = symbols[i].next) {
     const std::string_view piece = text.substr(symbols[i].offset, symbols[i].n);
-    const auto it = index_.find(piece);
-    if (it != index_.end()) {
-      out.push_back(it->second);
+    if (const TokenId id = lookup(piece); id >= 0) {
+      out.push_back(id);
       continue;
     }
     for (const char c : piece) out.push_back(byte_token(static_cast<uint8_t>(c)));
@@ -419,9 +420,30 @@ const std::string& Tokenizer::piece(TokenId id) const {
 }
 
 std::optional<TokenId> Tokenizer::find(std::string_view piece) const {
-  const auto it = index_.find(piece);
-  if (it == index_.end()) return std::nullopt;
-  return it->second;
+  const TokenId id = lookup(piece);
+  if (id < 0) return std::nullopt;
+  return id;
+}
+
+TokenId Tokenizer::lookup(std::string_view piece) const {
+  if (index_.empty()) return -1;
+  const size_t mask = index_.size() - 1;
+  for (size_t slot = std::hash<std::string_view>{}(piece) & mask;; slot = (slot + 1) & mask) {
+    const TokenId id = index_[slot];
+    if (id < 0 || pieces_[static_cast<size_t>(id)] == piece) return id;
+  }
+}
+
+void Tokenizer::index_piece(TokenId id) {
+  const std::string& piece = pieces_[static_cast<size_t>(id)];
+  const size_t mask = index_.size() - 1;
+  for (size_t slot = std::hash<std::string_view>{}(piece) & mask;; slot = (slot + 1) & mask) {
+    TokenId& at = index_[slot];
+    if (at < 0 || pieces_[static_cast<size_t>(at)] == piece) {
+      at = id;
+      return;
+    }
+  }
 }
 
 // --- Streaming ------------------------------------------------------------------------------

@@ -19,7 +19,6 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 #include "kestrel/formats/gguf.h"
@@ -65,11 +64,6 @@ class Tokenizer {
   std::vector<TokenId> stop_tokens() const;
 
  private:
-  /// Transparent hash so that string_views can be looked up without building a std::string.
-  struct PieceHash {
-    using is_transparent = void;
-    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
-  };
   /// One node of the trie over the split tokens (first-child / next-sibling links).
   struct TrieNode {
     int32_t first_child = -1;
@@ -96,7 +90,12 @@ class Tokenizer {
   std::vector<float> scores_;
   std::vector<TokenType> types_;
   std::vector<uint8_t> control_;  // 1: control, unknown, or an EOG text llama.cpp forces
-  std::unordered_map<std::string, TokenId, PieceHash, std::equal_to<>> index_;
+  /// Exact piece -> id lookup: open addressing over ids (linear probing, -1 empty, a power of
+  /// two at least twice the vocabulary), keys compared against pieces_, so the 262,144 pieces of
+  /// Gemma's vocabulary are not copied into a second container at load.
+  std::vector<TokenId> index_;
+  TokenId lookup(std::string_view piece) const;  // -1 when no piece is `piece`
+  void index_piece(TokenId id);                  // a later duplicate replaces the earlier id
   std::vector<TokenId> split_tokens_;  // control, unknown and user-defined tokens, longest first
   std::vector<TrieNode> trie_;         // over split_tokens_; node 0 is the root
   TokenId byte_tokens_[256] = {};
