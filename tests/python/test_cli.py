@@ -334,6 +334,30 @@ def test_decode_read_bytes_of_the_flashhead_image():
     check_decode_read_bytes(image, need_flash=True)
 
 
+def test_load_copies_bytes_of_the_flashhead_image():
+    """`run --json`'s load_copies_bytes (issue 43) is the copies the kernels' layouts need, as the
+    gguf package sizes the image's tensors: each INT4 layer matrix's int8 copy holds its codes and
+    16-bit group parameters in another order (as many bytes as its .q4, .scales and .mins), and
+    stage 1's centroids become int8 codes with a float32 scale per 32 (n_clusters x d_model x
+    (1 + 4 / 32) bytes). Every float vector of the image is float32 and read in place."""
+    import gguf
+    image = Path.home() / ".cache" / "kestrel" / "images" / "gemma-3-270m-w4a16-flashhead.kimg"
+    if not image.exists():
+        pytest.skip("no cached default image (the Quick start's first command builds it)")
+    tensors = {t.name: t for t in gguf.GGUFReader(str(image)).tensors}
+    if any(n.endswith(".row_scales") for n in tensors):
+        pytest.skip("an image with 8-bit group parameters (its copy widens the row scales to float32)")
+    layers = sum(int(t.n_bytes) for n, t in tensors.items()
+                 if n.startswith("blk.") and n.endswith((".q4", ".scales", ".mins")))
+    c = tensors["flashhead.centroids"]
+    n_clusters, d = int(c.shape[1]), int(c.shape[0])
+    r = kestrel("run", "-m", image, "--raw", "-p", "Hello", "-n", 1, "--temp", 0, "--json")
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    assert j["load_copies_bytes"] == layers + n_clusters * d + n_clusters * d // 32 * 4
+    assert j["load_ms"] > 0
+
+
 def check_decode_read_bytes(image, need_flash=False):
     """`run --json`'s decode_read_bytes is what the image's tensors and the KV cache add up to, as
     the gguf package reads them: every layer matrix's tensors (codes and group parameters), the
