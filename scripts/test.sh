@@ -33,7 +33,7 @@ fi
 stage "Python package: pip install . (build-py-*; the release build's objects from ccache, docs/python.md)"
 scripts/install_python_package.sh --config-settings=cmake.define.KESTREL_WERROR=ON
 stage "pytest: the CLI as a user runs it"
-python3 -m pytest -q tests/python
+python3 -m pytest -q --durations=15 tests/python
 
 stage "ASan + UBSan build of the unit tests"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DKESTREL_SANITIZE=ON -DKESTREL_WERROR=ON >/dev/null
