@@ -9,6 +9,7 @@
 #include "kestrel/formats/dequant.h"
 #include "kestrel/kernels/gemm_bf16.h"
 #include "kestrel/kernels/gemm_w4_amx_bf16.h"
+#include "kestrel/kernels/gemv_q8_interleaved.h"
 #include "kestrel/kernels/int8_isa.h"
 #include "kestrel/kernels/matmul.h"
 #include "kestrel/model/attention.h"
@@ -41,7 +42,8 @@ ThreadPool& pool() {
 // ffn_gate); tokens = state.range(1).
 // int8_rows: a Q8_0 or INT4 matrix computed with int8 activations from its rows as stored
 // (k::Matrix::int8_rows: a FlashHead image's head, an INT4 head).
-void Run(benchmark::State& state, k::WeightType type, size_t cols = 640, bool int8_rows = false) {
+void Run(benchmark::State& state, k::WeightType type, size_t cols = 640, bool int8_rows = false,
+         bool interleaved = false) {
   const size_t rows = static_cast<size_t>(state.range(0));
   const size_t n = static_cast<size_t>(state.range(1));
   const auto w = gaussian(rows * cols);
@@ -50,6 +52,7 @@ void Run(benchmark::State& state, k::WeightType type, size_t cols = 640, bool in
   kestrel::quant::W4Matrix q4;
   std::vector<uint16_t> b16;
   std::vector<uint8_t> q8;
+  k::Q8Interleaved q8il;
   k::Matrix m{type, nullptr, rows, cols};
   switch (type) {
     case k::WeightType::kF32: m.data = w.data(); break;
@@ -73,6 +76,7 @@ void Run(benchmark::State& state, k::WeightType type, size_t cols = 640, bool in
       }
       m.data = q8.data();
       m.int8_rows = int8_rows;
+      if (interleaved) q8il = k::interleave_q8_0(m, &pool()), m.interleaved_q8 = &q8il;
       break;
   }
   for (auto _ : state) {
@@ -90,6 +94,7 @@ void W4(benchmark::State& s) { Run(s, k::WeightType::kW4); }
 void BF16(benchmark::State& s) { Run(s, k::WeightType::kBF16); }
 void Q8_0(benchmark::State& s) { Run(s, k::WeightType::kQ8_0); }
 void Q8_0Int8Rows(benchmark::State& s) { Run(s, k::WeightType::kQ8_0, 640, true); }
+void Q8_0Interleaved(benchmark::State& s) { Run(s, k::WeightType::kQ8_0, 640, false, true); }
 void W4Cols(benchmark::State& s) { Run(s, k::WeightType::kW4, static_cast<size_t>(s.range(2))); }
 void W4Int8Rows(benchmark::State& s) { Run(s, k::WeightType::kW4, static_cast<size_t>(s.range(2)), true); }
 
@@ -110,6 +115,10 @@ BENCHMARK(W4Int8Rows)->Name("Head/W4Int8Rows")->Args({65536, 1, 2560})->Args({65
 // the layer GEMV over 2-7 tokens, and FlashHead's stage 1 (16384 Q8_0 centroids) over 1-4 rows.
 BENCHMARK(W4)->Name("Batch/W4")->Args({2048, 1})->Args({2048, 2})->Args({2048, 4})->Args({2048, 7})->UseRealTime();
 BENCHMARK(Q8_0)->Name("Batch/Q8_0")->Args({16384, 1})->Args({16384, 2})->Args({16384, 4})->UseRealTime();
+// The Q8_0 head's many-row products (FlashHead's stage 1 over the centroids, the dense head of
+// scoring and perplexity in chunks of 64 tokens): the interleaved copy and the rows as stored.
+BENCHMARK(Q8_0Interleaved)->Name("Batch/Q8_0Interleaved")->Args({16384, 1})->Args({16384, 4})->Args({16384, 8})->Args({16384, 16})->Args({65536, 64})->UseRealTime();
+BENCHMARK(Q8_0Int8Rows)->Name("Batch/Q8_0Int8Rows")->Args({16384, 4})->Args({16384, 8})->Args({16384, 16})->Args({65536, 64})->UseRealTime();
 // Prefill: 256 tokens (one forward chunk).
 BENCHMARK(F32)->Name("Prefill/F32")->Args({2048, 256})->UseRealTime();
 BENCHMARK(W4)->Name("Prefill/W4")->Args({2048, 256})->UseRealTime();

@@ -39,7 +39,8 @@ TEST(Q8Interleaved, VnniAndPortablePathsAgreeAndEqualTheStatedFormula) {
     const auto bytes = random_q8_0(rows, cols, rows + cols);
     const k::Matrix m = q8_0_view(bytes, rows, cols);
     const k::Q8Interleaved il = k::interleave_q8_0(m);
-    const size_t n_max = 7;
+    // 1..19 tokens: every tile size of both paths (4 a pass on AVX2, 8 on AVX512-VNNI) and passes after a full one.
+    const size_t n_max = 19;
     const auto x = edge_activations(n_max, cols, 3 * rows);
     k::Q8Activations xq;
     k::quantize_q8_activations(x.data(), n_max, cols, cols, xq);

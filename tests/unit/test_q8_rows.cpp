@@ -28,7 +28,8 @@ TEST(Q8Rows, EveryPathWritesTheInterleavedKernelsBits) {
     SCOPED_TRACE(std::to_string(rows) + "x" + std::to_string(cols));
     const auto bytes = random_q8_0(rows, cols, 7 * rows + cols);
     const k::Matrix m = q8_0_view(bytes, rows, cols);
-    const size_t n = 5;
+    // 21 tokens: from 8 the AVX512-VNNI path interleaves 16 rows at a time on the fly.
+    const size_t n = 21;
     const auto x = edge_activations(n, cols, rows);
     k::Q8Activations xq;
     k::quantize_q8_activations(x.data(), n, cols, cols, xq);
@@ -46,7 +47,7 @@ TEST(Q8Rows, EveryPathWritesTheInterleavedKernelsBits) {
       SCOPED_TRACE(k::int8_isa_name(isa));
       // Row ranges that cut the 8-row passes, token ranges that skip the first tokens.
       for (auto [r0, r1] : std::vector<std::pair<size_t, size_t>>{{0, rows}, {3, rows}, {1, rows - 1}, {rows - 1, rows}}) {
-        for (auto [t0, t1] : std::vector<std::pair<size_t, size_t>>{{0, n}, {2, 3}, {4, 5}}) {
+        for (auto [t0, t1] : std::vector<std::pair<size_t, size_t>>{{0, n}, {2, 3}, {4, 5}, {3, 12}, {1, 20}}) {
           std::vector<float> y((t1 - t0) * rows, -1.0f);
           k::gemv_q8_rows_on(isa, m, xq, t0, t1, y.data(), rows, r0, r1);
           for (size_t t = t0; t < t1; ++t) {

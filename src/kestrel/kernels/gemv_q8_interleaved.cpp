@@ -17,12 +17,24 @@ namespace {
 constexpr size_t kBlock = 16;        // rows per interleaved block
 constexpr size_t kQ8 = 32;           // columns per Q8_0 block
 constexpr size_t kQ8Bytes = 34;      // fp16 scale + 32 int8 codes
-constexpr size_t kMaxTileTokens = 4; // tokens per pass over a block
+constexpr size_t kMaxTileTokens = 4; // tokens per pass over a block (AVX2)
+// AVX512-VNNI: 8 tokens a pass share each code load and block scale (32 registers hold 8 tokens'
+// two chains and sums); the same bits, per token, as 4.
+constexpr size_t kMaxTileTokensVnni = 8;
 constexpr size_t kPrefetchBytes = 1024;
 
 #ifdef KESTREL_HAVE_VNNI
 
-// Block `block`'s 16 rows for NT tokens (1..4) of x, starting at token t0, into out[t][0..16).
+// Four int8 values as one 32-bit lane broadcast to all 16, loaded by the broadcast itself
+// (vpbroadcastd zmm, m32: a load port). Eight bytes read at once and split in general
+// registers were broadcast from a register, a uop on the port that also runs vpdpbusd.
+KESTREL_VNNI_TARGET inline __m512i broadcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return _mm512_set1_epi32(v);
+}
+
+// Block `block`'s 16 rows for NT tokens (1..8) of x, starting at token t0, into out[t][0..16).
 template <size_t NT>
 KESTREL_VNNI_TARGET void block16(const Q8Interleaved& il, size_t block, const Q8Activations& x, size_t t0,
                                  float (*out)[kBlock]) {
@@ -49,10 +61,8 @@ KESTREL_VNNI_TARGET void block16(const Q8Interleaved& il, size_t block, const Q8
       _mm_prefetch(reinterpret_cast<const char*>(at + 64 + kPrefetchBytes), _MM_HINT_T0);
       const __m512i w0 = _mm512_loadu_si512(at), w1 = _mm512_loadu_si512(at + 64);
       for (size_t t = 0; t < NT; ++t) {
-        int32_t x4[2];
-        std::memcpy(x4, xq[t] + b * kQ8 + 4 * j, sizeof(x4));
-        even[t] = _mm512_dpbusd_epi32(even[t], w0, _mm512_set1_epi32(x4[0]));
-        odd[t] = _mm512_dpbusd_epi32(odd[t], w1, _mm512_set1_epi32(x4[1]));
+        even[t] = _mm512_dpbusd_epi32(even[t], w0, broadcast4(xq[t] + b * kQ8 + 4 * j));
+        odd[t] = _mm512_dpbusd_epi32(odd[t], w1, broadcast4(xq[t] + b * kQ8 + 4 * j + 4));
       }
     }
     const __m512 s = _mm512_loadu_ps(scales + b * kBlock);
@@ -67,6 +77,10 @@ KESTREL_VNNI_TARGET void block16(const Q8Interleaved& il, size_t block, const Q8
 void block_tokens(const Q8Interleaved& il, size_t block, const Q8Activations& x, size_t t0, size_t n,
                   float (*out)[kBlock]) {
   switch (n) {
+    case 8: return block16<8>(il, block, x, t0, out);
+    case 7: return block16<7>(il, block, x, t0, out);
+    case 6: return block16<6>(il, block, x, t0, out);
+    case 5: return block16<5>(il, block, x, t0, out);
     case 4: return block16<4>(il, block, x, t0, out);
     case 3: return block16<3>(il, block, x, t0, out);
     case 2: return block16<2>(il, block, x, t0, out);
@@ -157,6 +171,25 @@ float row_result(const Q8Interleaved& il, const Q8Activations& x, size_t t, size
   return acc;
 }
 
+// Row `row` (a Q8_0 row of nb blocks) as row i of an interleaved block: columns 4 j .. 4 j + 3
+// at bytes 4 i .. 4 i + 3 of quad j, each code + 128 (a byte's top bit flipped: four at once),
+// and its block scales as float32 at scales[b * 16 + i].
+void interleave_row(const uint8_t* row, size_t nb, size_t i, uint8_t* codes, float* scales) {
+  uint8_t* dst = codes + 4 * i;
+  for (size_t b = 0; b < nb; ++b) {
+    const uint8_t* q8 = row + b * kQ8Bytes;
+    uint16_t half = 0;
+    std::memcpy(&half, q8, sizeof(half));
+    scales[b * kBlock + i] = gguf::fp16_to_fp32(half);
+    for (size_t j = 0; j < kQ8 / 4; ++j) {
+      uint32_t four;
+      std::memcpy(&four, q8 + 2 + 4 * j, 4);
+      four ^= 0x80808080u;
+      std::memcpy(&dst[(b * kQ8 / 4 + j) * 64], &four, 4);
+    }
+  }
+}
+
 }  // namespace
 
 bool vnni_available() { return int8_isa_available(Int8Isa::kAvx512Vnni); }
@@ -171,26 +204,9 @@ Q8Interleaved interleave_q8_0(const Matrix& w, ThreadPool* pool) {
   const size_t quads = w.cols / 4, nb = w.cols / kQ8, blocks = il.padded_rows() / kBlock;
   il.codes.assign(blocks * quads * 64, 128);  // padding rows: code 0
   il.scales.assign(blocks * nb * kBlock, 0.0f);
-  // Rows [r0, r1): row i of a block puts columns 4 j .. 4 j + 3 at bytes 4 i .. 4 i + 3 of quad j,
-  // each code + 128 (a byte's top bit flipped: four at once).
   auto rows = [&](size_t r0, size_t r1) {
-    for (size_t r = r0; r < r1; ++r) {
-      const size_t block = r / kBlock, i = r % kBlock;
-      const uint8_t* row = w.row(r);
-      uint8_t* dst = &il.codes[block * quads * 64 + 4 * i];
-      for (size_t b = 0; b < nb; ++b) {
-        const uint8_t* q8 = row + b * kQ8Bytes;
-        uint16_t half = 0;
-        std::memcpy(&half, q8, sizeof(half));
-        il.scales[(block * nb + b) * kBlock + i] = gguf::fp16_to_fp32(half);
-        for (size_t j = 0; j < kQ8 / 4; ++j) {
-          uint32_t four;
-          std::memcpy(&four, q8 + 2 + 4 * j, 4);
-          four ^= 0x80808080u;
-          std::memcpy(&dst[(b * kQ8 / 4 + j) * 64], &four, 4);
-        }
-      }
-    }
+    for (size_t r = r0; r < r1; ++r) interleave_row(w.row(r), nb, r % kBlock, &il.codes[r / kBlock * quads * 64],
+                                                    &il.scales[r / kBlock * nb * kBlock]);
   };
   // Split by whole blocks of 16 rows: a block's rows share each 64-byte quad, so no two threads
   // write the same cache line.
@@ -200,6 +216,33 @@ Q8Interleaved interleave_q8_0(const Matrix& w, ThreadPool* pool) {
     rows(0, w.rows);
   }
   return il;
+}
+
+void gemv_q8_rows_block16_vnni(const Matrix& w, size_t row0, const Q8Activations& x, size_t t_begin, size_t t_end,
+                               float* y, size_t y_stride) {
+  if (!vnni_available()) throw Error("gemv_q8_rows_block16_vnni: AVX512-VNNI is not available");
+  if (w.type != WeightType::kQ8_0 || w.cols != x.cols || w.cols % kQ8 != 0) {
+    throw Error("gemv_q8_rows_block16_vnni: not a Q8_0 matrix of the activations' columns");
+  }
+  if (row0 > w.rows || w.rows - row0 < kBlock) throw Error("gemv_q8_rows_block16_vnni: rows past the matrix");
+  if (t_begin > t_end || t_end > x.n_tokens) throw Error("gemv_q8_rows_block16_vnni: tokens past the activations");
+#ifdef KESTREL_HAVE_VNNI
+  const size_t nb = w.cols / kQ8;
+  thread_local Q8Interleaved il;
+  il.rows = kBlock;
+  il.cols = w.cols;
+  il.codes.resize(w.cols / 4 * 64);
+  il.scales.resize(nb * kBlock);
+  for (size_t i = 0; i < kBlock; ++i) interleave_row(w.row(row0 + i), nb, i, il.codes.data(), il.scales.data());
+  float out[kMaxTileTokensVnni][kBlock];
+  for (size_t t0 = t_begin; t0 < t_end; t0 += kMaxTileTokensVnni) {
+    const size_t n = std::min(kMaxTileTokensVnni, t_end - t0);
+    block_tokens(il, 0, x, t0, n, out);
+    for (size_t t = 0; t < n; ++t) std::copy_n(out[t], kBlock, y + (t0 + t - t_begin) * y_stride);
+  }
+#else
+  (void)y, (void)y_stride;
+#endif
 }
 
 void quantize_q8_activations(const float* x, size_t n_tokens, size_t x_stride, size_t cols, Q8Activations& out) {
@@ -256,11 +299,12 @@ void gemv_q8_interleaved_on(Int8Isa isa, const Q8Interleaved& il, const Q8Activa
 #ifdef KESTREL_HAVE_VNNI
   if (isa != Int8Isa::kPortable) {
     check(il, x, row_end);
-    float out[kMaxTileTokens][kBlock];
+    float out[kMaxTileTokensVnni][kBlock];
+    const size_t tile = isa == Int8Isa::kAvx512Vnni ? kMaxTileTokensVnni : kMaxTileTokens;
     for (size_t blk = row_begin / kBlock; blk * kBlock < row_end; ++blk) {
       const size_t lo = std::max(row_begin, blk * kBlock), hi = std::min(row_end, (blk + 1) * kBlock);
-      for (size_t t0 = 0; t0 < x.n_tokens; t0 += kMaxTileTokens) {
-        const size_t n = std::min(kMaxTileTokens, x.n_tokens - t0);
+      for (size_t t0 = 0; t0 < x.n_tokens; t0 += tile) {
+        const size_t n = std::min(tile, x.n_tokens - t0);
         if (isa == Int8Isa::kAvx512Vnni) {
           block_tokens(il, blk, x, t0, n, out);
         } else {

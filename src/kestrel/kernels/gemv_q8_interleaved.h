@@ -69,6 +69,15 @@ float gemv_q8_interleaved_row(const Q8Interleaved& il, const Q8Activations& x, s
 void gemv_q8_interleaved_scalar(const Q8Interleaved& il, const Q8Activations& x, float* y, size_t y_stride,
                                 size_t row_begin, size_t row_end);
 
+/// Rows [row0, row0 + 16) of the Q8_0 matrix `w` as stored, for tokens [t_begin, t_end) of x:
+/// y[(t - t_begin) * y_stride + r - row0], the bits gemv_q8_interleaved writes, through an
+/// interleaved copy of those 16 rows made here (a thread's buffer, reused). For products of
+/// many tokens over a matrix that has no interleaved copy (gemv_q8_rows.h: the rows kernel's
+/// horizontal sums cost more per token than the copy of 16 rows). AVX512-VNNI only: throws
+/// kestrel::Error where vnni_available() is false, past the rows or the tokens.
+void gemv_q8_rows_block16_vnni(const Matrix& w, size_t row0, const Q8Activations& x, size_t t_begin, size_t t_end,
+                               float* y, size_t y_stride);
+
 /// True when the CPU runs AVX512-VNNI (and AVX512-BW) and KESTREL_NO_VNNI is not set.
 bool vnni_available();
 
