@@ -32,23 +32,28 @@ void apply_softcap(float* z, size_t n, float cap) {
   if (cap > 0.0f) kernels::softcap(z, n, cap);
 }
 
-void dense_logits(const OutputHead& head, const float* hidden, size_t n_rows, float* logits,
-                  ThreadPool& pool) {
+void dense_logits_row_order(const OutputHead& head, const float* hidden, size_t n_rows, float* logits,
+                            ThreadPool& pool) {
   const size_t v = head.n_vocab(), d = head.weight.cols;
-  if (head.row_tokens.empty()) {
-    kernels::matmul(head.weight, hidden, n_rows, d, logits, v, pool);
-  } else {
-    std::vector<float> by_row(n_rows * v);
-    kernels::matmul(head.weight, hidden, n_rows, d, by_row.data(), v, pool);
-    for (size_t t = 0; t < n_rows; ++t) {
-      for (size_t r = 0; r < v; ++r) {
-        logits[t * v + static_cast<size_t>(head.row_tokens[r])] = by_row[t * v + r];
-      }
-    }
-  }
+  kernels::matmul(head.weight, hidden, n_rows, d, logits, v, pool);
   // Over the logits, not the rows: a decode step's one row of 262,144 is the whole job.
   pool.parallel_for(n_rows * v, 1 << 14, [&](size_t b, size_t e) {
     apply_softcap(logits + b, e - b, head.final_softcap);
+  });
+}
+
+void dense_logits(const OutputHead& head, const float* hidden, size_t n_rows, float* logits,
+                  ThreadPool& pool) {
+  if (head.row_tokens.empty()) return dense_logits_row_order(head, hidden, n_rows, logits, pool);
+  const size_t v = head.n_vocab();
+  std::vector<float> by_row(n_rows * v);
+  dense_logits_row_order(head, hidden, n_rows, by_row.data(), pool);
+  // Back to token order, split over the threads (a permutation: no two write one logit).
+  pool.parallel_for(n_rows * v, 1 << 14, [&](size_t b, size_t e) {
+    for (size_t i = b; i < e; ++i) {
+      const size_t t = i / v, r = i % v;
+      logits[t * v + static_cast<size_t>(head.row_tokens[r])] = by_row[i];
+    }
   });
 }
 

@@ -43,6 +43,13 @@ void apply_softcap(float* z, size_t n, float cap);
 void dense_logits(const OutputHead& head, const float* hidden, size_t n_rows, float* logits,
                   ThreadPool& pool);
 
+/// dense_logits in the head's row order: logits[t, r] = softcap(W[r] . hidden[t]), the logit of
+/// token row_tokens[r] (of token r where row_tokens is empty), the same bits. For consumers that
+/// need no token order (a log-softmax, a rank, a top-n: prompt scoring), which then skip the
+/// permutation of every row. Shapes as dense_logits.
+void dense_logits_row_order(const OutputHead& head, const float* hidden, size_t n_rows, float* logits,
+                            ThreadPool& pool);
+
 /// Exact logits of the listed tokens only: logits[i] = softcap(W[row_of(tokens[i])] . hidden),
 /// bit-identical to dense_logits' value for that token (the same per-row arithmetic). For a
 /// grammar that allows few tokens (runtime/grammar.h). hidden: float32 [d_model]; logits:

@@ -74,6 +74,50 @@ KESTREL_VNNI_TARGET void block16(const Q8Interleaved& il, size_t block, const Q8
   for (size_t t = 0; t < NT; ++t) _mm512_storeu_ps(out[t], acc[t]);
 }
 
+// Rows row0 .. row0 + 15 of a Q8_0 matrix (row_bytes apart, nb blocks) as one interleaved
+// block: interleave_row's bytes for all 16, by a 16 x 8 transpose of 32-bit words per block.
+// Rows i and i + 8 share a register (low and high 256 bits); two rounds of unpacks put, in each
+// 128-bit lane, one word of four rows side by side, and a two-source permute gathers quad j's
+// 16 words (rows 0-15) in order. The 16 block scales are gathered and widened by vcvtph2ps.
+KESTREL_VNNI_TARGET void interleave_block16_avx512(const uint8_t* row0, size_t row_bytes, size_t nb, uint8_t* codes,
+                                                   float* scales) {
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  const __m512i offsets = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                             _mm512_set1_epi32(static_cast<int>(row_bytes)));
+  // Quad j = 4 h + m (h: first or second 128-bit lane of a row's 32 bytes, m: word in the lane)
+  // takes qwords (2h, 2h + 1) and (2h + 4, 2h + 5) of u_m (rows 0-3 | 8-11) and of u_{m+4}
+  // (rows 4-7 | 12-15): [u_m.lane h, u_{m+4}.lane h, u_m.lane h+2, u_{m+4}.lane h+2].
+  const __m512i pick[2] = {_mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13), _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15)};
+  for (size_t b = 0; b < nb; ++b) {
+    const uint8_t* at = row0 + b * kQ8Bytes;
+    __m512i z[8];
+    for (size_t i = 0; i < 8; ++i) {
+      const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at + i * row_bytes + 2));
+      const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at + (i + 8) * row_bytes + 2));
+      z[i] = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1), flip);
+    }
+    __m512i t[8], u[8];
+    for (size_t k = 0; k < 4; ++k) {  // rows (2k, 2k + 1): words interleaved
+      t[2 * k] = _mm512_unpacklo_epi32(z[2 * k], z[2 * k + 1]);
+      t[2 * k + 1] = _mm512_unpackhi_epi32(z[2 * k], z[2 * k + 1]);
+    }
+    for (size_t g = 0; g < 2; ++g) {  // rows 4g .. 4g + 3: lane L of u[4g + m] = their word 4L + m
+      u[4 * g + 0] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
+      u[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
+      u[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+      u[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+    }
+    for (size_t h = 0; h < 2; ++h) {
+      for (size_t m = 0; m < 4; ++m) {
+        _mm512_storeu_si512(codes + (b * (kQ8 / 4) + 4 * h + m) * 64, _mm512_permutex2var_epi64(u[m], pick[h], u[m + 4]));
+      }
+    }
+    // Each row's fp16 scale: the low half of a 32-bit gather at the block's start.
+    const __m512i words = _mm512_i32gather_epi32(offsets, at, 1);
+    _mm512_storeu_ps(scales + b * kBlock, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(words)));
+  }
+}
+
 void block_tokens(const Q8Interleaved& il, size_t block, const Q8Activations& x, size_t t0, size_t n,
                   float (*out)[kBlock]) {
   switch (n) {
@@ -233,7 +277,7 @@ void gemv_q8_rows_block16_vnni(const Matrix& w, size_t row0, const Q8Activations
   il.cols = w.cols;
   il.codes.resize(w.cols / 4 * 64);
   il.scales.resize(nb * kBlock);
-  for (size_t i = 0; i < kBlock; ++i) interleave_row(w.row(row0 + i), nb, i, il.codes.data(), il.scales.data());
+  interleave_block16_avx512(w.row(row0), w.row_bytes(), nb, il.codes.data(), il.scales.data());
   float out[kMaxTileTokensVnni][kBlock];
   for (size_t t0 = t_begin; t0 < t_end; t0 += kMaxTileTokensVnni) {
     const size_t n = std::min(kMaxTileTokensVnni, t_end - t0);

@@ -16,8 +16,7 @@ StepLogprobs compute_logprobs(std::span<const float> logits, TokenId chosen, siz
 StepLogprobs compute_logprobs(std::span<const float> logits, std::span<const TokenId> ids,
                               TokenId chosen, size_t n_top) {
   if (logits.empty()) throw Error("logprobs: empty logits");
-  // Position i holds token id_of(i); `chosen` sits at position `at`.
-  auto id_of = [&](size_t i) { return ids.empty() ? static_cast<TokenId>(i) : ids[i]; };
+  // Position i holds token ids[i] (i where ids is empty); `chosen` sits at position `at`.
   size_t at = 0;
   if (ids.empty()) {
     if (chosen < 0 || static_cast<size_t>(chosen) >= logits.size()) {
@@ -29,6 +28,16 @@ StepLogprobs compute_logprobs(std::span<const float> logits, std::span<const Tok
     if (it == ids.end()) throw Error("logprobs: token " + std::to_string(chosen) + " is not a candidate");
     at = static_cast<size_t>(it - ids.begin());
   }
+  return compute_logprobs_at(logits, ids, at, n_top);
+}
+
+StepLogprobs compute_logprobs_at(std::span<const float> logits, std::span<const TokenId> ids, size_t at,
+                                 size_t n_top) {
+  if (at >= logits.size() || (!ids.empty() && ids.size() != logits.size())) {
+    throw Error("logprobs: position " + std::to_string(at) + " outside " + std::to_string(logits.size()) + " logits");
+  }
+  auto id_of = [&](size_t i) { return ids.empty() ? static_cast<TokenId>(i) : ids[i]; };
+  const TokenId chosen = id_of(at);
   // Stable log-sum-exp: max first, then the sum of exp(l - max) in double.
   float max_logit = logits[0];
   for (float l : logits) max_logit = std::max(max_logit, l);

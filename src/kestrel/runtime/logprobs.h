@@ -33,4 +33,10 @@ StepLogprobs compute_logprobs(std::span<const float> logits, TokenId chosen, siz
 StepLogprobs compute_logprobs(std::span<const float> logits, std::span<const TokenId> ids,
                               TokenId chosen, size_t n_top);
 
+/// The same with the chosen token given by its position `at` in logits (token ids[at], or at
+/// where ids is empty): no search of ids (a dense row in the head's row order: prompt scoring).
+/// Throws kestrel::Error when `at` is past the logits.
+StepLogprobs compute_logprobs_at(std::span<const float> logits, std::span<const TokenId> ids, size_t at,
+                                 size_t n_top);
+
 }  // namespace kestrel::runtime

@@ -1,6 +1,7 @@
 #include "kestrel/runtime/prompt_scoring.h"
 
 #include <algorithm>
+#include <string>
 
 #include "kestrel/base/error.h"
 #include "kestrel/head/output_head.h"
@@ -18,6 +19,7 @@ PromptScores score_tokens(Session& session, std::span<const TokenId> tokens, con
   Engine& engine = session.engine();
   const model::Model& model = engine.model();
   const size_t d_model = model.info().d_model, n_vocab = model.info().n_vocab;
+  const head::OutputHead& head = model.output_head();
   const size_t ubatch = std::max<size_t>(1, model.max_batch_tokens());
   const size_t per_pass = std::max<size_t>(1, options.rows_per_pass);
   out.steps.resize(tokens.size() - 1);
@@ -31,13 +33,20 @@ PromptScores score_tokens(Session& session, std::span<const TokenId> tokens, con
     const size_t scored = std::min(n, tokens.size() - 1 - start);  // rows with a next token
     for (size_t r0 = 0; r0 < scored; r0 += per_pass) {
       const size_t rows = std::min(per_pass, scored - r0);
-      head::dense_logits(model.output_head(), hidden.data() + r0 * d_model, rows, logits.data(), engine.pool());
+      // In the head's row order (FlashHead images store it by cluster): the log-softmax, the
+      // top-n and the rank need no token order, so no row is permuted.
+      head::dense_logits_row_order(head, hidden.data() + r0 * d_model, rows, logits.data(), engine.pool());
       engine.pool().parallel_for(rows, 1, [&](size_t lo, size_t hi) {
         for (size_t r = lo; r < hi; ++r) {
           const size_t pos = start + r0 + r;
           const std::span<const float> row(logits.data() + r * n_vocab, n_vocab);
-          out.steps[pos] = compute_logprobs(row, tokens[pos + 1], options.n_top);
-          const float mine = row[static_cast<size_t>(tokens[pos + 1])];
+          const TokenId next = tokens[pos + 1];
+          if (next < 0 || static_cast<size_t>(next) >= n_vocab) {
+            throw Error("logprobs: token " + std::to_string(next) + " outside the vocabulary");
+          }
+          const size_t at = head.row_of(next);
+          out.steps[pos] = compute_logprobs_at(row, head.row_tokens, at, options.n_top);
+          const float mine = row[at];
           out.ranks[pos] = 1 + static_cast<uint32_t>(std::count_if(row.begin(), row.end(), [&](float l) { return l > mine; }));
         }
       });
