@@ -8,9 +8,14 @@
 // Per row r and token t, in block order b (float32, fused multiply-add), as gemv_q8_interleaved.h
 // states it:
 //   y = fma(float(sum_{i in b} w_ri * q_ti), s_rb * d_tb, y),   y starting at 0,
-// the integer sums exact. AVX2 path (also taken on AVX512-VNNI CPUs): 8 rows at a time, each
-// block's 8 integer sums reduced into one register (lane = row) so that the float32 steps are
-// the interleaved kernel's; `vpmaddubsw` takes |w| against sign(q, w), as there.
+// the integer sums exact. AVX2 path (also taken on AVX512-VNNI CPUs for fewer than 8 tokens): 8
+// rows at a time, every token against them while they sit in L1, each block's 8 integer sums
+// reduced into one register (lane = row) so that the float32 steps are the interleaved kernel's;
+// `vpmaddubsw` takes |w| against sign(q, w), as there. AVX512-VNNI with 8 tokens or more (the
+// dense head of prompt scoring and perplexity, in chunks of 64 tokens): 16 rows at a time are
+// copied to the interleaved layout (an AVX-512 transpose, ~0.7 us) and run on
+// gemv_q8_interleaved's vpdpbusd tiles, whose per-token cost is a quarter of the horizontal
+// sums' (gemv_q8_rows_block16_vnni).
 #pragma once
 
 #include <cstddef>
@@ -23,7 +28,8 @@ namespace kestrel::kernels {
 
 /// y[(t - t_begin) * y_stride + r] for the tokens t in [t_begin, t_end) of `x` and the rows r in
 /// [row_begin, row_end) of `w` (kQ8_0, w.cols == x.cols), computed as the header says on the
-/// fastest path this CPU has (AVX2 where best_int8_isa() is AVX2 or AVX512-VNNI, else portable).
+/// fastest path this CPU has (AVX512-VNNI tiles from 8 tokens, AVX2 where best_int8_isa() is AVX2
+/// or AVX512-VNNI, else portable); every path writes the same bits.
 /// Throws kestrel::Error for a matrix that is not Q8_0, column counts that differ, or ranges past
 /// the matrix or the activations.
 void gemv_q8_rows(const Matrix& w, const Q8Activations& x, size_t t_begin, size_t t_end, float* y,
