@@ -69,10 +69,14 @@ def llama_bench(binary, gguf, args, threads):
     return tests[0]["avg_ts"]
 
 
-def peer_row(binary, gguf, kv, depth, n_gen, threads, reps):
+def peer_row(binary, gguf, kv, depth, n_gen, threads, reps, gp=False):
+    """llama-bench's prefill of `depth` tokens and decode of n_gen after them: `-d DEPTH` (llama.cpp),
+    or `-gp DEPTH,N` where the tree's llama-bench has no -d (ik_llama.cpp): the prompt evaluated,
+    then N single-token steps timed, the prompt not."""
     ctk = ["-ctk", kv, "-ctv", kv]
     pp = llama_bench(binary, gguf, ["-p", str(depth), "-n", "0", "-r", str(reps)] + ctk, threads)
-    tg = llama_bench(binary, gguf, ["-p", "0", "-n", str(n_gen), "-d", str(depth), "-r", str(reps)] + ctk, threads)
+    after = ["-n", "0", "-gp", f"{depth},{n_gen}"] if gp else ["-n", str(n_gen), "-d", str(depth)]
+    tg = llama_bench(binary, gguf, ["-p", "0", "-r", str(reps)] + after + ctk, threads)
     return {"prefill_tok_s": pp, "decode_tok_s": tg}
 
 
@@ -92,7 +96,7 @@ def plot(path, depths, rows):
         b.plot(xs, [r[d]["prefill_tok_s"] for d in xs], style, label=name)
     for ax, title in ((a, "decode tok/s after D tokens"), (b, "prefill tok/s of D tokens")):
         ax.set_xscale("log", base=2)
-        ax.set_xticks(depths, [f"{d // 1024}k" for d in depths])
+        ax.set_xticks(depths, [f"{round(d / 1024)}k" for d in depths])
         ax.set_xlabel("context depth D (tokens)")
         ax.set_title(title)
         ax.grid(alpha=0.3)
@@ -108,7 +112,9 @@ def main():
     ap.add_argument("-m", "--model", default="default", help="Kestrel's model (default: the default image)")
     ap.add_argument("--gguf", default=None, help="the peers' GGUF (default: the default model's)")
     ap.add_argument("--kestrel", default=str(ROOT / "build" / "kestrel"))
-    ap.add_argument("--depths", type=int, nargs="+", default=[1024, 4096, 8192, 16384, 32768])
+    # "32k" is 32,704: Gemma 3 270M's context is 32,768 tokens, and the decoded tokens (64 at
+    # most here) must fit after the depth (a 32,768-token prompt leaves no room to decode).
+    ap.add_argument("--depths", type=int, nargs="+", default=[1024, 4096, 8192, 16384, 32704])
     ap.add_argument("-n", "--n-gen", type=int, default=64, help="decode tokens after each depth")
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--kv", nargs="+", default=["f16", "q8"], help="Kestrel's KV cache types")
@@ -141,7 +147,8 @@ def main():
             rows[name] = {}
             for d in args.depths:
                 t0 = time.time()
-                rows[name][d] = peer_row(binary, gguf, kv, d, args.n_gen, args.threads, args.reps)
+                rows[name][d] = peer_row(binary, gguf, kv, d, args.n_gen, args.threads, args.reps,
+                                         gp=label == "ik_llama.cpp")
                 print(f"{name} D={d}: {rows[name][d]} ({time.time() - t0:.0f} s)", file=sys.stderr)
 
     model_name, flags = cpu()
