@@ -24,8 +24,8 @@ constexpr size_t kQ8 = 32;       // columns per Q8_0 block
 constexpr size_t kQ8Bytes = 34;  // fp16 scale + 32 int8 codes
 constexpr size_t kRows = 8;      // rows per AVX2 pass (one float32 lane each)
 // From this many tokens a product on AVX512-VNNI copies each 16 rows to the interleaved layout
-// and runs gemv_q8_interleaved's tiles (measured on a Sapphire Rapids class Xeon, 1 thread,
-// kestrel_kernels_bench Batch/Q8_0Int8Rows).
+// and runs gemv_q8_interleaved's tiles (the break-even on a 2-core Intel Xeon with AVX512-VNNI
+// and AMX, session 29: kestrel_kernels_bench Batch/Q8_0Int8Rows).
 constexpr size_t kInterleaveTokens = 8;
 
 // One row for one token: q and xd are the token's int8 activations and block scales.
