@@ -21,16 +21,13 @@ namespace {
 
 namespace k = kestrel::kernels;
 
+using kestrel::testing::q8_0_view;
 using kestrel::testing::random_q8_0;
 
 TEST(OutputHead, TokenLogitsEqualTheDenseLogitsOnEveryKernel) {
   const size_t vocab = 77, d = 96;  // rows past a multiple of 16: a padded interleaved block
   const auto bytes = random_q8_0(vocab, d, 3);
-  k::Matrix w;
-  w.type = k::WeightType::kQ8_0;
-  w.data = bytes.data();
-  w.rows = vocab;
-  w.cols = d;
+  const k::Matrix w = q8_0_view(bytes, vocab, d);
   const k::Q8Interleaved il = k::interleave_q8_0(w);
   std::mt19937_64 rng(5);
   std::normal_distribution<float> g;
@@ -60,11 +57,7 @@ TEST(OutputHead, TokenLogitsEqualTheDenseLogitsOnEveryKernel) {
 TEST(OutputHead, RowOrderLogitsAndLogprobsEqualTheTokenOrdersOnEveryKernel) {
   const size_t vocab = 96, d = 64, n_rows = 20;  // 10 rows a thread: the rows kernel's interleaving path too
   const auto bytes = random_q8_0(vocab, d, 9);
-  k::Matrix w;
-  w.type = k::WeightType::kQ8_0;
-  w.data = bytes.data();
-  w.rows = vocab;
-  w.cols = d;
+  const k::Matrix w = q8_0_view(bytes, vocab, d);
   std::vector<kestrel::head::TokenId> order(vocab);
   std::iota(order.begin(), order.end(), 0);
   std::shuffle(order.begin(), order.end(), std::mt19937_64(13));
