@@ -60,8 +60,16 @@ template <KvType T>
 inline void Bind(const KvHeadView& v, size_t slot, size_t head_dim, RowRef& r) {
   r.p = RowPtr(v, slot);
   if constexpr (T == KvType::kQ8) {
-    const uint16_t* s = v.scales + slot * v.scale_stride;
-    for (size_t b = 0; b < head_dim / v.block; ++b) r.scales[b] = gguf::fp16_to_fp32(s[b]);
+    // The row's block scales widened by the vector unit (F16C's vcvtph2ps on x86: exact, as
+    // gguf::fp16_to_fp32 is), eight at a time: a call per scale was a third of a 32k decode step.
+    const auto* s = reinterpret_cast<const hwy::float16_t*>(v.scales + slot * v.scale_stride);
+    const size_t nb = head_dim / v.block;
+    const hn::CappedTag<float, 8> d8;
+    const hn::Rebind<hwy::float16_t, decltype(d8)> dh8;
+    const size_t N8 = hn::Lanes(d8);
+    size_t b = 0;
+    for (; b + N8 <= nb; b += N8) hn::StoreU(hn::PromoteTo(d8, hn::LoadU(dh8, s + b)), d8, r.scales + b);
+    for (; b < nb; ++b) r.scales[b] = gguf::fp16_to_fp32(v.scales[slot * v.scale_stride + b]);
   }
 }
 
