@@ -600,8 +600,12 @@ constexpr size_t kAmxPrefillChunk = 256;
 
 size_t prefill_chunk() { return amx_prefill_enabled() ? kAmxPrefillChunk : kInt8PrefillChunk; }
 
-/// Below 4 tokens a thread (the kernel's tile) the rows are split, as in decode.
+/// Below 4 tokens a thread (the kernel's tile) the rows are split, as in decode. A Q8_0 matrix
+/// read as stored (a FlashHead image's head, gemv_q8_rows.h) is always split by rows: split by
+/// tokens, every thread would stream the whole 178 MB head and copy each 16 of its rows to the
+/// interleaved layout, the same work once per thread.
 bool splits_tokens(const Matrix& w, size_t n_tokens, const ThreadPool& pool) {
+  if (w.type == WeightType::kQ8_0 && w.int8_rows && w.interleaved_q8 == nullptr) return false;
   return (w.interleaved_int8 != nullptr || w.interleaved_q8 != nullptr || w.int8_rows) && n_tokens >= kTileMinTokens &&
          n_tokens >= 4 * static_cast<size_t>(pool.size());
 }
