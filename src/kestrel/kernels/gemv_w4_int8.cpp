@@ -19,7 +19,7 @@ namespace {
 
 constexpr size_t kBlock = 16;          // rows per interleaved block
 constexpr size_t kXBlock = 32;         // columns per activation block
-constexpr size_t kMaxTileTokens = 4;   // tokens per pass over a block of rows (AVX2, portable)
+constexpr size_t kMaxTileTokens = 4;   // tokens per pass over a block of rows (AVX2 under 8, portable)
 // AVX512-VNNI: 8 tokens a pass share each unpacked code vector and group parameter (twice as
 // many vpdpbusd per vpand / shift / scale conversion as 4); the same bits, per token, as 4.
 constexpr size_t kMaxTileTokensVnni = 8;
@@ -442,6 +442,106 @@ void block_tokens_avx2(const W4Int8Interleaved& il, size_t block, const Activati
       case 3: block8_avx2<3, false>(il, block, h, a, t0, out); break;
       case 2: block8_avx2<2, false>(il, block, h, a, t0, out); break;
       default: block8_avx2<1, false>(il, block, h, a, t0, out); break;
+    }
+  }
+}
+
+// Eight tokens' activations side by side for block8x8_avx2: per octet o, 64 bytes, token t's
+// four int8 values of columns 8o .. 8o + 3 at 4t and of 8o + 4 .. 8o + 7 at 32 + 4t; per block
+// b of 32 columns the tokens' d_xb and float(S_b) * d_xb at [8b + t]. One pointer and constant
+// offsets reach every token (eight separate rows would take 24 general registers).
+struct Tokens8 {
+  std::vector<int8_t> q;
+  std::vector<float> d, sx;
+};
+
+void interleave_tokens8(const Activations& a, size_t t0, size_t cols, Tokens8& out) {
+  const size_t octets = cols / 8, nb = cols / kXBlock;
+  out.q.resize(octets * 64);
+  out.d.resize(nb * 8);
+  out.sx.resize(nb * 8);
+  for (size_t t = 0; t < 8; ++t) {
+    const int8_t* x = &a.q.q[(t0 + t) * cols];
+    for (size_t o = 0; o < octets; ++o) {
+      std::memcpy(&out.q[64 * o + 4 * t], x + 8 * o, 4);
+      std::memcpy(&out.q[64 * o + 32 + 4 * t], x + 8 * o + 4, 4);
+    }
+    for (size_t b = 0; b < nb; ++b) {
+      out.d[8 * b + t] = a.q.scale[(t0 + t) * nb + b];
+      out.sx[8 * b + t] = a.sx[(t0 + t) * nb + b];
+    }
+  }
+}
+
+// block8_avx2 for 8 tokens a pass: each unpacked code vector serves 16 vpmaddubsw instead of 8.
+// The tokens' float32 chains acc and macc live in memory (L1), not registers: 8 int16 dot
+// accumulators, the codes and the broadcasts fill the 16 ymm registers. The same operations per
+// token, in the same order, as block8_avx2: the same bits.
+template <bool kParams8>
+KESTREL_AVX2_TARGET void block8x8_avx2(const W4Int8Interleaved& il, size_t block, size_t h, const Tokens8& a,
+                                       float (*out)[kBlock]) {
+  constexpr size_t NT = 8;
+  const size_t G = il.group_size, n_groups = il.cols / G, octets = il.cols / 8;
+  const size_t blocks_per_group = G / kXBlock;
+  const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  const uint8_t* codes = &il.codes[block * octets * 64 + 32 * h];
+  alignas(32) float acc[NT][8], macc[NT][8];
+  for (size_t t = 0; t < NT; ++t) {
+    _mm256_store_ps(acc[t], _mm256_setzero_ps());
+    _mm256_store_ps(macc[t], _mm256_setzero_ps());
+  }
+  __m256 row_d = _mm256_setzero_ps(), neg_row_m = _mm256_setzero_ps();
+  if constexpr (kParams8) {
+    row_d = _mm256_loadu_ps(&il.row_d[block * kBlock + 8 * h]);
+    neg_row_m = _mm256_xor_ps(_mm256_loadu_ps(&il.row_m[block * kBlock + 8 * h]), _mm256_set1_ps(-0.0f));
+  }
+  for (size_t g = 0; g < n_groups; ++g) {
+    const size_t at = (block * n_groups + g) * kBlock + 8 * h;
+    __m256 d, m;
+    if constexpr (kParams8) {
+      d = _mm256_mul_ps(row_d, u8x8_avx2(&il.scales8[at]));
+      m = il.mins8.empty() ? _mm256_mul_ps(d, _mm256_set1_ps(-8.0f)) : _mm256_mul_ps(neg_row_m, u8x8_avx2(&il.mins8[at]));
+    } else {
+      d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(&il.scales[at])));
+      m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(&il.mins[at])));
+    }
+    for (size_t k = 0; k < blocks_per_group; ++k) {
+      const size_t b = g * blocks_per_group + k;
+      __m256i dot[NT];
+      for (size_t t = 0; t < NT; ++t) dot[t] = _mm256_setzero_si256();
+#pragma GCC unroll 1
+      for (size_t oi = 0; oi < kXBlock / 8; ++oi) {
+        const size_t o = b * (kXBlock / 8) + oi;
+        _mm_prefetch(reinterpret_cast<const char*>(codes + 64 * o + kPrefetchBytes), _MM_HINT_T0);
+        const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + 64 * o));
+        const __m256i lo = _mm256_and_si256(bytes, low), hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low);
+        const int8_t* x = &a.q[64 * o];
+        for (size_t t = 0; t < NT; ++t) {
+          dot[t] = _mm256_add_epi16(dot[t], _mm256_maddubs_epi16(lo, broadcast4_avx2(x + 4 * t)));
+          dot[t] = _mm256_add_epi16(dot[t], _mm256_maddubs_epi16(hi, broadcast4_avx2(x + 32 + 4 * t)));
+        }
+      }
+      const float* xd = &a.d[8 * b];
+      const float* xs = &a.sx[8 * b];
+      for (size_t t = 0; t < NT; ++t) {
+        const __m256i sum = _mm256_madd_epi16(dot[t], ones);
+        _mm256_store_ps(acc[t], _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(d, _mm256_set1_ps(xd[t])),
+                                                _mm256_load_ps(acc[t])));
+        _mm256_store_ps(macc[t], _mm256_fmadd_ps(m, _mm256_set1_ps(xs[t]), _mm256_load_ps(macc[t])));
+      }
+    }
+  }
+  for (size_t t = 0; t < NT; ++t) {
+    _mm256_storeu_ps(&out[t][8 * h], _mm256_add_ps(_mm256_load_ps(acc[t]), _mm256_load_ps(macc[t])));
+  }
+}
+
+void block_tokens8_avx2(const W4Int8Interleaved& il, size_t block, const Tokens8& a, float (*out)[kBlock]) {
+  for (size_t h = 0; h < 2; ++h) {
+    if (il.params8()) {
+      block8x8_avx2<true>(il, block, h, a, out);
+    } else {
+      block8x8_avx2<false>(il, block, h, a, out);
     }
   }
 }
@@ -890,9 +990,20 @@ void gemv_w4_int8_on(Int8Isa isa, const W4Int8Interleaved& il, const float* x, s
     }
     float out[kMaxTileTokensVnni][kBlock];
     const size_t tile = vnni ? kMaxTileTokensVnni : kMaxTileTokens;
+    // AVX2 without superblocks: whole groups of 8 tokens take block8x8_avx2, the rest 4 at a time.
+    const size_t wide = !super && !vnni ? n_tokens / 8 * 8 : 0;
+    thread_local std::vector<Tokens8> groups;
+    if (groups.size() < wide / 8) groups.resize(wide / 8);
+    for (size_t i = 0; i < wide / 8; ++i) interleave_tokens8(a, 8 * i, il.cols, groups[i]);
     for (size_t blk = row_begin / kBlock; blk * kBlock < row_end; ++blk) {
       const size_t lo = std::max(row_begin, blk * kBlock), hi = std::min(row_end, (blk + 1) * kBlock);
-      for (size_t t0 = 0; t0 < n_tokens; t0 += tile) {
+      for (size_t t0 = 0; t0 < wide; t0 += 8) {
+        block_tokens8_avx2(il, blk, groups[t0 / 8], out);
+        for (size_t t = 0; t < 8; ++t) {
+          std::copy(&out[t][lo - blk * kBlock], &out[t][hi - blk * kBlock], y + (t0 + t) * y_stride + lo);
+        }
+      }
+      for (size_t t0 = wide; t0 < n_tokens; t0 += tile) {
         const size_t n = std::min(tile, n_tokens - t0);
         if (super) {
           (vnni ? super_tokens : super_tokens_avx2)(il, blk, sa, t0, n, out);
