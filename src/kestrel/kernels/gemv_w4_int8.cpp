@@ -363,6 +363,65 @@ KESTREL_AVX2_TARGET inline __m256i broadcast4_avx2(const int8_t* p) {
   return _mm256_broadcastd_epi32(_mm_loadu_si32(p));
 }
 
+// The group parameters of the 8 rows of half `h` of block `block` as float32 vectors: d and m
+// of group g, computed as the header says (fp16 widened, or 8-bit codes times the row's d_row,
+// m_row).
+template <bool kParams8>
+struct GroupParams8 {
+  const W4Int8Interleaved& il;
+  size_t block, h;
+  __m256 row_d = _mm256_setzero_ps(), neg_row_m = _mm256_setzero_ps();
+  KESTREL_AVX2_TARGET GroupParams8(const W4Int8Interleaved& w, size_t blk, size_t half) : il(w), block(blk), h(half) {
+    if constexpr (kParams8) {
+      row_d = _mm256_loadu_ps(&il.row_d[block * kBlock + 8 * h]);
+      neg_row_m = _mm256_xor_ps(_mm256_loadu_ps(&il.row_m[block * kBlock + 8 * h]), _mm256_set1_ps(-0.0f));
+    }
+  }
+  KESTREL_AVX2_TARGET void at(size_t g, __m256& d, __m256& m) const {
+    const size_t at = (block * (il.cols / il.group_size) + g) * kBlock + 8 * h;
+    if constexpr (kParams8) {
+      d = _mm256_mul_ps(row_d, u8x8_avx2(&il.scales8[at]));
+      m = il.mins8.empty() ? _mm256_mul_ps(d, _mm256_set1_ps(-8.0f)) : _mm256_mul_ps(neg_row_m, u8x8_avx2(&il.mins8[at]));
+    } else {
+      d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(&il.scales[at])));
+      m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(&il.mins[at])));
+    }
+  }
+};
+
+// Where token t's four int8 activations for octet o's low (hi false) or high nibbles lie: in the
+// token's own row (Activations, TokenRows) or side by side with 7 other tokens' (Tokens8).
+struct TokenRowsX {
+  const int8_t* const* q;
+  const int8_t* operator()(size_t t, size_t o, bool hi) const { return q[t] + 8 * o + (hi ? 4 : 0); }
+};
+struct SideBySideX {
+  const int8_t* q;
+  const int8_t* operator()(size_t t, size_t o, bool hi) const { return q + 64 * o + (hi ? 32 : 0) + 4 * t; }
+};
+
+// dot[t] = the int16 pair sums of block b's 32 columns for 8 rows (codes: their half of each
+// octet) and NT tokens: vpmaddubsw of the unsigned codes against the broadcast activations,
+// 16 products of at most 15 * 127 per int16 (|sum| <= 30,480 < 2^15: exact).
+template <size_t NT, class X>
+KESTREL_AVX2_TARGET inline void block_dots(const uint8_t* codes, size_t b, const X& x, __m256i (&dot)[NT]) {
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  for (size_t t = 0; t < NT; ++t) dot[t] = _mm256_setzero_si256();
+  // Not unrolled: GCC then computes all 32 products of a block before adding them and spills
+  // them to the stack.
+#pragma GCC unroll 1
+  for (size_t oi = 0; oi < kXBlock / 8; ++oi) {
+    const size_t o = b * (kXBlock / 8) + oi;
+    _mm_prefetch(reinterpret_cast<const char*>(codes + 64 * o + kPrefetchBytes), _MM_HINT_T0);
+    const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + 64 * o));
+    const __m256i lo = _mm256_and_si256(bytes, low), hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low);
+    for (size_t t = 0; t < NT; ++t) {
+      dot[t] = _mm256_add_epi16(dot[t], _mm256_maddubs_epi16(lo, broadcast4_avx2(x(t, o, false))));
+      dot[t] = _mm256_add_epi16(dot[t], _mm256_maddubs_epi16(hi, broadcast4_avx2(x(t, o, true))));
+    }
+  }
+}
+
 // AVX2: the 8 rows of half `h` (0: rows 0-7, 1: rows 8-15; the first or second 32 bytes of
 // each octet's 64) of block `block`, for NT tokens (1..4) starting at t0, into
 // out[t][8h .. 8h + 8). vpmaddubsw multiplies the unsigned codes (0..15) by the int8
@@ -375,7 +434,7 @@ KESTREL_AVX2_TARGET void block8_avx2(const W4Int8Interleaved& il, size_t block, 
                                      size_t t0, float (*out)[kBlock]) {
   const size_t G = il.group_size, n_groups = il.cols / G, octets = il.cols / 8;
   const size_t blocks_per_group = G / kXBlock;
-  const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  const __m256i ones = _mm256_set1_epi16(1);
   const uint8_t* codes = &il.codes[block * octets * 64 + 32 * h];
   const TokenRows<NT> rows(a, t0, il.cols);
   const auto& xq = rows.q;
@@ -383,38 +442,14 @@ KESTREL_AVX2_TARGET void block8_avx2(const W4Int8Interleaved& il, size_t block, 
   const auto& xs = rows.sx;
   __m256 acc[NT], macc[NT];
   for (size_t t = 0; t < NT; ++t) acc[t] = macc[t] = _mm256_setzero_ps();
-  __m256 row_d = _mm256_setzero_ps(), neg_row_m = _mm256_setzero_ps();
-  if constexpr (kParams8) {
-    row_d = _mm256_loadu_ps(&il.row_d[block * kBlock + 8 * h]);
-    neg_row_m = _mm256_xor_ps(_mm256_loadu_ps(&il.row_m[block * kBlock + 8 * h]), _mm256_set1_ps(-0.0f));
-  }
+  const GroupParams8<kParams8> params(il, block, h);
   for (size_t g = 0; g < n_groups; ++g) {
-    const size_t at = (block * n_groups + g) * kBlock + 8 * h;
     __m256 d, m;
-    if constexpr (kParams8) {
-      d = _mm256_mul_ps(row_d, u8x8_avx2(&il.scales8[at]));
-      m = il.mins8.empty() ? _mm256_mul_ps(d, _mm256_set1_ps(-8.0f)) : _mm256_mul_ps(neg_row_m, u8x8_avx2(&il.mins8[at]));
-    } else {
-      d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(&il.scales[at])));
-      m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(&il.mins[at])));
-    }
+    params.at(g, d, m);
     for (size_t k = 0; k < blocks_per_group; ++k) {
       const size_t b = g * blocks_per_group + k;
       __m256i dot[NT];
-      for (size_t t = 0; t < NT; ++t) dot[t] = _mm256_setzero_si256();
-      // Not unrolled: GCC then computes all 32 products of a block before adding them and
-      // spills them to the stack.
-#pragma GCC unroll 1
-      for (size_t oi = 0; oi < kXBlock / 8; ++oi) {
-        const size_t o = b * (kXBlock / 8) + oi;
-        _mm_prefetch(reinterpret_cast<const char*>(codes + 64 * o + kPrefetchBytes), _MM_HINT_T0);
-        const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + 64 * o));
-        const __m256i lo = _mm256_and_si256(bytes, low), hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low);
-        for (size_t t = 0; t < NT; ++t) {
-          dot[t] = _mm256_add_epi16(dot[t], _mm256_maddubs_epi16(lo, broadcast4_avx2(xq[t] + 8 * o)));
-          dot[t] = _mm256_add_epi16(dot[t], _mm256_maddubs_epi16(hi, broadcast4_avx2(xq[t] + 8 * o + 4)));
-        }
-      }
+      block_dots<NT>(codes, b, TokenRowsX{xq}, dot);
       for (size_t t = 0; t < NT; ++t) {
         const __m256i sum = _mm256_madd_epi16(dot[t], ones);
         acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(d, _mm256_set1_ps(xd[t][b])), acc[t]);
@@ -483,44 +518,21 @@ KESTREL_AVX2_TARGET void block8x8_avx2(const W4Int8Interleaved& il, size_t block
   constexpr size_t NT = 8;
   const size_t G = il.group_size, n_groups = il.cols / G, octets = il.cols / 8;
   const size_t blocks_per_group = G / kXBlock;
-  const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  const __m256i ones = _mm256_set1_epi16(1);
   const uint8_t* codes = &il.codes[block * octets * 64 + 32 * h];
   alignas(32) float acc[NT][8], macc[NT][8];
   for (size_t t = 0; t < NT; ++t) {
     _mm256_store_ps(acc[t], _mm256_setzero_ps());
     _mm256_store_ps(macc[t], _mm256_setzero_ps());
   }
-  __m256 row_d = _mm256_setzero_ps(), neg_row_m = _mm256_setzero_ps();
-  if constexpr (kParams8) {
-    row_d = _mm256_loadu_ps(&il.row_d[block * kBlock + 8 * h]);
-    neg_row_m = _mm256_xor_ps(_mm256_loadu_ps(&il.row_m[block * kBlock + 8 * h]), _mm256_set1_ps(-0.0f));
-  }
+  const GroupParams8<kParams8> params(il, block, h);
   for (size_t g = 0; g < n_groups; ++g) {
-    const size_t at = (block * n_groups + g) * kBlock + 8 * h;
     __m256 d, m;
-    if constexpr (kParams8) {
-      d = _mm256_mul_ps(row_d, u8x8_avx2(&il.scales8[at]));
-      m = il.mins8.empty() ? _mm256_mul_ps(d, _mm256_set1_ps(-8.0f)) : _mm256_mul_ps(neg_row_m, u8x8_avx2(&il.mins8[at]));
-    } else {
-      d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(&il.scales[at])));
-      m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(&il.mins[at])));
-    }
+    params.at(g, d, m);
     for (size_t k = 0; k < blocks_per_group; ++k) {
       const size_t b = g * blocks_per_group + k;
       __m256i dot[NT];
-      for (size_t t = 0; t < NT; ++t) dot[t] = _mm256_setzero_si256();
-#pragma GCC unroll 1
-      for (size_t oi = 0; oi < kXBlock / 8; ++oi) {
-        const size_t o = b * (kXBlock / 8) + oi;
-        _mm_prefetch(reinterpret_cast<const char*>(codes + 64 * o + kPrefetchBytes), _MM_HINT_T0);
-        const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + 64 * o));
-        const __m256i lo = _mm256_and_si256(bytes, low), hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low);
-        const int8_t* x = &a.q[64 * o];
-        for (size_t t = 0; t < NT; ++t) {
-          dot[t] = _mm256_add_epi16(dot[t], _mm256_maddubs_epi16(lo, broadcast4_avx2(x + 4 * t)));
-          dot[t] = _mm256_add_epi16(dot[t], _mm256_maddubs_epi16(hi, broadcast4_avx2(x + 32 + 4 * t)));
-        }
-      }
+      block_dots<NT>(codes, b, SideBySideX{a.q.data()}, dot);
       const float* xd = &a.d[8 * b];
       const float* xs = &a.sx[8 * b];
       for (size_t t = 0; t < NT; ++t) {

@@ -1,8 +1,8 @@
 // INT4 (kW4) matrix products with int8-quantized activations (x86 AVX512-VNNI `vpdpbusd` or
 // AVX2 `vpmaddubsw`, with a portable path computing the same bits: int8_isa.h), for any number
-// of tokens: decode rows and, since
-// the int8 copy is chosen for a whole load, prefill chunks too (4- and 8-token tiles; each
-// token's result does not depend on how many tokens share the call, so with 16-bit group
+// of tokens: decode rows and, since the int8 copy is chosen for a whole load, prefill chunks
+// too (8 tokens a pass: AVX512-VNNI's tiles and AVX2's whole groups of 8; AVX2 takes the rest
+// 4 at a time; each token's result does not depend on how many tokens share the call, so with 16-bit group
 // parameters a token's INT4 products are the same bits in prefill and decode; with 8-bit ones
 // on superblocks and the opt-in W8A8 copy, gemm_w8a8.h, chunks of kTileMinTokens tokens or more
 // take that copy and round otherwise than decode, as attention and the head tiles of a prefill

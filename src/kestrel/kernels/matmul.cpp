@@ -610,8 +610,9 @@ bool splits_tokens(const Matrix& w, size_t n_tokens, const ThreadPool& pool) {
          n_tokens >= 4 * static_cast<size_t>(pool.size());
 }
 
-/// Tokens per thread's share: a multiple of the kernels' 4-token tile (AVX2), or of 8 (AVX512-VNNI)
-/// from 8 tokens a thread, at most prefill_chunk() (larger shares run in chunks of it).
+/// Tokens per thread's share: a multiple of the kernels' 4-token tile (AVX2), or from 8 tokens a
+/// thread of 8 (AVX512-VNNI's tile, AVX2's 8-token pass), at most prefill_chunk() (larger shares
+/// run in chunks of it).
 size_t token_grain(size_t n_tokens, const ThreadPool& pool) {
   const size_t per_thread = (n_tokens + pool.size() - 1) / pool.size();
   const size_t tile = per_thread >= 8 ? 8 : 4;
