@@ -538,7 +538,7 @@ def test_killed_build_leaves_nothing_behind(tmp_path, sig):
 @needs_model
 def test_a_bad_kestrel_w4_int8_is_an_error_not_int8(tmp_path):
     # The fresh-user trial: KESTREL_W4_INT8=off ran int8 (anything but "0" meant on). Only 0 and 1
-    # are taken; the error comes when the first INT4 layer loads (here: built at load).
+    # are taken (an alias of KESTREL_KERNELS=bf16 / int8 now); the error comes before any load.
     env = {**os.environ, "KESTREL_W4_INT8": "off"}
     msg = error_of(kestrel("run", "-p", "x", "-n", 1, "--precision", "w4a16", "-t", 2, env=env))
     assert "KESTREL_W4_INT8 must be 0" in msg and "'off'" in msg
@@ -549,8 +549,12 @@ def test_a_bad_kestrel_w4_int8_is_an_error_not_int8(tmp_path):
     (cache / "images" / "gemma-3-270m-w4a16-flashhead.kimg").write_bytes(b"not an image")
     msg = error_of(kestrel("run", "-p", "x", "-n", 1, "-t", 2, env={**env, "KESTREL_CACHE": str(cache)}))
     assert "KESTREL_W4_INT8 must be 0" in msg and "does not load" not in msg, msg
-    # The option decides without reading the variable.
-    r = kestrel("run", "-p", "x", "-n", 1, "--precision", "w4a16", "--decode-act", "bf16", "-t", 2, env=env)
+    # The kernel switches are read together, in one place, before any load (docs/kernels.md): a bad
+    # one is refused even where --decode-act decides the activations.
+    msg = error_of(kestrel("run", "-p", "x", "-n", 1, "--precision", "w4a16", "--decode-act", "bf16", "-t", 2, env=env))
+    assert "KESTREL_W4_INT8 must be 0" in msg, msg
+    r = kestrel("run", "-p", "x", "-n", 1, "--precision", "w4a16", "--decode-act", "bf16", "-t", 2,
+                env={**os.environ, "KESTREL_W4_INT8": "1"})
     assert r.returncode == 0, r.stderr
 
 
@@ -724,6 +728,37 @@ def test_json_reports_the_int8_path():
     amx = all(f in flags for f in ("amx_tile", "amx_bf16", "avx512_bf16"))
     assert run("int8", env={**os.environ, "KESTREL_AMX": "1"})["prefill_kernel"] == ("amx-bf16" if amx else "int8")
 
+
+
+@needs_model
+def test_kernels_option_and_report():
+    # One switch for every kernel choice (docs/kernels.md): --kernels on top of KESTREL_KERNELS, the
+    # registry's choice printed as "kernels"; an unknown name is refused before any load.
+    def run(*extra, env=None):
+        r = kestrel("run", "-m", model_path(), "-p", "x", "-n", 1, "--json", "-t", 2, *extra, env=env)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)["kernels"]
+    flags = Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").exists() else []
+    best = "avx512vnni" if "avx512_vnni" in flags else "avx2" if "avx2" in flags else "portable"
+    k = run()
+    assert k["switches"] == "default", k
+    # The GGUF's auto form: INT4 layers on the int8 copy (Q6_K ones as Q8_0), the Q8_0 head's int8 copy.
+    if best != "portable":
+        assert "w4-int8." + best in k["layers"]["decode"] and k["layers"]["decode"] == k["layers"]["prefill"], k
+        assert k["head"]["decode"] == "q8_0-int8-interleaved." + best, k
+    k = run("--kernels", "bf16")
+    assert k["switches"] == "bf16" and not any(name.startswith("w4-int8") for name in k["layers"]["decode"]), k
+    assert any(name.startswith("w4-") and "tiles" in name for name in k["layers"]["prefill"]), k
+    # The environment's switches and the option's add up; the old variables are their aliases.
+    k = run("--kernels", "no-vnni", env={**os.environ, "KESTREL_KERNELS": "no-avx2"})
+    assert k["switches"] == "no-avx2,no-vnni", k
+    k = run(env={**os.environ, "KESTREL_W4_INT8": "0"})
+    assert k["switches"] == "bf16", k
+    for bad in (["--kernels", "avx512"], []):
+        env = {**os.environ, "KESTREL_KERNELS": "fast"} if not bad else None
+        r = kestrel("run", "-p", "x", "-n", 1, *bad, env=env)
+        assert r.returncode != 0 and "unknown kernel switch" in r.stderr and "no-interleave" in r.stderr, r.stderr
+        assert "does not load" not in r.stderr, r.stderr
 
 @needs_model
 def test_logit_bias_bans_and_forces_tokens():

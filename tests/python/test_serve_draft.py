@@ -74,3 +74,12 @@ def test_props_say_whether_the_server_drafts(servers):
     assert drafting.request("GET", "/props")[1]["speculative"] == {"draft": "ngram", "draft_max": 6,
                                                                   "draft_accept": "exact", "mtp_assistant": None}
     assert plain.request("GET", "/props")[1]["speculative"] is None
+
+
+def test_props_name_the_kernels_that_run(servers):
+    # The kernel registry's choice (docs/kernels.md), as `run --json` prints it.
+    _, plain = servers
+    kernels = plain.request("GET", "/props")[1]["kernels"]
+    assert kernels["switches"] == "default", kernels
+    assert kernels["layers"]["decode"] and kernels["layers"]["prefill"], kernels
+    assert all("." in name for name in kernels["layers"]["decode"] + [kernels["head"]["decode"]]), kernels

@@ -23,6 +23,7 @@
 #include "kestrel/formats/dequant.h"
 #include "kestrel/kernels/gemm_w4_amx_bf16.h"
 #include "kestrel/kernels/gemv_w4_int8.h"
+#include "kestrel/kernels/kernel_options.h"
 #include "random_w4.h"
 
 namespace k = kestrel::kernels;
@@ -156,6 +157,5 @@ TEST(W4AmxBf16, IsAvailableWhereTheCpuHasIt) {
   }
 #endif
   EXPECT_TRUE(k::amx_bf16_available()) << "the CPU has AMX-BF16 but the kernel does not take it";
-  const char* on = std::getenv("KESTREL_AMX");
-  EXPECT_EQ(k::amx_prefill_enabled(), on != nullptr && std::strcmp(on, "1") == 0);
+  EXPECT_EQ(k::amx_prefill_enabled(), k::kernel_options().amx);
 }

@@ -22,6 +22,7 @@
 #include "kestrel/kernels/gemm_w4_amx_bf16.h"
 #include "kestrel/kernels/gemm_w8a8.h"
 #include "kestrel/kernels/gemv_w4_int8.h"
+#include "kestrel/kernels/kernel_options.h"
 #include "random_q8.h"
 #include "random_w4.h"
 
@@ -424,10 +425,9 @@ TEST(W4Int8, DecodeActivationsParseAndChoose) {
   EXPECT_TRUE(k::w4_int8_chosen(k::DecodeActivations::kInt8));
   EXPECT_FALSE(k::w4_int8_chosen(k::DecodeActivations::kBf16));
   EXPECT_EQ(k::w4_int8_chosen(k::DecodeActivations::kAuto), k::w4_int8_default());
-  // Unset KESTREL_W4_INT8 (as in CI): int8 exactly where the CPU has a SIMD int8 path (AVX2 or
+  // No int8/bf16 switch (as in CI): int8 exactly where the CPU has a SIMD int8 path (AVX2 or
   // AVX512-VNNI).
-  const char* env = std::getenv("KESTREL_W4_INT8");
-  if (env == nullptr || *env == '\0') {
+  if (k::kernel_options().activations == k::DecodeActivations::kAuto) {
     EXPECT_EQ(k::w4_int8_default(), k::int8_simd_available());
   }
 }

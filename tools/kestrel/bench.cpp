@@ -57,6 +57,7 @@ struct BenchCliOptions {
   bool no_progress = false;
   bool sensors = false;
   std::vector<size_t> concurrency;  // --concurrency: the scheduler benchmark instead of the suites
+  std::string kernels;  // --kernels (kernels/kernel_options.h)
   size_t prefill_chunk = 64;
   std::string draft = "none";  // speculative decoding in the suites (off: the model card measures plain decode)
   size_t draft_max = runtime::kMaxDraft;
@@ -380,6 +381,7 @@ int run_concurrency_bench(const BenchCliOptions& o) {
 
 int run_bench(const BenchCliOptions& o) {
   if (o.sensors) return list_sensors(o);
+  apply_kernels_option(o.kernels);
   if (!o.concurrency.empty()) return run_concurrency_bench(o);
   const std::vector<bench::SuiteSpec> specs = suites_of(o);
   const std::filesystem::path text = bench_text(o);
@@ -456,6 +458,7 @@ Command add_bench_command(CLI::App& app) {
                   "../shared/data/oasst/en-validation.jsonl)");
   cmd->add_option("-t,--threads", o->threads, "Threads (default: every core)")
       ->check(integer_range(0, ThreadPool::kMaxThreads));
+  add_kernels_option(*cmd, o->kernels);
   cmd->add_option("-c,--ctx", o->ctx,
                   "Context size in tokens (KV cache; default 4096, or the model's maximum if smaller; more than "
                   "the model's maximum is an error)")

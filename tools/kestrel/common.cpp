@@ -12,8 +12,8 @@
 
 #include "kestrel/base/error.h"
 #include "kestrel/formats/gguf.h"
-#include "kestrel/kernels/gemm_w4_amx_bf16.h"
 #include "kestrel/kernels/gemv_w4_int8.h"
+#include "kestrel/kernels/kernel_options.h"
 #include "kestrel/runtime/model_path.h"
 #include "option_checks.h"
 
@@ -59,7 +59,23 @@ void ModelOptions::add_to(CLI::App& cmd) {
       ->capture_default_str()
       ->group(kModelGroup);
   add_decode_act_option(cmd, "--decode-act", decode_act)->group(kModelGroup);
+  add_kernels_option(cmd, kernels)->group(kModelGroup);
   add_kv_cache_options(cmd, cache_type_k, cache_type_v);
+}
+
+CLI::Option* add_kernels_option(CLI::App& cmd, std::string& value) {
+  return cmd.add_option("--kernels", value,
+                        "Kernel switches, comma-separated, for A/B runs (docs/kernels.md): int8 or bf16 (activations "
+                        "for --decode-act auto), no-avx2, no-vnni, no-bf16-dot, no-bf16-attention, no-interleave, "
+                        "amx (AMX-BF16 prefill, opt-in), w8a8 (opt-in); on top of $KESTREL_KERNELS");
+}
+
+void apply_kernels_option(const std::string& value) {
+  // The environment's switches are read (and a bad value refused) here too, before any load: a bad
+  // KESTREL_KERNELS is the user's setting, not a broken image (the default image's fallback would
+  // otherwise report it as a damaged file).
+  const kernels::KernelOptions& current = kernels::kernel_options();
+  if (!value.empty()) kernels::set_kernel_options(kernels::parse_kernel_options(value, "--kernels", current));
 }
 
 void add_kv_cache_options(CLI::App& cmd, std::string& k, std::string& v) {
@@ -92,7 +108,7 @@ CLI::Option* add_decode_act_option(CLI::App& cmd, const std::string& name, std::
                  (whose.empty() ? std::string() : whose + ": ") +
                      "INT4 layers' activations, decode and prefill alike: rounded to bf16 or int8; with int8 on AVX2 or VNNI, Q8_0 "
                      "layers and a dense Q8_0 head take int8 activations too (docs/quantization.md); auto: "
-                     "$KESTREL_W4_INT8 when set (0: bf16, 1: int8), else int8 where the CPU has AVX512-VNNI or "
+                     "--kernels int8|bf16 (or $KESTREL_KERNELS) when set, else int8 where the CPU has AVX512-VNNI or "
                      "AVX2. No effect on BF16/FP16 images" +
                      (source_option.empty() ? std::string()
                                             : " or a GGUF's float32 source form (" + source_option + ")"))
@@ -179,10 +195,7 @@ void warn_default_image(const std::exception& e) {
 }  // namespace
 
 runtime::RunnableModel ModelOptions::resolve() const {
-  // A bad KESTREL_W4_INT8 (or KESTREL_AMX) is the user's setting, not a broken image: say so before any load
-  // (the default image's fallback below would otherwise report it as a damaged file).
-  if (decode_act == "auto") (void)kernels::w4_int8_default();
-  (void)kernels::amx_prefill_enabled();  // KESTREL_AMX likewise
+  apply_kernels_option(kernels);
   runtime::RunnableModel m = runtime::runnable_model(model, precision == "auto");
   if (m.default_image) {
     // A cached image whose header does not read (an older format, a cut or damaged file) is

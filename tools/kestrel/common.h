@@ -34,6 +34,7 @@ struct ModelOptions {
   std::string decode_act = "auto";  // kernels::parse_decode_activations
   std::string cache_type_k = "f16";  // --cache-type-k / -ctk (kernels::parse_kv_type)
   std::string cache_type_v = "f16";  // --cache-type-v / -ctv
+  std::string kernels;  // --kernels (kernels/kernel_options.h)
 
   /// Adds -m (in the command's own options) and the loading options (kModelGroup).
   void add_to(CLI::App& cmd);
@@ -49,6 +50,13 @@ struct ModelOptions {
   /// As load(), on the heap (an Engine cannot be moved), for the server's background load.
   std::unique_ptr<runtime::Engine> load_unique() const;
 };
+
+/// Adds --kernels, the process's kernel switches (kernels/kernel_options.h), setting `value`.
+CLI::Option* add_kernels_option(CLI::App& cmd, std::string& value);
+
+/// Reads the environment's kernel switches and applies `value` (--kernels; "" : none) on top, for
+/// the whole process. Throws kestrel::Error for a bad KESTREL_KERNELS or `value`. Call before a load.
+void apply_kernels_option(const std::string& value);
 
 /// Adds the option `name` (--decode-act) that sets `value` to auto, bf16 or int8, for the model
 /// named by `whose` ("" : the model of the command). `source_option` is the option that loads a

@@ -18,6 +18,7 @@
 #include "kestrel/kernels/gemm_w4_amx_bf16.h"
 #include "kestrel/kernels/int8_isa.h"
 #include "kestrel/runtime/grammar.h"
+#include "kestrel/runtime/kernels_report.h"
 #include "kestrel/text/chat_template.h"
 
 namespace kestrel::tools {
@@ -151,6 +152,8 @@ int run(const RunOptions& o) {
     // The INT4 layers' prefill products (8+ tokens): "amx-bf16" with KESTREL_AMX=1 on a CPU that
     // has it (gemm_w4_amx_bf16.h), else the decode kernels' activations ("int8" or "bf16").
     j["prefill_kernel"] = int8 == 0 ? "bf16" : kernels::amx_prefill_enabled() ? "amx-bf16" : "int8";
+    // Each product's kernel, as kernels/registry.h chose it (docs/kernels.md).
+    j["kernels"] = runtime::kernels_json(engine.model().info());
     // FlashHead's greedy proof over this run's searches (docs/flashhead.md): null with the dense head.
     if (flash != nullptr) {
       const head::ProofStats p = flash->proof_stats() - before;

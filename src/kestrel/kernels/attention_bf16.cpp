@@ -7,6 +7,7 @@
 
 #include "kestrel/formats/dequant.h"
 #include "kestrel/kernels/gemm_bf16.h"
+#include "kestrel/kernels/kernel_options.h"
 #include "kestrel/kernels/ops.h"
 #include "kestrel/kernels/x86_bf16.h"
 #include "kestrel/kernels/x86_sums.h"
@@ -291,11 +292,7 @@ void attend(const float* const* queries, size_t n_q, const size_t* begins, const
 #endif  // KESTREL_HAVE_BF16_DOT
 
 bool bf16_attention_available(size_t head_dim) {
-  static const bool off = [] {
-    const char* v = std::getenv("KESTREL_NO_BF16_ATTENTION");
-    return v != nullptr && *v != '\0' && *v != '0';
-  }();
-  return !off && bf16_dot_available() && head_dim % 32 == 0 && head_dim <= kMaxHeadDim;
+  return kernel_options().bf16_attention && bf16_dot_available() && head_dim % 32 == 0 && head_dim <= kMaxHeadDim;
 }
 
 void kv_to_bf16(const uint16_t* k, const uint16_t* v, size_t stride, size_t capacity, size_t head_dim,

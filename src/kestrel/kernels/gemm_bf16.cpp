@@ -3,6 +3,7 @@
 #include <cstdlib>
 
 #include "kestrel/formats/dequant.h"
+#include "kestrel/kernels/kernel_options.h"
 
 #include "kestrel/kernels/x86_bf16.h"
 
@@ -81,11 +82,8 @@ KESTREL_BF16_TARGET void convert(const float* in, uint16_t* out, size_t n) {
 
 bool bf16_dot_available() {
 #ifdef KESTREL_HAVE_BF16_DOT
-  static const bool available = [] {
-    const char* off = std::getenv("KESTREL_NO_BF16_DOT");
-    return __builtin_cpu_supports("avx512bf16") && !(off != nullptr && *off != '\0' && *off != '0');
-  }();
-  return available;
+  static const bool cpu = __builtin_cpu_supports("avx512bf16");
+  return cpu && kernel_options().bf16_dot;
 #else
   return false;
 #endif

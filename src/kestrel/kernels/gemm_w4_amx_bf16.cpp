@@ -9,6 +9,7 @@
 
 #include "kestrel/base/error.h"
 #include "kestrel/kernels/int8_isa.h"
+#include "kestrel/kernels/kernel_options.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 // GCC 12's AVX-512 intrinsics start from a self-initialized "undefined" vector.
@@ -202,13 +203,7 @@ bool amx_bf16_available() {
 }
 
 bool amx_prefill_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("KESTREL_AMX");
-    if (v == nullptr || *v == '\0' || std::strcmp(v, "0") == 0) return false;
-    if (std::strcmp(v, "1") != 0) throw Error(std::string("KESTREL_AMX must be 0 or 1, not '") + v + "'");
-    return amx_bf16_available();
-  }();
-  return on;
+  return kernel_options().amx && amx_bf16_available();
 }
 
 void gemm_w4_amx_bf16(const W4Int8Interleaved& il, const float* x, size_t n_tokens, size_t x_stride, float* y,

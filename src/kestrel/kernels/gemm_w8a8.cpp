@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kestrel/base/error.h"
+#include "kestrel/kernels/kernel_options.h"
 #include "kestrel/kernels/x86_int8_targets.h"
 
 namespace kestrel::kernels {
@@ -157,15 +158,7 @@ void simd(bool vnni, const W4Int8Interleaved& il, const SuperActivations& a, siz
 }  // namespace
 
 bool w8a8_default() {
-  static const bool on = [] {
-    const char* v = std::getenv("KESTREL_W8A8");
-    if (v == nullptr || *v == '\0') return false;
-    if (std::strcmp(v, "0") == 0) return false;
-    if (std::strcmp(v, "1") == 0) return true;
-    throw Error(std::string("KESTREL_W8A8 must be 0 (prefill from the INT4 copy) or 1 (an int8 copy), not '") + v +
-                "'");
-  }();
-  return on;
+  return kernel_options().w8a8;
 }
 
 void requantize_w8(const Matrix& w, W4Int8Interleaved& il, ThreadPool* pool) {

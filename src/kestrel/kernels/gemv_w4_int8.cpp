@@ -12,6 +12,7 @@
 #include "kestrel/kernels/gemv_q8_interleaved.h"
 #include "kestrel/kernels/int8_isa.h"
 #include "kestrel/kernels/int8_super_activations.h"
+#include "kestrel/kernels/kernel_options.h"
 #include "kestrel/kernels/x86_int8_targets.h"
 
 namespace kestrel::kernels {
@@ -860,14 +861,12 @@ void scalar(const W4Int8Interleaved& il, const Activations& a, size_t n_tokens, 
 }  // namespace
 
 bool w4_int8_default() {
-  static const bool on = [] {
-    const char* v = std::getenv("KESTREL_W4_INT8");
-    if (v == nullptr || *v == '\0') return int8_simd_available();
-    if (std::strcmp(v, "0") == 0) return false;
-    if (std::strcmp(v, "1") == 0) return true;
-    throw Error(std::string("KESTREL_W4_INT8 must be 0 (bf16 activations) or 1 (int8), not '") + v + "'");
-  }();
-  return on;
+  switch (kernel_options().activations) {
+    case DecodeActivations::kInt8: return true;
+    case DecodeActivations::kBf16: return false;
+    case DecodeActivations::kAuto: break;
+  }
+  return int8_simd_available();
 }
 
 bool w4_int8_chosen(DecodeActivations a) {

@@ -7,7 +7,7 @@
 // on superblocks and the opt-in W8A8 copy, gemm_w8a8.h, chunks of kTileMinTokens tokens or more
 // take that copy and round otherwise than decode, as attention and the head tiles of a prefill
 // step do).
-// The default where the CPU has AVX512-VNNI or AVX2 (w4_int8_default(); KESTREL_W4_INT8=0 or
+// The default where the CPU has AVX512-VNNI or AVX2 (w4_int8_default(); `--kernels bf16` or
 // --decode-act bf16 turns it off): rounding the activations to 8 bits costs less accuracy than
 // llama.cpp's own 8-bit activation rounding on the same model (docs/quantization.md).
 //
@@ -62,6 +62,7 @@
 
 #include "kestrel/base/thread_pool.h"
 #include "kestrel/kernels/int8_isa.h"
+#include "kestrel/kernels/kernel_options.h"
 #include "kestrel/kernels/matmul.h"
 
 namespace kestrel::kernels {
@@ -85,15 +86,10 @@ struct W4Int8Interleaved {
   bool params8() const { return !scales8.empty(); }
 };
 
-/// What the INT4 products (decode rows and, for int8, prefill chunks) round the activations to:
-/// bf16 (gemv_w4_interleaved.h) or int8 (this kernel). kAuto: the process default,
-/// w4_int8_default().
-enum class DecodeActivations { kAuto, kBf16, kInt8 };
-
-/// The process default for kAuto: KESTREL_W4_INT8 when it is set ("0": bf16, "1": int8,
-/// anything else throws kestrel::Error), else int8 where the CPU has a SIMD int8 path
-/// (int8_simd_available(): AVX512-VNNI or AVX2) and bf16 elsewhere (the portable int8 path is
-/// slower than the bf16 kernels). Read once. int8 is the
+/// The process default for kAuto: the kernel switches' int8 or bf16 when one is set
+/// (kernel_options.h; throws kestrel::Error for a bad KESTREL_KERNELS), else int8 where the CPU has
+/// a SIMD int8 path (int8_simd_available(): AVX512-VNNI or AVX2) and bf16 elsewhere (the portable
+/// int8 path is slower than the bf16 kernels). int8 is the
 /// default because its accuracy cost was measured to be below llama.cpp's own 8-bit activation
 /// rounding on the same model (issue #19 item 1's rule; docs/quantization.md).
 bool w4_int8_default();

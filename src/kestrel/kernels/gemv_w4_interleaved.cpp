@@ -8,6 +8,7 @@
 #include "kestrel/base/error.h"
 #include "kestrel/formats/dequant.h"
 #include "kestrel/kernels/gemm_bf16.h"
+#include "kestrel/kernels/kernel_options.h"
 
 #include "kestrel/kernels/x86_bf16.h"
 
@@ -132,12 +133,8 @@ KESTREL_BF16_TARGET void bf16_group_sums(const uint16_t* x, size_t cols, size_t 
 }  // namespace
 
 bool w4_interleavable(const Matrix& w) {
-  static const bool off = [] {
-    const char* v = std::getenv("KESTREL_NO_INTERLEAVE");
-    return v != nullptr && *v != '\0' && *v != '0';
-  }();
   const bool params = w.scales != nullptr || (w.scales8 != nullptr && w.row_scales != nullptr);
-  return !off && w.type == WeightType::kW4 && params && w.rows % kBlock == 0 && w.rows > 0 && w.group_size % 8 == 0 &&
+  return kernel_options().interleave && w.type == WeightType::kW4 && params && w.rows % kBlock == 0 && w.rows > 0 && w.group_size % 8 == 0 &&
          w.group_size > 0 && w.cols % w.group_size == 0 && bf16_dot_available();
 }
 

@@ -1,5 +1,7 @@
 #include "kestrel/kernels/int8_isa.h"
 
+#include "kestrel/kernels/kernel_options.h"
+
 #include <cstdlib>
 #include <cstring>
 
@@ -11,12 +13,6 @@
 
 namespace kestrel::kernels {
 namespace {
-
-[[maybe_unused]] bool turned_off(const char* variable) {
-  const char* v = std::getenv(variable);
-  // Set to anything but empty or exactly "0" (docs/quantization.md): "00" or "0x" turn it off too.
-  return v != nullptr && *v != '\0' && std::strcmp(v, "0") != 0;
-}
 
 // CPUID leaf 7 EDX bit `bit` (AMX-BF16 22, AMX-TILE 24).
 [[maybe_unused]] bool cpuid7_edx(unsigned bit) {
@@ -56,12 +52,13 @@ bool amx_bf16_cpu() { return cpuid7_edx(22); }
 
 bool int8_isa_available(Int8Isa isa) {
 #if defined(__x86_64__) && defined(__GNUC__)
-  static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                           __builtin_cpu_supports("f16c") && !turned_off("KESTREL_NO_AVX2");
-  static const bool vnni = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
-                           __builtin_cpu_supports("f16c") && !turned_off("KESTREL_NO_VNNI");
+  static const bool cpu_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                               __builtin_cpu_supports("f16c");
+  static const bool cpu_vnni = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
+                               __builtin_cpu_supports("f16c");
+  const bool avx2 = cpu_avx2 && kernel_options().avx2, vnni = cpu_vnni && kernel_options().avx512_vnni;
 #else
-  static const bool avx2 = false, vnni = false;
+  const bool avx2 = false, vnni = false;
 #endif
   switch (isa) {
     case Int8Isa::kPortable: return true;

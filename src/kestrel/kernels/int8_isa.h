@@ -16,8 +16,8 @@ namespace kestrel::kernels {
 
 enum class Int8Isa { kPortable, kAvx2, kAvx512Vnni };
 
-/// Whether this CPU runs `isa`'s path and the environment does not turn it off
-/// (KESTREL_NO_VNNI=1 for kAvx512Vnni, KESTREL_NO_AVX2=1 for kAvx2). Read once per process.
+/// Whether this CPU runs `isa`'s path and the kernel switches do not turn it off (no-vnni for
+/// kAvx512Vnni, no-avx2 for kAvx2: kernel_options.h).
 bool int8_isa_available(Int8Isa isa);
 
 /// The fastest available path, the one gemv_w4_int8 and gemv_q8_interleaved take.

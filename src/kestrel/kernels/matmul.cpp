@@ -17,6 +17,7 @@
 #include "kestrel/kernels/gemv_w4_int8.h"
 #include "kestrel/kernels/gemv_w4_interleaved.h"
 #include "kestrel/kernels/gemv_w4_rows.h"
+#include "kestrel/kernels/registry.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kestrel/kernels/matmul.cpp"
@@ -331,76 +332,49 @@ void DequantW4Row(const uint8_t* qs, const float* scales, const float* offsets, 
   }
 }
 
-void MatmulW4Rows(const Matrix& w, const float* x, size_t n_tokens, size_t x_stride, float* y,
-                  size_t y_stride, size_t row_begin, size_t row_end, size_t product_tokens) {
-  if (w.interleaved_int8 != nullptr) {
-    // Prefill on AMX-BF16 tiles where enabled (KESTREL_AMX=1; bf16 activations:
-    // gemm_w4_amx_bf16.h), chosen by the whole product's token count so that every thread's
-    // share takes it, unless the opt-in W8A8 copy was built; else int8 activations
-    // (gemv_w4_int8.h).
-    if (std::max(n_tokens, product_tokens) >= kTileMinTokens && w.interleaved_int8->w8.empty() &&
-        amx_prefill_enabled()) {
-      gemm_w4_amx_bf16(*w.interleaved_int8, x, n_tokens, x_stride, y, y_stride, row_begin, row_end);
-      return;
-    }
-    gemv_w4_int8(*w.interleaved_int8, x, n_tokens, x_stride, y, y_stride, row_begin, row_end, product_tokens);
-    return;
-  }
-  if (w.int8_rows) {  // the same bits from the rows as stored (gemv_w4_rows.h)
-    thread_local Q8Activations q;
-    quantize_q8_activations(x, n_tokens, x_stride, w.cols, q);
-    gemv_w4_rows(w, q, 0, n_tokens, y, y_stride, row_begin, row_end);
-    return;
-  }
+// Prefill of INT4 rows (kW4DequantBf16Tiles, kW4DequantF32Tiles): a block of rows is unpacked
+// once (it stays in L2) and multiplied with every token: with bfloat16 dot products (activations
+// and the unpacked weights rounded to bf16, float32 accumulation), or by the 4x4 float32 tile.
+void W4DequantTiles(const Matrix& w, const float* x, size_t n_tokens, size_t x_stride, float* y,
+                    size_t y_stride, size_t row_begin, size_t row_end, bool bf16) {
   const size_t n_groups = w.cols / w.group_size;
   constexpr size_t kRowBlock = 16;
-  std::vector<float> scales(kRowBlock * n_groups), offsets(kRowBlock * n_groups);
+  std::vector<float> scales(n_groups), offsets(n_groups);
   const auto* qs = static_cast<const uint8_t*>(w.data);
-  if (n_tokens >= kTileMinTokens) {
-    // Prefill: a block of rows is unpacked once (it stays in L2) and multiplied with every
-    // token: with bfloat16 dot products where the CPU has them (activations and the unpacked
-    // weights rounded to bf16, float32 accumulation), else by the 4x4 float32 tile.
-    std::vector<float> block(kRowBlock * w.cols);
-    const bool bf16 = bf16_dot_available() && w.cols % 32 == 0;
-    if (bf16) {
-      std::vector<uint16_t> block16(kRowBlock * w.cols), x16(n_tokens * w.cols);
-      for (size_t t = 0; t < n_tokens; ++t) to_bf16(x + t * x_stride, &x16[t * w.cols], w.cols);
-      for (size_t rb = row_begin; rb < row_end; rb += kRowBlock) {
-        const size_t re = std::min(row_end, rb + kRowBlock);
-        for (size_t r = rb; r < re; ++r) {
-          RowScales(w, r, scales.data(), offsets.data());
-          DequantW4Row(qs + r * (w.cols / 2), scales.data(), offsets.data(), w.cols, w.group_size,
-                       block.data());
-          to_bf16(block.data(), &block16[(r - rb) * w.cols], w.cols);
-        }
-        gemm_bf16_block(block16.data(), re - rb, w.cols, x16.data(), n_tokens, w.cols, y, y_stride, rb);
-      }
-      return;
-    }
+  std::vector<float> block(kRowBlock * w.cols);
+  if (bf16) {
+    std::vector<uint16_t> block16(kRowBlock * w.cols), x16(n_tokens * w.cols);
+    for (size_t t = 0; t < n_tokens; ++t) to_bf16(x + t * x_stride, &x16[t * w.cols], w.cols);
     for (size_t rb = row_begin; rb < row_end; rb += kRowBlock) {
       const size_t re = std::min(row_end, rb + kRowBlock);
       for (size_t r = rb; r < re; ++r) {
         RowScales(w, r, scales.data(), offsets.data());
-        DequantW4Row(qs + r * (w.cols / 2), scales.data(), offsets.data(), w.cols, w.group_size,
-                     &block[(r - rb) * w.cols]);
+        DequantW4Row(qs + r * (w.cols / 2), scales.data(), offsets.data(), w.cols, w.group_size, block.data());
+        to_bf16(block.data(), &block16[(r - rb) * w.cols], w.cols);
       }
-      GemmF32Block(block.data(), re - rb, w.cols, x, n_tokens, x_stride, y, y_stride, rb);
+      gemm_bf16_block(block16.data(), re - rb, w.cols, x16.data(), n_tokens, w.cols, y, y_stride, rb);
     }
     return;
   }
-  if (w.interleaved != nullptr) {  // decode over the 16-row interleaved copy (gemv_w4_interleaved.h)
-    gemv_w4_interleaved(*w.interleaved, x, n_tokens, x_stride, y, y_stride, row_begin, row_end);
-    return;
+  for (size_t rb = row_begin; rb < row_end; rb += kRowBlock) {
+    const size_t re = std::min(row_end, rb + kRowBlock);
+    for (size_t r = rb; r < re; ++r) {
+      RowScales(w, r, scales.data(), offsets.data());
+      DequantW4Row(qs + r * (w.cols / 2), scales.data(), offsets.data(), w.cols, w.group_size,
+                   &block[(r - rb) * w.cols]);
+    }
+    GemmF32Block(block.data(), re - rb, w.cols, x, n_tokens, x_stride, y, y_stride, rb);
   }
-  if (gemv_w4_bf16_supported(w)) {
-    // Decode: codes as bf16 (128 + q) straight into bfloat16 dot products (gemv_w4_bf16.h);
-    // the tokens of a batch of decode rows take each row in turn (one read of the weights).
-    thread_local std::vector<W4GemvInput> inputs;
-    if (inputs.size() < n_tokens) inputs.resize(n_tokens);
-    for (size_t t = 0; t < n_tokens; ++t) prepare_w4_gemv(x + t * x_stride, w.cols, w.group_size, inputs[t]);
-    gemv_w4_bf16_tokens(w, inputs.data(), n_tokens, y, y_stride, row_begin, row_end);
-    return;
-  }
+}
+
+// Decode of INT4 rows in float32 (kW4Rows): 16 rows' group parameters at a time, each row
+// unpacked once for up to 4 tokens (W4RowTile).
+void W4RowsF32(const Matrix& w, const float* x, size_t n_tokens, size_t x_stride, float* y, size_t y_stride,
+               size_t row_begin, size_t row_end) {
+  const size_t n_groups = w.cols / w.group_size;
+  constexpr size_t kRowBlock = 16;
+  std::vector<float> scales(kRowBlock * n_groups), offsets(kRowBlock * n_groups);
+  const auto* qs = static_cast<const uint8_t*>(w.data);
   for (size_t rb = row_begin; rb < row_end; rb += kRowBlock) {
     const size_t re = std::min(row_end, rb + kRowBlock);
     for (size_t r = rb; r < re; ++r) {
@@ -422,6 +396,30 @@ void MatmulW4Rows(const Matrix& w, const float* x, size_t n_tokens, size_t x_str
         }
       }
     }
+  }
+}
+
+// Decode of INT4 rows with bfloat16 dot products (kW4Bf16Rows): codes as bf16 (128 + q) straight
+// into the dot products (gemv_w4_bf16.h); the tokens of a batch of decode rows take each row in
+// turn (one read of the weights).
+void W4Bf16Rows(const Matrix& w, const float* x, size_t n_tokens, size_t x_stride, float* y, size_t y_stride,
+                size_t row_begin, size_t row_end) {
+  thread_local std::vector<W4GemvInput> inputs;
+  if (inputs.size() < n_tokens) inputs.resize(n_tokens);
+  for (size_t t = 0; t < n_tokens; ++t) prepare_w4_gemv(x + t * x_stride, w.cols, w.group_size, inputs[t]);
+  gemv_w4_bf16_tokens(w, inputs.data(), n_tokens, y, y_stride, row_begin, row_end);
+}
+
+// Products from rows as stored with int8 activations (kQ8_0Int8Rows, kW4Int8Rows) or the Q8_0
+// int8 copy (kQ8_0Int8Interleaved): the activations rounded once per call.
+void Int8Products(Kernel kernel, const Matrix& w, const float* x, size_t n_tokens, size_t x_stride, float* y,
+                  size_t y_stride, size_t row_begin, size_t row_end) {
+  thread_local Q8Activations q;  // reused: no allocation per call once warm
+  quantize_q8_activations(x, n_tokens, x_stride, w.cols, q);
+  switch (kernel) {
+    case Kernel::kQ8_0Int8Interleaved: return gemv_q8_interleaved(*w.interleaved_q8, q, y, y_stride, row_begin, row_end);
+    case Kernel::kQ8_0Int8Rows: return gemv_q8_rows(w, q, 0, n_tokens, y, y_stride, row_begin, row_end);
+    default: return gemv_w4_rows(w, q, 0, n_tokens, y, y_stride, row_begin, row_end);
   }
 }
 
@@ -453,42 +451,48 @@ void HalfRowTile(const T* row, size_t cols, const float* const* xs, float* const
   }
 }
 
-// Rows of bfloat16 (T = hwy::bfloat16_t) or fp16 (T = hwy::float16_t) weights.
+// Prefill of bfloat16 rows with bfloat16 dot products (kBf16Tiles): the rows are bf16 already;
+// the activations are rounded once.
+void Bf16Tiles(const Matrix& w, const float* x, size_t n_tokens, size_t x_stride, float* y, size_t y_stride,
+               size_t row_begin, size_t row_end) {
+  constexpr size_t kRowBlock = 16;
+  std::vector<uint16_t> x16(n_tokens * w.cols);
+  for (size_t t = 0; t < n_tokens; ++t) to_bf16(x + t * x_stride, &x16[t * w.cols], w.cols);
+  const auto* rows16 = static_cast<const uint16_t*>(w.data);
+  for (size_t rb = row_begin; rb < row_end; rb += kRowBlock) {
+    const size_t re = std::min(row_end, rb + kRowBlock);
+    gemm_bf16_block(rows16 + rb * w.cols, re - rb, w.cols, x16.data(), n_tokens, w.cols, y, y_stride, rb);
+  }
+}
+
+// Prefill of bfloat16 (T = hwy::bfloat16_t) or fp16 (T = hwy::float16_t) rows in float32
+// (kHalfTilesF32): a block of rows widened once, then the 4x4 float32 tile.
 template <typename T>
-void MatmulHalfRows(const Matrix& w, const float* x, size_t n_tokens, size_t x_stride, float* y,
-                    size_t y_stride, size_t row_begin, size_t row_end) {
+void HalfTilesF32(const Matrix& w, const float* x, size_t n_tokens, size_t x_stride, float* y,
+                  size_t y_stride, size_t row_begin, size_t row_end) {
   const auto* W = static_cast<const T*>(w.data);
   constexpr size_t kRowBlock = 16;
-  if constexpr (std::is_same_v<T, hwy::bfloat16_t>) {
-    if (n_tokens >= kTileMinTokens && bf16_dot_available() && w.cols % 32 == 0) {
-      // Prefill with bfloat16 dot products: the rows are bf16 already; round the activations once.
-      std::vector<uint16_t> x16(n_tokens * w.cols);
-      for (size_t t = 0; t < n_tokens; ++t) to_bf16(x + t * x_stride, &x16[t * w.cols], w.cols);
-      const auto* rows16 = static_cast<const uint16_t*>(w.data);
-      for (size_t rb = row_begin; rb < row_end; rb += kRowBlock) {
-        const size_t re = std::min(row_end, rb + kRowBlock);
-        gemm_bf16_block(rows16 + rb * w.cols, re - rb, w.cols, x16.data(), n_tokens, w.cols, y,
-                        y_stride, rb);
-      }
-      return;
-    }
+  const hn::ScalableTag<float> d;
+  const hn::Rebind<T, decltype(d)> dh;
+  const size_t N = hn::Lanes(d);
+  std::vector<float> block(kRowBlock * w.cols);
+  for (size_t rb = row_begin; rb < row_end; rb += kRowBlock) {
+    const size_t re = std::min(row_end, rb + kRowBlock);
+    const size_t n = (re - rb) * w.cols;
+    const T* src = W + rb * w.cols;
+    size_t i = 0;
+    for (; i + N <= n; i += N) hn::StoreU(hn::PromoteTo(d, hn::LoadU(dh, src + i)), d, &block[i]);
+    for (; i < n; ++i) block[i] = HalfWeight(src, i);
+    GemmF32Block(block.data(), re - rb, w.cols, x, n_tokens, x_stride, y, y_stride, rb);
   }
-  if (n_tokens >= kTileMinTokens) {  // prefill: widen a block of rows once, then the 4x4 float32 tile
-    const hn::ScalableTag<float> d;
-    const hn::Rebind<T, decltype(d)> dh;
-    const size_t N = hn::Lanes(d);
-    std::vector<float> block(kRowBlock * w.cols);
-    for (size_t rb = row_begin; rb < row_end; rb += kRowBlock) {
-      const size_t re = std::min(row_end, rb + kRowBlock);
-      const size_t n = (re - rb) * w.cols;
-      const T* src = W + rb * w.cols;
-      size_t i = 0;
-      for (; i + N <= n; i += N) hn::StoreU(hn::PromoteTo(d, hn::LoadU(dh, src + i)), d, &block[i]);
-      for (; i < n; ++i) block[i] = HalfWeight(src, i);
-      GemmF32Block(block.data(), re - rb, w.cols, x, n_tokens, x_stride, y, y_stride, rb);
-    }
-    return;
-  }
+}
+
+// Decode of bfloat16 or fp16 rows (kHalfRows): each row widened on the fly for up to 4 tokens.
+template <typename T>
+void HalfRows(const Matrix& w, const float* x, size_t n_tokens, size_t x_stride, float* y, size_t y_stride,
+              size_t row_begin, size_t row_end) {
+  const auto* W = static_cast<const T*>(w.data);
+  constexpr size_t kRowBlock = 16;
   for (size_t rb = row_begin; rb < row_end; rb += kRowBlock) {
     const size_t re = std::min(row_end, rb + kRowBlock);
     for (size_t t = 0; t < n_tokens; t += 4) {
@@ -508,32 +512,45 @@ void MatmulHalfRows(const Matrix& w, const float* x, size_t n_tokens, size_t x_s
   }
 }
 
-// product_tokens: the token count of the whole product this call is a share of (the int8
-// copies' prefill paths, W8A8 and AMX-BF16, are chosen by it, so the threads' token split does
-// not change bits).
-void MatmulRows(const Matrix& w, const float* x, size_t n_tokens, size_t x_stride, float* y,
-                size_t y_stride, size_t row_begin, size_t row_end, size_t product_tokens) {
-  switch (w.type) {
-    case WeightType::kW4:
-      return MatmulW4Rows(w, x, n_tokens, x_stride, y, y_stride, row_begin, row_end, product_tokens);
-    case WeightType::kBF16:
-      return MatmulHalfRows<hwy::bfloat16_t>(w, x, n_tokens, x_stride, y, y_stride, row_begin, row_end);
-    case WeightType::kF16:
-      return MatmulHalfRows<hwy::float16_t>(w, x, n_tokens, x_stride, y, y_stride, row_begin, row_end);
-    case WeightType::kF32:
+// The kernel registry.h chooses, on rows [row_begin, row_end). product_tokens: the token count
+// of the whole product this call is a share of (the prefill kernels of the int8 copy, W8A8 and
+// AMX-BF16, are chosen by it, so the threads' token split does not change bits).
+void MatmulRows(const Matrix& w, const float* x, size_t n_tokens, size_t x_stride, float* y, size_t y_stride,
+                size_t row_begin, size_t row_end, size_t product_tokens) {
+  const Kernel kernel = choose_kernel(w, std::max(n_tokens, product_tokens));
+  const bool bf16 = w.type == WeightType::kBF16;
+  switch (kernel) {
+    case Kernel::kF32Tiles:
       return MatmulF32Rows(w, x, n_tokens, x_stride, y, y_stride, row_begin, row_end);
-    case WeightType::kQ8_0:
-      if (w.interleaved_q8 != nullptr) {
-        thread_local Q8Activations q;  // reused: no allocation per call once warm
-        quantize_q8_activations(x, n_tokens, x_stride, w.cols, q);
-        return gemv_q8_interleaved(*w.interleaved_q8, q, y, y_stride, row_begin, row_end);
-      }
-      if (w.int8_rows) {
-        thread_local Q8Activations q;
-        quantize_q8_activations(x, n_tokens, x_stride, w.cols, q);
-        return gemv_q8_rows(w, q, 0, n_tokens, y, y_stride, row_begin, row_end);
-      }
+    case Kernel::kHalfRows:
+      return bf16 ? HalfRows<hwy::bfloat16_t>(w, x, n_tokens, x_stride, y, y_stride, row_begin, row_end)
+                  : HalfRows<hwy::float16_t>(w, x, n_tokens, x_stride, y, y_stride, row_begin, row_end);
+    case Kernel::kHalfTilesF32:
+      return bf16 ? HalfTilesF32<hwy::bfloat16_t>(w, x, n_tokens, x_stride, y, y_stride, row_begin, row_end)
+                  : HalfTilesF32<hwy::float16_t>(w, x, n_tokens, x_stride, y, y_stride, row_begin, row_end);
+    case Kernel::kBf16Tiles:
+      return Bf16Tiles(w, x, n_tokens, x_stride, y, y_stride, row_begin, row_end);
+    case Kernel::kQ8_0Rows:
       return MatmulQ8_0Rows(w, x, n_tokens, x_stride, y, y_stride, row_begin, row_end);
+    case Kernel::kQ8_0Int8Rows:
+    case Kernel::kQ8_0Int8Interleaved:
+    case Kernel::kW4Int8Rows:
+      return Int8Products(kernel, w, x, n_tokens, x_stride, y, y_stride, row_begin, row_end);
+    case Kernel::kW4Rows:
+      return W4RowsF32(w, x, n_tokens, x_stride, y, y_stride, row_begin, row_end);
+    case Kernel::kW4Bf16Rows:
+      return W4Bf16Rows(w, x, n_tokens, x_stride, y, y_stride, row_begin, row_end);
+    case Kernel::kW4Bf16Interleaved:
+      return gemv_w4_interleaved(*w.interleaved, x, n_tokens, x_stride, y, y_stride, row_begin, row_end);
+    case Kernel::kW4DequantBf16Tiles:
+    case Kernel::kW4DequantF32Tiles:
+      return W4DequantTiles(w, x, n_tokens, x_stride, y, y_stride, row_begin, row_end,
+                            kernel == Kernel::kW4DequantBf16Tiles);
+    case Kernel::kW4Int8:
+    case Kernel::kW4W8A8:  // gemv_w4_int8 takes the W8A8 copy for the prefill products it is made for
+      return gemv_w4_int8(*w.interleaved_int8, x, n_tokens, x_stride, y, y_stride, row_begin, row_end, product_tokens);
+    case Kernel::kW4AmxBf16:
+      return gemm_w4_amx_bf16(*w.interleaved_int8, x, n_tokens, x_stride, y, y_stride, row_begin, row_end);
   }
 }
 
@@ -605,9 +622,10 @@ size_t prefill_chunk() { return amx_prefill_enabled() ? kAmxPrefillChunk : kInt8
 /// tokens, every thread would stream the whole 178 MB head and copy each 16 of its rows to the
 /// interleaved layout, the same work once per thread.
 bool splits_tokens(const Matrix& w, size_t n_tokens, const ThreadPool& pool) {
-  if (w.type == WeightType::kQ8_0 && w.int8_rows && w.interleaved_q8 == nullptr) return false;
-  return (w.interleaved_int8 != nullptr || w.interleaved_q8 != nullptr || w.int8_rows) && n_tokens >= kTileMinTokens &&
-         n_tokens >= 4 * static_cast<size_t>(pool.size());
+  const WeightLayout layout = layout_of(w);
+  const bool int8_copy = layout == WeightLayout::kW4Int8Interleaved || layout == WeightLayout::kQ8_0Interleaved ||
+                         layout == WeightLayout::kW4Int8Rows;
+  return int8_copy && n_tokens >= kTileMinTokens && n_tokens >= 4 * static_cast<size_t>(pool.size());
 }
 
 /// Tokens per thread's share: a multiple of the kernels' 4-token tile (AVX2), or from 8 tokens a
@@ -673,20 +691,7 @@ void matmul_rows(const Matrix& w, const float* x, size_t n_tokens, size_t x_stri
                                    std::min(row_end, w.rows), n_tokens);
 }
 
-bool matmul_rows_invariant(const Matrix& w) {
-  switch (w.type) {
-    case WeightType::kF32:
-    case WeightType::kQ8_0:
-      return true;
-    case WeightType::kW4:
-      if (w.interleaved_int8 != nullptr) return w.interleaved_int8->w8.empty() && !amx_prefill_enabled();
-      return w.int8_rows;
-    case WeightType::kBF16:
-    case WeightType::kF16:
-      return false;
-  }
-  return false;
-}
+bool matmul_rows_invariant(const Matrix& w) { return kernel_batch_invariant(w); }
 
 Matrix row_slice(const Matrix& w, size_t begin, size_t count) {
   if (begin > w.rows || count > w.rows - begin) {

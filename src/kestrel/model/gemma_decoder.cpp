@@ -11,6 +11,7 @@
 #include "kestrel/head/flashhead_format.h"
 #include "kestrel/image/image.h"
 #include "kestrel/kernels/ops.h"
+#include "kestrel/kernels/registry.h"
 #include "kestrel/model/attention.h"
 
 namespace kestrel::model {
@@ -185,12 +186,21 @@ GemmaDecoder::GemmaDecoder(const gguf::File& file, const LoadOptions& options, T
   info_.load_copy_bytes = store_.load_copy_bytes();
   info_.decode_weight_bytes = ple_.model_proj.bytes();
   bool invariant = ple_.model_proj.data == nullptr || kernels::matmul_rows_invariant(ple_.model_proj);
+  const auto note = [](std::vector<std::string>& labels, const kernels::Matrix& m, size_t tokens) {
+    const std::string label = kernels::kernel_label(kernels::choose_kernel(m, tokens));
+    if (std::find(labels.begin(), labels.end(), label) == labels.end()) labels.push_back(label);
+  };
   for (const Layer& l : layers_) {
     for (const kernels::Matrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down, &l.ple_gate, &l.ple_proj}) {
       info_.decode_weight_bytes += m->bytes();
-      if (m->data != nullptr && !kernels::matmul_rows_invariant(*m)) invariant = false;
+      if (m->data == nullptr) continue;
+      if (!kernels::matmul_rows_invariant(*m)) invariant = false;
+      note(info_.layer_decode_kernels, *m, 1);
+      note(info_.layer_prefill_kernels, *m, kernels::kTileMinTokens);
     }
   }
+  info_.head_decode_kernel = kernels::kernel_label(kernels::choose_kernel(head_.weight, 1));
+  info_.head_prefill_kernel = kernels::kernel_label(kernels::choose_kernel(head_.weight, kernels::kTileMinTokens));
   batch_exactness_ = invariant ? BatchExactness::kAnyRows : BatchExactness::kShortApart;
 }
 

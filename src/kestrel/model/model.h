@@ -39,6 +39,10 @@ struct ModelInfo {
   /// (dense or FlashHead: runtime::Engine::decode_read_bytes adds it), the KV cache, and the
   /// embedding rows of the token (under 0.1 % on Gemma 3 and 4).
   size_t decode_weight_bytes = 0;
+  /// The kernels its products run on here (kernels::kernel_label, kernels/registry.h): the
+  /// layers' distinct ones in decode and in prefill (kernels::Phase), and the output head's.
+  std::vector<std::string> layer_decode_kernels, layer_prefill_kernels;
+  std::string head_decode_kernel, head_prefill_kernel;
 };
 
 enum class Logits { kLast, kAll };

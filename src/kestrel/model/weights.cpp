@@ -2,8 +2,7 @@
 
 #include "kestrel/base/error.h"
 #include "kestrel/formats/dequant.h"
-#include "kestrel/kernels/gemm_w4_amx_bf16.h"
-#include "kestrel/kernels/gemv_w4_rows.h"
+#include "kestrel/kernels/registry.h"
 #include "kestrel/quant/gguf_convert.h"
 
 namespace kestrel::model {
@@ -149,46 +148,42 @@ kernels::Matrix WeightStore::image_matrix(const std::string& name, size_t rows, 
   return m;
 }
 
-bool WeightStore::int8_head_chosen(const kernels::Matrix& head) const {
-  // Only where the layers are quantized too (a GGUF's auto form, W4A16): the source form is the
-  // float32 parity path, BF16/FP16 the unquantized baseline.
+kernels::Matrix WeightStore::laid_out(kernels::Matrix m, kernels::MatrixRole role) {
+  // Only where the layers are quantized (a GGUF's auto form, W4A16) do a Q8_0 matrix and the head
+  // take int8 activations: the source form is the float32 parity path, BF16/FP16 the baseline.
   const Precision in_effect = image_ ? image_->precision : options_.precision;
-  if (in_effect != Precision::kAuto && in_effect != Precision::kW4A16) return false;
-  const bool shape = (head.type == kernels::WeightType::kQ8_0 && head.cols % 32 == 0) || kernels::w4_rows_supported(head);
-  return shape && kernels::w4_int8_chosen(options_.decode_activations) && kernels::int8_simd_available();
+  const bool quantized = in_effect == Precision::kAuto || in_effect == Precision::kW4A16;
+  using kernels::WeightLayout;
+  switch (kernels::choose_layout(m, role, quantized, options_.decode_activations)) {
+    case WeightLayout::kW4Int8Interleaved:
+      m.interleaved_int8 = &owned_interleaved_int8_.emplace_back(kernels::interleave_w4_int8(m, pool_));
+      break;
+    case WeightLayout::kW4Interleaved:
+      m.interleaved = &owned_interleaved_.emplace_back(kernels::interleave_w4(m));
+      break;
+    case WeightLayout::kQ8_0Interleaved:
+      m.interleaved_q8 = &owned_interleaved_q8_.emplace_back(kernels::interleave_q8_0(m, pool_));
+      break;
+    case WeightLayout::kQ8_0Int8Rows:
+    case WeightLayout::kW4Int8Rows:
+      m.int8_rows = true;
+      ++int8_row_matrices_;
+      break;
+    default:
+      break;  // read as stored
+  }
+  return m;
 }
 
-kernels::Matrix WeightStore::with_int8_head(kernels::Matrix head) {
-  if (!int8_head_chosen(head)) return head;
-  if (head.type == kernels::WeightType::kW4) return with_int8_head_rows(head);
-  head.interleaved_q8 = &owned_interleaved_q8_.emplace_back(kernels::interleave_q8_0(head, pool_));
-  return head;
-}
+kernels::Matrix WeightStore::with_int8_head(kernels::Matrix head) { return laid_out(head, kernels::MatrixRole::kHead); }
 
 kernels::Matrix WeightStore::with_int8_head_rows(kernels::Matrix head) {
-  if (int8_head_chosen(head)) {
-    head.int8_rows = true;
-    ++int8_row_matrices_;
-  }
-  return head;
-}
-
-kernels::Matrix WeightStore::with_interleaved(kernels::Matrix m) {
-  if (m.type == kernels::WeightType::kQ8_0) return with_int8_head(m);
-  // int8 activations in the decode kernel, in place of the bf16 one, where the options ask.
-  if (kernels::w4_int8_chosen(options_.decode_activations) && kernels::w4_int8_supported(m)) {
-    kernels::amx_prefill_enabled();  // KESTREL_AMX read here: a bad value fails the load, not a product
-    m.interleaved_int8 = &owned_interleaved_int8_.emplace_back(kernels::interleave_w4_int8(m, pool_));
-    return m;
-  }
-  if (!kernels::w4_interleavable(m)) return m;
-  m.interleaved = &owned_interleaved_.emplace_back(kernels::interleave_w4(m));
-  return m;
+  return laid_out(head, kernels::MatrixRole::kHeadInPlace);
 }
 
 kernels::Matrix WeightStore::matrix(const std::string& name, size_t rows, size_t cols) {
   if (image_) {
-    kernels::Matrix m = with_interleaved(image_matrix(name, rows, cols));
+    kernels::Matrix m = laid_out(image_matrix(name, rows, cols), kernels::MatrixRole::kLayer);
     // The kernels read the copy alone from now on: the INT4 tensors' pages leave the resident
     // set, so that the loaded model costs its file plus the copy's layout overhead, not both.
     if (m.type == kernels::WeightType::kW4 && (m.interleaved_int8 != nullptr || m.interleaved != nullptr)) {
@@ -197,7 +192,7 @@ kernels::Matrix WeightStore::matrix(const std::string& name, size_t rows, size_t
     return m;
   }
   if (options_.precision == Precision::kSource) return source_matrix(name, rows, cols);
-  if (options_.precision == Precision::kAuto) return with_interleaved(converted(name, rows, cols));
+  if (options_.precision == Precision::kAuto) return laid_out(converted(name, rows, cols), kernels::MatrixRole::kLayer);
   const auto& info = checked(name, {cols, rows});
   std::vector<float> dense(info.n_elements);
   gguf::dequantize(info.type, file_->tensor_data(info).data(), dense.data(), info.n_elements);
@@ -205,7 +200,7 @@ kernels::Matrix WeightStore::matrix(const std::string& name, size_t rows, size_t
     owned_w4_.push_back(quant::quantize_w4(dense.data(), rows, cols, options_.group_size, nullptr,
                                                    options_.zero_points, *pool_));
     if (options_.scale_bits == 8) quant::compress_group_params(owned_w4_.back(), dense.data(), nullptr, *pool_);
-    return with_interleaved(owned_w4_.back().view());
+    return laid_out(owned_w4_.back().view(), kernels::MatrixRole::kLayer);
   }
   const bool fp16 = options_.precision == Precision::kFP16;
   auto& half = owned_16_.emplace_back(dense.size());

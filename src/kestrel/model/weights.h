@@ -12,6 +12,7 @@
 #include "kestrel/kernels/gemv_w4_int8.h"
 #include "kestrel/kernels/gemv_w4_interleaved.h"
 #include "kestrel/kernels/matmul.h"
+#include "kestrel/kernels/registry.h"
 #include "kestrel/model/kv_cache.h"
 #include "kestrel/quant/precision.h"
 #include "kestrel/quant/w4.h"
@@ -46,16 +47,18 @@ class WeightStore {
   kernels::Matrix source_matrix(const std::string& name, size_t rows, size_t cols);
   /// The 1-D tensor `name` of n elements, as float32.
   const float* vector(const std::string& name, size_t n);
-  /// `head` (the output head's matrix) with int8 activations where options and CPU choose them
-  /// and the layers are quantized (a GGUF's auto form, W4A16): a Q8_0 head on an interleaved
-  /// copy (gemv_q8_interleaved.h), an INT4 one (an image built with --embedding int4) from its
-  /// rows as stored (gemv_w4_rows.h: its copy would be 335 MB for Gemma 4's head); else as it is.
+  /// `head` (the output head's matrix) in the layout kernels::choose_layout gives a dense head
+  /// (MatrixRole::kHead): with int8 activations where options and CPU choose them and the layers
+  /// are quantized (a GGUF's auto form, W4A16), a Q8_0 head on an interleaved copy
+  /// (gemv_q8_interleaved.h), an INT4 one (an image built with --embedding int4) from its rows as
+  /// stored (gemv_w4_rows.h: its copy would be 335 MB for Gemma 4's head); else as it is.
   kernels::Matrix with_int8_head(kernels::Matrix head);
-  /// The same choice for a FlashHead image's head, without a copy (~190 MB for Gemma 3's Q8_0
-  /// head of 262,144 rows): its products, FlashHead's stage 2 and the dense head alike, run on
-  /// the rows as stored (kernels::Matrix::int8_rows: gemv_q8_rows.h, gemv_w4_rows.h), with the
-  /// copy's bits on 32-column blocks (an INT4 head with 8-bit parameters rounds per 32 columns
-  /// here, where a copy would take superblocks of 128: gemv_w4_int8.h).
+  /// The same for a FlashHead image's head (MatrixRole::kHeadInPlace), never copied (~190 MB for
+  /// Gemma 3's Q8_0 head of 262,144 rows): its products, FlashHead's stage 2 and the dense head
+  /// alike, run on the rows as stored (kernels::Matrix::int8_rows: gemv_q8_rows.h,
+  /// gemv_w4_rows.h), with the copy's bits on 32-column blocks (an INT4 head with 8-bit
+  /// parameters rounds per 32 columns here, where a copy would take superblocks of 128:
+  /// gemv_w4_int8.h).
   kernels::Matrix with_int8_head_rows(kernels::Matrix head);
   bool has(const std::string& name) const { return file_->find_tensor(name) != nullptr; }
   /// Parameters seen so far.
@@ -72,8 +75,6 @@ class WeightStore {
   size_t released_bytes() const { return released_bytes_; }
 
  private:
-  // Whether `head` takes int8 activations: with_int8_head's condition.
-  bool int8_head_chosen(const kernels::Matrix& head) const;
   const gguf::TensorInfo& checked(const std::string& name, std::vector<uint64_t> shape);
   const float* dequantized(const gguf::TensorInfo& info);
   // A checked GGUF tensor as stored where a kernel takes it (F32, Q8_0, F16, BF16), else float32.
@@ -82,10 +83,9 @@ class WeightStore {
   kernels::Matrix converted(const std::string& name, size_t rows, size_t cols);
 
   kernels::Matrix image_matrix(const std::string& name, size_t rows, size_t cols);
-  // m with its interleaved copy for the decode kernel, where that kernel runs it (the
-  // int8-activation copy instead when options ask for int8 decode activations, where
-  // gemv_w4_int8 runs it; for a Q8_0 matrix, gemv_q8_interleaved's copy then).
-  kernels::Matrix with_interleaved(kernels::Matrix m);
+  // m in the layout kernels::choose_layout gives it for `role` (registry.h), its copy made and
+  // kept here where that layout is one.
+  kernels::Matrix laid_out(kernels::Matrix m, kernels::MatrixRole role);
   const gguf::TensorInfo& image_tensor(const std::string& name, gguf::TensorType type,
                                        std::vector<uint64_t> shape);
   // Drops the pages of the file's tensor from the resident set (a load copy replaced it).

@@ -10,6 +10,7 @@
 
 #include "kestrel/base/error.h"
 #include "kestrel/kernels/gemv_w4_int8.h"
+#include "kestrel/kernels/kernel_options.h"
 #include "kestrel/image/image.h"
 
 namespace kestrel::runtime {
@@ -106,7 +107,7 @@ void check_draft_vocabulary(const std::filesystem::path& target_path, const std:
 
 namespace {
 
-// Engine::kv_identity(): the file, the load options, the environment's kernel switches, the CPU.
+// Engine::kv_identity(): the file, the load options, the kernel switches, the CPU.
 std::string kv_identity_of(const std::filesystem::path& path, const model::LoadOptions& load) {
   std::error_code ec;
   const auto canonical = std::filesystem::weakly_canonical(path, ec);
@@ -119,10 +120,7 @@ std::string kv_identity_of(const std::filesystem::path& path, const model::LoadO
         std::to_string(load.zero_points) + " " + std::to_string(load.scale_bits) + " " +
         std::to_string(kernels::w4_int8_chosen(load.decode_activations));
   id += "\nkv " + model::kv_types_name(load.kv_types);
-  for (const char* var : {"KESTREL_AMX", "KESTREL_W8A8", "KESTREL_NO_VNNI", "KESTREL_NO_INTERLEAVE", "KESTREL_W4_INT8"}) {
-    const char* v = std::getenv(var);
-    id += std::string("\n") + var + "=" + (v ? v : "");
-  }
+  id += "\nkernels " + kernels::kernel_options_name(kernels::kernel_options());
   std::ifstream cpuinfo("/proc/cpuinfo");
   for (std::string line; std::getline(cpuinfo, line);) {
     if (line.rfind("flags", 0) == 0 || line.rfind("Features", 0) == 0) {

@@ -2,6 +2,7 @@
 #include <random>
 
 #include "kestrel/server/api_error.h"
+#include "kestrel/runtime/kernels_report.h"
 #include "kestrel/server/app.h"
 #include "kestrel/server/tool_grammar.h"
 #include "kestrel/text/reply_parser.h"
@@ -317,6 +318,7 @@ json App::props() const {
           {"chat_format", chat_template_ == ChatTemplate::kGemma4 ? "gemma4" : "gemma3"},
           {"instruction_tuned", engine_->has_chat_template()},
           {"flashhead", flashhead},
+          {"kernels", runtime::kernels_json(engine_->model().info())},
           {"speculative", draft_mode_ == runtime::DraftMode::kNone || options_.draft_max == 0
                               ? json(nullptr)
                               : json{{"draft", options_.draft},
