@@ -73,8 +73,10 @@ class Writer {
 /// XXH3-64 over every metadata entry (key, type and encoded value, in file order) except
 /// `exclude_key`, combined with XXH3-64 over every tensor's bytes in tensor order: what
 /// Writer::content_hash() computed when the file was written. Any change to a value or a
-/// tensor changes it. The tensors are read in pieces of 64 MiB, each dropped from the resident
+/// tensor changes it. The tensors are read in pieces of 8 MiB, each dropped from the resident
 /// set once hashed (as File::release does), so hashing a file larger than memory leaves it unmapped.
+/// For a file mapping a second thread pages the next pieces in and the hashed ones out meanwhile
+/// (joined before returning); the bytes hashed, and the hash, are the same.
 uint64_t content_hash(const File& file, std::string_view exclude_key);
 
 }  // namespace kestrel::gguf

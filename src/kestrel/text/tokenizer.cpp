@@ -47,23 +47,36 @@ std::string replace_all(std::string_view text, std::string_view from, std::strin
 /// Texts llama.cpp marks as control even when the GGUF says otherwise (EOT/EOM/EOG/FIM
 /// detection in llama_vocab::impl::load). For Gemma 3 this concerns "</s>" (user-defined in the
 /// file): it is then split out only with parse_special and decodes to "" without render_special.
+/// In byte order, for the binary search in forced_control.
+constexpr std::string_view kForcedControlTexts[] = {
+    "</s>", "<EOT>", "<MID>", "<PAD>", "<PRE>", "<REPO>", "<SUF>", "<end_of_turn>",
+    "<end_of_utterance>", "<eos>", "<fim-middle>", "<fim-pad>", "<fim-prefix>", "<fim-repo>",
+    "<fim-suffix>", "<fim_middle>", "<fim_pad>", "<fim_prefix>", "<fim_suffix>", "<reponame>",
+    "<turn|>", "<|calls|>", "<|call|>", "<|code_middle|>", "<|code_prefix|>", "<|code_suffix|>",
+    "<|end_of_text|>", "<|endoftext|>", "<|end|>", "<|eom_id|>", "<|eot_id|>", "<|file_sep|>",
+    "<|fim_middle|>", "<|fim_pad|>", "<|fim_prefix|>", "<|fim_repo|>", "<|fim_suffix|>",
+    "<|flush|>", "<|im_end|>", "<|middle|>", "<|prefix|>", "<|repo_name|>", "<|return|>",
+    "<|suffix|>", "<|tool_response>",
+    "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>",
+    "<\xef\xbd\x9c" "fim\xe2\x96\x81" "begin\xef\xbd\x9c>",
+    "<\xef\xbd\x9c" "fim\xe2\x96\x81" "end\xef\xbd\x9c>",
+    "<\xef\xbd\x9c" "fim\xe2\x96\x81hole\xef\xbd\x9c>",
+    "[EOS]", "[EOT]", "[PAD]", "[e~[", "_<EOT>",
+    "\xe2\x96\x81<MID>", "\xe2\x96\x81<PRE>", "\xe2\x96\x81<SUF>",
+};
+static_assert(std::ranges::is_sorted(kForcedControlTexts), "keep kForcedControlTexts in byte order");
+
+/// Whether `text` is one of kForcedControlTexts. Called for every vocabulary piece at load
+/// (262,144 for Gemma), so the last byte (one of '>', ']', '[') rejects almost all of them before
+/// any string comparison.
 bool forced_control(std::string_view text) {
-  static constexpr std::string_view kTexts[] = {
-      "</s>", "<EOT>", "<MID>", "<PAD>", "<PRE>", "<REPO>", "<SUF>", "<end_of_turn>",
-      "<end_of_utterance>", "<eos>", "<fim-middle>", "<fim-pad>", "<fim-prefix>", "<fim-repo>",
-      "<fim-suffix>", "<fim_middle>", "<fim_pad>", "<fim_prefix>", "<fim_suffix>", "<reponame>",
-      "<turn|>", "<|calls|>", "<|call|>", "<|code_middle|>", "<|code_prefix|>", "<|code_suffix|>",
-      "<|end_of_text|>", "<|endoftext|>", "<|end|>", "<|eom_id|>", "<|eot_id|>", "<|file_sep|>",
-      "<|fim_middle|>", "<|fim_pad|>", "<|fim_prefix|>", "<|fim_repo|>", "<|fim_suffix|>",
-      "<|flush|>", "<|im_end|>", "<|middle|>", "<|prefix|>", "<|repo_name|>", "<|return|>",
-      "<|suffix|>", "<|tool_response>", "[EOS]", "[EOT]", "[PAD]", "[e~[", "_<EOT>",
-      "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>",
-      "<\xef\xbd\x9c" "fim\xe2\x96\x81" "begin\xef\xbd\x9c>",
-      "<\xef\xbd\x9c" "fim\xe2\x96\x81" "end\xef\xbd\x9c>",
-      "<\xef\xbd\x9c" "fim\xe2\x96\x81hole\xef\xbd\x9c>",
-      "\xe2\x96\x81<MID>", "\xe2\x96\x81<PRE>", "\xe2\x96\x81<SUF>",
-  };
-  return std::find(std::begin(kTexts), std::end(kTexts), text) != std::end(kTexts);
+  static constexpr std::array<bool, 256> kLastBytes = [] {
+    std::array<bool, 256> last{};
+    for (const std::string_view t : kForcedControlTexts) last[static_cast<uint8_t>(t.back())] = true;
+    return last;
+  }();
+  if (text.empty() || !kLastBytes[static_cast<uint8_t>(text.back())]) return false;
+  return std::binary_search(std::begin(kForcedControlTexts), std::end(kForcedControlTexts), text);
 }
 
 TokenType to_token_type(int64_t raw) {
@@ -140,18 +153,14 @@ Tokenizer Tokenizer::from_gguf(const gguf::File& file) {
     std::transform(raw.begin(), raw.end(), tok.types_.begin(), to_token_type);
   }
 
-  size_t slots = 16;
-  while (slots < 2 * n) slots *= 2;
-  tok.index_.assign(slots, -1);
   tok.control_.assign(n, 0);
   for (size_t i = 0; i < n; ++i) {
-    const auto id = static_cast<TokenId>(i);
     std::string& piece = tok.pieces_[i];
     if (piece.empty()) piece = "[EMPTY_" + std::to_string(i) + "]";  // as llama.cpp
-    tok.index_piece(id);  // a later duplicate wins, as in llama.cpp's token_to_id
     const TokenType t = tok.types_[i];
     tok.control_[i] = t == TokenType::kControl || t == TokenType::kUnknown || forced_control(piece);
   }
+  tok.build_index();
 
   // SPM defaults from llama_vocab::impl::load, then the metadata.
   tok.bos_ = special_id(file, "tokenizer.ggml.bos_token_id", n > 1 ? 1 : -1, n);
@@ -425,24 +434,42 @@ std::optional<TokenId> Tokenizer::find(std::string_view piece) const {
   return id;
 }
 
-TokenId Tokenizer::lookup(std::string_view piece) const {
-  if (index_.empty()) return -1;
+/// The slot holding `piece`, or the empty slot where it would go (`hash` = piece_hash(piece)).
+/// Probing starts at the hash's low bits. A slot whose tag (the high 32 bits) differs holds
+/// another piece, rejected without reading pieces_: that string compare costs a cache miss or
+/// two, so it is left for the piece itself and tag collisions (one in 2^32).
+size_t Tokenizer::probe(std::string_view piece, uint64_t hash) const {
   const size_t mask = index_.size() - 1;
-  for (size_t slot = std::hash<std::string_view>{}(piece) & mask;; slot = (slot + 1) & mask) {
-    const TokenId id = index_[slot];
-    if (id < 0 || pieces_[static_cast<size_t>(id)] == piece) return id;
+  const auto tag = static_cast<uint32_t>(hash >> 32);
+  for (size_t slot = hash & mask;; slot = (slot + 1) & mask) {
+    const IndexSlot& at = index_[slot];
+    if (at.id < 0 || (at.tag == tag && pieces_[static_cast<size_t>(at.id)] == piece)) return slot;
   }
 }
 
-void Tokenizer::index_piece(TokenId id) {
-  const std::string& piece = pieces_[static_cast<size_t>(id)];
-  const size_t mask = index_.size() - 1;
-  for (size_t slot = std::hash<std::string_view>{}(piece) & mask;; slot = (slot + 1) & mask) {
-    TokenId& at = index_[slot];
-    if (at < 0 || pieces_[static_cast<size_t>(at)] == piece) {
-      at = id;
-      return;
+TokenId Tokenizer::lookup(std::string_view piece) const {
+  if (index_.empty()) return -1;
+  return index_[probe(piece, piece_hash(piece))].id;
+}
+
+/// Fills index_ from pieces_. Each insertion into the table (4 MiB for Gemma's 262,144 pieces) is
+/// a cache miss, which the CPU would wait for one at a time: computing the hashes first lets the
+/// home slot of the piece kPrefetchAhead insertions later be prefetched, so that the misses
+/// overlap.
+void Tokenizer::build_index() {
+  size_t slots = 16;
+  while (slots < 2 * pieces_.size()) slots *= 2;
+  index_.assign(slots, IndexSlot{});
+  std::vector<uint64_t> hashes(pieces_.size());
+  for (size_t i = 0; i < pieces_.size(); ++i) hashes[i] = piece_hash(pieces_[i]);
+  constexpr size_t kPrefetchAhead = 16;
+  for (size_t i = 0; i < pieces_.size(); ++i) {
+    if (i + kPrefetchAhead < hashes.size()) {
+      __builtin_prefetch(&index_[hashes[i + kPrefetchAhead] & (slots - 1)], /*rw=*/1);
     }
+    // In id order: a later duplicate replaces the earlier id, as in llama.cpp's token_to_id.
+    const std::string& piece = pieces_[i];
+    index_[probe(piece, hashes[i])] = {static_cast<TokenId>(i), static_cast<uint32_t>(hashes[i] >> 32)};
   }
 }
 

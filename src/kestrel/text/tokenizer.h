@@ -90,12 +90,19 @@ class Tokenizer {
   std::vector<float> scores_;
   std::vector<TokenType> types_;
   std::vector<uint8_t> control_;  // 1: control, unknown, or an EOG text llama.cpp forces
-  /// Exact piece -> id lookup: open addressing over ids (linear probing, -1 empty, a power of
-  /// two at least twice the vocabulary), keys compared against pieces_, so the 262,144 pieces of
-  /// Gemma's vocabulary are not copied into a second container at load.
-  std::vector<TokenId> index_;
+  /// One slot of index_: a token id (-1: empty slot) and the high 32 bits of its piece_hash.
+  struct IndexSlot {
+    TokenId id = -1;
+    uint32_t tag = 0;
+  };
+  /// Exact piece -> id lookup: open addressing over ids (linear probing, a power of two at least
+  /// twice the vocabulary), keys compared against pieces_, so the 262,144 pieces of Gemma's
+  /// vocabulary are not copied into a second container at load.
+  std::vector<IndexSlot> index_;
+  static uint64_t piece_hash(std::string_view piece) { return std::hash<std::string_view>{}(piece); }
+  size_t probe(std::string_view piece, uint64_t hash) const;  // slot of `piece`, or where it goes
   TokenId lookup(std::string_view piece) const;  // -1 when no piece is `piece`
-  void index_piece(TokenId id);                  // a later duplicate replaces the earlier id
+  void build_index();                            // index_ over all of pieces_
   std::vector<TokenId> split_tokens_;  // control, unknown and user-defined tokens, longest first
   std::vector<TrieNode> trie_;         // over split_tokens_; node 0 is the root
   TokenId byte_tokens_[256] = {};
