@@ -118,6 +118,10 @@ BENCHMARK(Q8_0)->Name("Batch/Q8_0")->Args({16384, 1})->Args({16384, 2})->Args({1
 // The Q8_0 head's many-row products (FlashHead's stage 1 over the centroids, the dense head of
 // scoring and perplexity in chunks of 64 tokens): the interleaved copy and the rows as stored.
 BENCHMARK(Q8_0Interleaved)->Name("Batch/Q8_0Interleaved")->Args({16384, 1})->Args({16384, 4})->Args({16384, 8})->Args({16384, 16})->Args({65536, 64})->UseRealTime();
+// Gemma 3's whole Q8_0 head (262,144 x 640, 178 MB): its int8 copy against its rows as stored
+// (the copy's bits either way; issue 43: a dense head read in place saves the copy's memory).
+BENCHMARK(Q8_0Interleaved)->Name("Head/Q8_0Interleaved")->Args({262144, 1})->Args({262144, 4})->Args({262144, 16})->UseRealTime();
+BENCHMARK(Q8_0Int8Rows)->Name("Head/Q8_0Int8Rows")->Args({262144, 1})->Args({262144, 4})->Args({262144, 16})->UseRealTime();
 BENCHMARK(Q8_0Int8Rows)->Name("Batch/Q8_0Int8Rows")->Args({16384, 4})->Args({16384, 8})->Args({16384, 16})->Args({65536, 64})->UseRealTime();
 // Prefill: 256 tokens (one forward chunk).
 BENCHMARK(F32)->Name("Prefill/F32")->Args({2048, 256})->UseRealTime();

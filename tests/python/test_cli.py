@@ -132,8 +132,8 @@ def test_perplexity_help_groups_and_decode_act_text():
     assert "--precision source" not in help_text.replace("--kl-base-precision source", "")
     assert "(--kl-base-precision" in help_text
     loading = help_text.split("\nModel loading:\n", 1)[1]
-    assert re.findall(r"^  (-[\w-]+(?:,--[\w-]+)?)", loading, re.M) == ["-t,--threads", "--decode-act", "--cache-type-k",
-                                                                     "--cache-type-v"], loading
+    assert re.findall(r"^  (-[\w-]+(?:,--[\w-]+)?)", loading, re.M) == ["-t,--threads", "--decode-act", "--kernels",
+                                                                     "--cache-type-k", "--cache-type-v"], loading
 
 
 def test_readme_perplexity_table_names_every_option():

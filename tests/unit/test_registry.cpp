@@ -185,6 +185,16 @@ TEST(KernelOptions, RefusesAnUnknownNameListingTheKnownOnes) {
   }
 }
 
+TEST(KernelOptions, TrimsLineEndsAndShortensALongNameInTheError) {
+  EXPECT_EQ(k::parse_kernel_options("bf16\n", "test").activations, k::DecodeActivations::kBf16);
+  try {
+    k::parse_kernel_options(std::string(100000, 'x'), "test");
+    FAIL() << "no error";
+  } catch (const kestrel::Error& e) {
+    EXPECT_LT(std::string(e.what()).size(), 400u);
+  }
+}
+
 TEST(KernelOptions, SwitchesTurnInstructionSetsOff) {
   SwitchesGuard guard;
   k::set_kernel_options(k::parse_kernel_options("no-avx2,no-vnni,no-bf16-dot", "test"));

@@ -25,6 +25,7 @@
 #include "common.h"
 #include "kestrel/base/error.h"
 #include "kestrel/image/image.h"
+#include "kestrel/kernels/kernel_options.h"
 #include "kestrel/runtime/bench/concurrency.h"
 #include "kestrel/runtime/bench/engine_generator.h"
 #include "kestrel/runtime/bench/memory.h"
@@ -115,6 +116,8 @@ json machine_json() {
   const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
   json m = {{"cpu", cpu_name()}, {"logical_cpus", std::thread::hardware_concurrency()}, {"os", os}};
   m["memory_bytes"] = pages > 0 && page > 0 ? json(static_cast<double>(pages) * static_cast<double>(page)) : json(nullptr);
+  // The kernel switches in force (--kernels, KESTREL_KERNELS: docs/kernels.md), so A/B rows differ.
+  m["kernel_switches"] = kernels::kernel_options_name(kernels::kernel_options());
   return m;
 }
 

@@ -11,6 +11,7 @@
 #include "option_checks.h"
 #include "kestrel/base/error.h"
 #include "kestrel/kernels/gemv_w4_int8.h"
+#include "kestrel/runtime/kernels_report.h"
 #include "kestrel/runtime/model_path.h"
 #include "kestrel/runtime/perplexity.h"
 
@@ -29,6 +30,7 @@ struct PerplexityCliOptions {
   std::string base_decode_act = "auto";
   std::string base_precision = "source";
   std::string cache_type_k = "f16", cache_type_v = "f16";  // the model's; --kl-base keeps f16
+  std::string kernels;  // --kernels: both models' (kernels/kernel_options.h)
   bool json = false;
 };
 
@@ -40,8 +42,9 @@ std::string count(size_t n, const char* noun) {
 // The engines' own caches are not used (perplexity makes one per model at --ctx), so they are
 // loaded with the smallest context; --ctx is checked against the model's maximum afterwards.
 runtime::Engine load(const std::string& path, int threads, const std::string& decode_act, const std::string& ctk,
-                     const std::string& ctv) {
+                     const std::string& ctv, const std::string& kernels) {
   ModelOptions m;
+  m.kernels = kernels;
   m.model = path;
   m.threads = threads;
   m.ctx = 1;
@@ -54,7 +57,7 @@ runtime::Engine load(const std::string& path, int threads, const std::string& de
 int run_perplexity(const PerplexityCliOptions& o) {
   if (o.ctx < 4) throw Error("--ctx must be at least 4 (got " + std::to_string(o.ctx) + ")");
   const std::string text = read_input_file(o.file);
-  runtime::Engine engine = load(o.model, o.threads, o.decode_act, o.cache_type_k, o.cache_type_v);
+  runtime::Engine engine = load(o.model, o.threads, o.decode_act, o.cache_type_k, o.cache_type_v, o.kernels);
   std::optional<runtime::Engine> base;
   if (!o.base.empty()) {
     runtime::EngineOptions base_options;
@@ -87,6 +90,7 @@ int run_perplexity(const PerplexityCliOptions& o) {
                         {"n_chunks", r.n_chunks},   {"n_scored", r.n_scored},
                         {"ppl", r.ppl},             {"ppl_error", r.ppl_error},
                         {"seconds", r.seconds}};
+    j["kernels"] = runtime::kernels_json(engine.model().info());  // the model's (-m); docs/kernels.md
     if (r.has_base) {
       j["base_ppl"] = r.base_ppl;
       j["base_ppl_error"] = r.base_ppl_error;
@@ -151,6 +155,7 @@ Command add_perplexity_command(CLI::App& app) {
                   "or auto (as -m loads a GGUF: docs/quantization.md)")
       ->check(CLI::IsMember({"source", "auto"}))
       ->capture_default_str();
+  add_kernels_option(*cmd, opts->kernels)->group(kModelGroup);
   add_kv_cache_options(*cmd, opts->cache_type_k, opts->cache_type_v);  // -m's cache; --kl-base's is f16
   cmd->add_flag("--json", opts->json, "Print one JSON object with the results");
   return [opts] { return run_perplexity(*opts); };

@@ -36,10 +36,17 @@ std::string known_names() {
   return s + ", default";
 }
 
+bool blank(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
 std::string_view trimmed(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  while (!s.empty() && blank(s.front())) s.remove_prefix(1);
+  while (!s.empty() && blank(s.back())) s.remove_suffix(1);
   return s;
+}
+
+// A name as an error message shows it: at most 40 characters.
+std::string shown(std::string_view name) {
+  return name.size() <= 40 ? std::string(name) : std::string(name.substr(0, 40)) + "...";
 }
 
 // Earlier releases' variables, as the names above.
@@ -98,7 +105,7 @@ KernelOptions parse_kernel_options(std::string_view list, std::string_view sourc
       if (name == sw.name) found = &sw;
     }
     if (found == nullptr) {
-      throw Error(std::string(source) + ": unknown kernel switch '" + std::string(name) + "' (known: " +
+      throw Error(std::string(source) + ": unknown kernel switch '" + shown(name) + "' (known: " +
                   known_names() + "; docs/kernels.md)");
     }
     found->apply(o);

@@ -239,7 +239,8 @@ std::string markdown_report(const nlohmann::json& report) {
   if (report.contains("machine") && report["machine"].is_object()) {
     const json& m = report["machine"];
     md << "- Machine: " << string_at(m, "cpu", "?") << ", " << m.value("logical_cpus", 0) << " logical CPUs, "
-       << bytes_text(number_at(m, {"memory_bytes"})) << " memory, " << string_at(m, "os", "?") << ".\n";
+       << bytes_text(number_at(m, {"memory_bytes"})) << " memory, " << string_at(m, "os", "?")
+       << ", kernel switches: " << string_at(m, "kernel_switches", "default") << ".\n";
   }
   md << "- Method (the model card's): averages (arithmetic means) over the measured requests, warm-ups "
         "excluded; one user, greedy, end of sequence ignored, a fresh KV cache per request; prefill = "
