@@ -181,6 +181,7 @@ def main():
     cpu, flags = machine.cpu()
     report = {"schema": SCHEMA,
               "machine": {"cpu": cpu, "cpu_flags": flags, "logical_cpus": os.cpu_count(),
+                          "kernel_switches": "none (a peer engine)",
                           "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
                           "os": f"{platform.system()} {platform.release()} {platform.machine()}"},
               "settings": {"text": None, "idle_seconds": 0.0,
