@@ -13,6 +13,7 @@
 #include "kestrel/kernels/int8_isa.h"
 #include "kestrel/kernels/matmul.h"
 #include "kestrel/model/attention.h"
+#include "kestrel/model/kv_cache.h"
 #include "kestrel/quant/w4.h"
 
 namespace {
@@ -132,20 +133,24 @@ BENCHMARK(BF16)->Name("Prefill/BF16")->Args({2048, 256})->UseRealTime();
 // (E4B's global layers: 8 query heads, 2 KV heads, head_dim 512), fp16 cache, rotating over 8
 // layers' caches (E4B: 8 x 12.6 MB at 3,072 positions, more than the L3) as a decode step's
 // layers do.
-void DecodeAttention(benchmark::State& state, kestrel::model::AttentionShape shape) {
+void DecodeAttention(benchmark::State& state, kestrel::model::AttentionShape shape,
+                     kestrel::model::KvType type = kestrel::model::KvType::kF16) {
   const size_t pos = static_cast<size_t>(state.range(0));
   constexpr size_t kLayers = 8;
   std::vector<kestrel::model::LayerCache> caches(kLayers);
   const auto values = gaussian(4096);
+  const size_t stride = shape.n_kv_heads * shape.head_dim;
+  const kestrel::model::KvTypes types{type, type};
+  std::vector<float> k_row(stride), v_row(stride);
   for (auto& c : caches) {
-    c.capacity = pos + 1;
-    c.stride = shape.n_kv_heads * shape.head_dim;
-    for (auto* t : {&c.k, &c.v}) t->stride = c.stride, t->head_dim = shape.head_dim;
-    c.k.half.resize(c.capacity * c.stride);
-    c.v.half.resize(c.capacity * c.stride);
-    for (size_t i = 0; i < c.k.half.size(); ++i) {
-      c.k.half[i] = kestrel::gguf::fp32_to_fp16(0.05f * values[i % values.size()]);
-      c.v.half[i] = kestrel::gguf::fp32_to_fp16(values[(i * 7) % values.size()]);
+    c = kestrel::model::KvCache::allocate(pos + 1, {{pos + 1, stride, 0, shape.head_dim}}, types).layers[0];
+    for (size_t p = 0; p <= pos; ++p) {
+      for (size_t i = 0; i < stride; ++i) {
+        k_row[i] = 0.05f * values[(p * stride + i) % values.size()];
+        v_row[i] = values[((p * stride + i) * 7) % values.size()];
+      }
+      c.k.write(p, k_row.data());
+      c.v.write(p, v_row.data());
     }
   }
   const auto q = gaussian(shape.n_heads * shape.head_dim);
@@ -156,8 +161,8 @@ void DecodeAttention(benchmark::State& state, kestrel::model::AttentionShape sha
     layer = (layer + 1) % kLayers;
     benchmark::DoNotOptimize(out.data());
   }
-  state.counters["KV GB/s"] = benchmark::Counter(
-      static_cast<double>(2 * (pos + 1) * caches[0].stride * sizeof(uint16_t)), benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["KV GB/s"] = benchmark::Counter(static_cast<double>(2 * (pos + 1) * caches[0].k.slot_bytes()),
+                                                benchmark::Counter::kIsIterationInvariantRate);
   // QK^T and PV: 2 x heads x head_dim multiply-adds per visible position.
   state.counters["GMAC/s"] = benchmark::Counter(static_cast<double>(2 * (pos + 1) * shape.n_heads * shape.head_dim),
                                                 benchmark::Counter::kIsIterationInvariantRate);
@@ -168,6 +173,10 @@ BENCHMARK_CAPTURE(DecodeAttention, E4B_global, kestrel::model::AttentionShape{8,
 // positions of a short chat, of a long prompt and of its whole 32k context (issue 44).
 BENCHMARK_CAPTURE(DecodeAttention, Gemma3_270M, kestrel::model::AttentionShape{4, 1, 256, 0})
     ->Name("Decode/Attention/Gemma3-270M")->Arg(100)->Arg(3072)->Arg(32704)->UseRealTime();
+// The same with the int8 cache (`-ctk q8 -ctv q8`: a byte per element and an fp16 scale per 32).
+BENCHMARK_CAPTURE(DecodeAttention, Gemma3_270M_q8, kestrel::model::AttentionShape{4, 1, 256, 0},
+                  kestrel::model::KvType::kQ8)
+    ->Name("Decode/Attention/Gemma3-270M-q8")->Arg(3072)->Arg(32704)->UseRealTime();
 
 // Prefill attention of state.range(0) tokens from position 0 over a global (causal) layer:
 // the tiles of cached_attention, over a cache already holding their K and V. GMAC/s counts

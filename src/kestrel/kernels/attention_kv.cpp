@@ -97,7 +97,16 @@ inline size_t Log2(size_t x) {
   return s;
 }
 
-// Scores of `count` (NQ when known) queries against rows lo .. lo + n: scores[i * n + j].
+// Independent float32 chains a loop keeps in flight: one per query and row (Scores) or per query
+// and column chunk (Values). A chain's fused multiply-add waits for the previous one (4 cycles
+// on Zen 3, against 2 a cycle issued), so one row (or chunk) at a time for 4 queries left the
+// loop waiting on latency: two or four at once, each chain still summing in its own order
+// (the same bits), within the 16 vector registers of AVX2.
+template <size_t NQ>
+constexpr size_t kChains = NQ == 0 || NQ > 4 ? 1 : NQ <= 2 ? 4 : 2;
+
+// Scores of `count` (NQ when known) queries against rows lo .. lo + n: scores[i * n + j]; each
+// score sums its head_dim products in column order. kChains<NQ> rows at a time.
 template <KvType KT, size_t NQ>
 void Scores(const float* const* qs, size_t n_q, const KvHeadView& k, size_t capacity, size_t lo, size_t n,
             size_t head_dim, float* scores) {
@@ -105,21 +114,46 @@ void Scores(const float* const* qs, size_t n_q, const KvHeadView& k, size_t capa
   const size_t N = hn::Lanes(d);
   const size_t count = NQ != 0 ? NQ : n_q;
   const size_t shift = Log2(k.block);
-  RowRef r;
-  for (size_t j = 0; j < n; ++j) {
-    Bind<KT>(k, (lo + j) % capacity, head_dim, r);
+  constexpr size_t R = kChains<NQ>;
+  constexpr size_t kQ = NQ != 0 ? NQ : kMaxBlockQueries;
+  RowRef r[R];
+  size_t j = 0;
+  for (; j + R <= n; j += R) {
+    for (size_t a = 0; a < R; ++a) {
+      Bind<KT>(k, (lo + j + a) % capacity, head_dim, r[a]);
+      if (j + a + kPrefetchAhead < n) Prefetch(k, (lo + j + a + kPrefetchAhead) % capacity, head_dim);
+    }
+    decltype(hn::Zero(d)) acc[R][kQ];
+    for (size_t a = 0; a < R; ++a) {
+      for (size_t i = 0; i < count; ++i) acc[a][i] = hn::Zero(d);
+    }
+    for (size_t c = 0; c < head_dim; c += N) {
+      decltype(hn::Zero(d)) kv[R];
+      for (size_t a = 0; a < R; ++a) kv[a] = LoadKv<KT>(d, r[a], shift, c);
+      for (size_t i = 0; i < count; ++i) {
+        const auto qv = hn::LoadU(d, qs[i] + c);
+        for (size_t a = 0; a < R; ++a) acc[a][i] = hn::MulAdd(qv, kv[a], acc[a][i]);
+      }
+    }
+    for (size_t a = 0; a < R; ++a) {
+      for (size_t i = 0; i < count; ++i) scores[i * n + j + a] = hn::GetLane(hn::SumOfLanes(d, acc[a][i]));
+    }
+  }
+  for (; j < n; ++j) {
+    Bind<KT>(k, (lo + j) % capacity, head_dim, r[0]);
     if (j + kPrefetchAhead < n) Prefetch(k, (lo + j + kPrefetchAhead) % capacity, head_dim);
-    decltype(hn::Zero(d)) acc[NQ != 0 ? NQ : kMaxBlockQueries];
+    decltype(hn::Zero(d)) acc[kQ];
     for (size_t i = 0; i < count; ++i) acc[i] = hn::Zero(d);
     for (size_t c = 0; c < head_dim; c += N) {
-      const auto kv = LoadKv<KT>(d, r, shift, c);
+      const auto kv = LoadKv<KT>(d, r[0], shift, c);
       for (size_t i = 0; i < count; ++i) acc[i] = hn::MulAdd(hn::LoadU(d, qs[i] + c), kv, acc[i]);
     }
     for (size_t i = 0; i < count; ++i) scores[i * n + j] = hn::GetLane(hn::SumOfLanes(d, acc[i]));
   }
 }
 
-// outs[i] += sum_j scores[i * n + j] v(lo + j), positions in order.
+// outs[i] += sum_j scores[i * n + j] v(lo + j), positions in order (each output element one
+// chain over the positions). kChains<NQ> column chunks at a time.
 template <KvType VT, size_t NQ>
 void Values(const float* scores, size_t n_q, const KvHeadView& v, size_t capacity, size_t lo, size_t n,
             size_t head_dim, float* const* outs) {
@@ -127,13 +161,33 @@ void Values(const float* scores, size_t n_q, const KvHeadView& v, size_t capacit
   const size_t N = hn::Lanes(d);
   const size_t count = NQ != 0 ? NQ : n_q;
   const size_t shift = Log2(v.block);
+  constexpr size_t C = kChains<NQ>;
+  constexpr size_t kQ = NQ != 0 ? NQ : kMaxBlockQueries;
   RowRef rows[kValueRowsKv];
   for (size_t jb = 0; jb < n; jb += kValueRowsKv) {
     const size_t je = std::min(n, jb + kValueRowsKv);
     for (size_t j = je; j < std::min(n, je + kValueRowsKv); ++j) Prefetch(v, (lo + j) % capacity, head_dim);
     for (size_t j = jb; j < je; ++j) Bind<VT>(v, (lo + j) % capacity, head_dim, rows[j - jb]);
-    for (size_t c = 0; c < head_dim; c += N) {
-      decltype(hn::Zero(d)) acc[NQ != 0 ? NQ : kMaxBlockQueries];
+    size_t c = 0;
+    for (; c + C * N <= head_dim; c += C * N) {
+      decltype(hn::Zero(d)) acc[C][kQ];
+      for (size_t b = 0; b < C; ++b) {
+        for (size_t i = 0; i < count; ++i) acc[b][i] = hn::LoadU(d, outs[i] + c + b * N);
+      }
+      for (size_t j = jb; j < je; ++j) {
+        decltype(hn::Zero(d)) vv[C];
+        for (size_t b = 0; b < C; ++b) vv[b] = LoadKv<VT>(d, rows[j - jb], shift, c + b * N);
+        for (size_t i = 0; i < count; ++i) {
+          const auto s = hn::Set(d, scores[i * n + j]);
+          for (size_t b = 0; b < C; ++b) acc[b][i] = hn::MulAdd(s, vv[b], acc[b][i]);
+        }
+      }
+      for (size_t b = 0; b < C; ++b) {
+        for (size_t i = 0; i < count; ++i) hn::StoreU(acc[b][i], d, outs[i] + c + b * N);
+      }
+    }
+    for (; c < head_dim; c += N) {
+      decltype(hn::Zero(d)) acc[kQ];
       for (size_t i = 0; i < count; ++i) acc[i] = hn::LoadU(d, outs[i] + c);
       for (size_t j = jb; j < je; ++j) {
         const auto vv = LoadKv<VT>(d, rows[j - jb], shift, c);

@@ -110,6 +110,13 @@ inline void PrefetchRow(const hwy::float16_t* base, size_t row, size_t capacity,
 // loaded once, take the block's rows in order, and are stored once.
 constexpr size_t kValueRows = 16;
 
+// Independent multiply-add chains a decode loop keeps in flight (rows in BlockScores, column
+// chunks in BlockValues) for NQ queries: a chain's multiply-add waits on its previous one (4
+// cycles on Zen 3 against 2 issued a cycle), so one row at a time for 4 queries waited on
+// latency; 2 or 4 at once fit AVX2's 16 vector registers. Each chain keeps its order.
+template <size_t NQ>
+constexpr size_t kChains = NQ == 0 || NQ > 4 ? 1 : NQ <= 2 ? 4 : 2;
+
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
 // Scores of 4 queries against cache rows j0..j0+3: a 4 x 4 tile of dot products (each K and Q
 // chunk loaded once for 4 products), reduced together by sums_of_16 (x86_sums.h). Row r comes
@@ -183,6 +190,33 @@ void BlockScores(const float* const* qs, size_t n_q, const hwy::float16_t* kh, s
     }
   }
 #endif
+  // Decode (4 queries or fewer): kChains<NQ> rows at a time, each (row, query) chain summing in
+  // column order as below (the same bits), so that several multiply-add chains are in flight.
+  if constexpr (kChains<NQ> > 1) {
+    constexpr size_t R = kChains<NQ>;
+    for (; j + R <= n; j += R) {
+      const hwy::float16_t* krows[R];
+      for (size_t r = 0; r < R; ++r) {
+        krows[r] = kh + ((lo + j + r) % capacity) * stride;
+        if (j + r + kPrefetchRows < n) PrefetchRow(kh, lo + j + r + kPrefetchRows, capacity, stride, head_dim);
+      }
+      decltype(hn::Zero(d)) acc[R][NQ];
+      for (size_t r = 0; r < R; ++r) {
+        for (size_t i = 0; i < NQ; ++i) acc[r][i] = hn::Zero(d);
+      }
+      for (size_t c = 0; c < head_dim; c += N) {
+        decltype(hn::Zero(d)) kv[R];
+        for (size_t r = 0; r < R; ++r) kv[r] = hn::PromoteTo(d, hn::LoadU(dh, krows[r] + c));
+        for (size_t i = 0; i < NQ; ++i) {
+          const auto qv = hn::LoadU(d, qs[i] + c);
+          for (size_t r = 0; r < R; ++r) acc[r][i] = hn::MulAdd(qv, kv[r], acc[r][i]);
+        }
+      }
+      for (size_t r = 0; r < R; ++r) {
+        for (size_t i = 0; i < NQ; ++i) scores[i * n + j + r] = hn::GetLane(hn::SumOfLanes(d, acc[r][i]));
+      }
+    }
+  }
   for (; j < n; ++j) {
     const hwy::float16_t* krow = kh + ((lo + j) % capacity) * stride;
     if (j + kPrefetchRows < n) PrefetchRow(kh, lo + j + kPrefetchRows, capacity, stride, head_dim);
@@ -208,7 +242,28 @@ void BlockValues(const float* scores, size_t n_q, const hwy::float16_t* vh, size
     for (size_t j = je; j < std::min(n, je + kValueRows); ++j) PrefetchRow(vh, lo + j, capacity, stride, head_dim);
     const hwy::float16_t* rows[kValueRows];  // the slot arithmetic (a division) once per row
     for (size_t j = jb; j < je; ++j) rows[j - jb] = vh + ((lo + j) % capacity) * stride;
-    for (size_t c = 0; c < head_dim; c += N) {
+    size_t c = 0;
+    if constexpr (kChains<NQ> > 1) {  // kChains<NQ> column chunks at a time (the same bits)
+      constexpr size_t C = kChains<NQ>;
+      for (; c + C * N <= head_dim; c += C * N) {
+        decltype(hn::Zero(d)) acc[C][NQ];
+        for (size_t b = 0; b < C; ++b) {
+          for (size_t i = 0; i < NQ; ++i) acc[b][i] = hn::LoadU(d, outs[i] + c + b * N);
+        }
+        for (size_t j = jb; j < je; ++j) {
+          decltype(hn::Zero(d)) vv[C];
+          for (size_t b = 0; b < C; ++b) vv[b] = hn::PromoteTo(d, hn::LoadU(dh, rows[j - jb] + c + b * N));
+          for (size_t i = 0; i < NQ; ++i) {
+            const auto p = hn::Set(d, scores[i * n + j]);
+            for (size_t b = 0; b < C; ++b) acc[b][i] = hn::MulAdd(p, vv[b], acc[b][i]);
+          }
+        }
+        for (size_t b = 0; b < C; ++b) {
+          for (size_t i = 0; i < NQ; ++i) hn::StoreU(acc[b][i], d, outs[i] + c + b * N);
+        }
+      }
+    }
+    for (; c < head_dim; c += N) {
       decltype(hn::Zero(d)) acc[NQ != 0 ? NQ : kMaxBlockQueries];
       for (size_t i = 0; i < count; ++i) acc[i] = hn::LoadU(d, outs[i] + c);
       for (size_t j = jb; j < je; ++j) {
