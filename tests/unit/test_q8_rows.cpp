@@ -67,6 +67,52 @@ TEST(Q8Rows, EveryPathWritesTheInterleavedKernelsBits) {
   if (k::int8_isas_available().size() == 1) GTEST_SKIP() << "checked the portable path only: no AVX2 or AVX512-VNNI";
 }
 
+// FlashHead's stage 2 scores a cluster for the scattered rows of a step that probe it: tokens
+// listed by index (any order, repeats) give gemv_q8_rows' bits for each, on every path.
+TEST(Q8Rows, ListedTokensGetTheRangeKernelsBits) {
+  for (auto [rows, cols] : std::vector<std::pair<size_t, size_t>>{{16, 640}, {37, 64}, {8, 32}}) {
+    SCOPED_TRACE(std::to_string(rows) + "x" + std::to_string(cols));
+    const auto bytes = random_q8_0(rows, cols, 5 * rows + cols);
+    const k::Matrix m = q8_0_view(bytes, rows, cols);
+    const size_t n = 9;
+    const auto x = edge_activations(n, cols, rows + 1);
+    k::Q8Activations xq;
+    k::quantize_q8_activations(x.data(), n, cols, cols, xq);
+    std::vector<float> expected(n * rows);
+    k::gemv_q8_rows_on(k::Int8Isa::kPortable, m, xq, 0, n, expected.data(), rows, 0, rows);
+    const std::vector<std::vector<size_t>> lists = {{5}, {8, 0}, {3, 7, 1}, {6, 2, 6, 4}};
+    for (k::Int8Isa isa : k::int8_isas_available()) {
+      SCOPED_TRACE(k::int8_isa_name(isa));
+      for (const auto& tokens : lists) {
+        for (auto [r0, r1] : std::vector<std::pair<size_t, size_t>>{{0, rows}, {3, rows}, {1, rows - 1}}) {
+          std::vector<std::vector<float>> y(tokens.size(), std::vector<float>(rows + 1, -1.0f));
+          std::vector<float*> outs;
+          for (auto& v : y) outs.push_back(v.data());
+          k::gemv_q8_rows_tokens_on(isa, m, xq, tokens, outs, r0, r1);
+          for (size_t i = 0; i < tokens.size(); ++i) {
+            for (size_t r = r0; r < r1; ++r) {
+              ASSERT_EQ(y[i][r - r0], expected[tokens[i] * rows + r]) << "token " << tokens[i] << " r=" << r;
+            }
+            ASSERT_EQ(y[i][r1 - r0], -1.0f) << "wrote past its rows";
+          }
+        }
+      }
+    }
+  }
+  const auto bytes = random_q8_0(16, 64, 3);
+  const k::Matrix m = q8_0_view(bytes, 16, 64);
+  k::Q8Activations xq;
+  k::quantize_q8_activations(std::vector<float>(128, 1.0f).data(), 2, 64, 64, xq);
+  std::vector<float> y(16);
+  std::vector<float*> five(5, y.data());
+  const std::vector<size_t> none, past = {2}, too_many = {0, 1, 0, 1, 0};
+  EXPECT_THROW(k::gemv_q8_rows_tokens(m, xq, none, {}, 0, 16), kestrel::Error);
+  EXPECT_THROW(k::gemv_q8_rows_tokens(m, xq, past, std::span(five).first(1), 0, 16), kestrel::Error);
+  EXPECT_THROW(k::gemv_q8_rows_tokens(m, xq, too_many, five, 0, 16), kestrel::Error);
+  EXPECT_THROW(k::gemv_q8_rows_tokens(m, xq, std::span(too_many).first(2), std::span(five).first(1), 0, 16),
+               kestrel::Error);  // one output for two tokens
+}
+
 TEST(Q8Rows, BadArgumentsAreErrors) {
   const auto bytes = random_q8_0(16, 64, 3);
   const k::Matrix m = q8_0_view(bytes, 16, 64);

@@ -10,6 +10,7 @@
 #include "kestrel/base/error.h"
 #include "kestrel/head/best_clusters.h"
 #include "kestrel/head/flashhead_format.h"
+#include "kestrel/kernels/gemv_q8_rows.h"
 #include "kestrel/kernels/gemv_w4_rows.h"
 
 namespace kestrel::head {
@@ -270,14 +271,30 @@ void score_pieces(const OutputHead& head, const std::vector<Piece>& pieces, std:
       const Piece& first = pieces[group.first];
       const size_t count = first.count;
       const kernels::Matrix slice = kernels::row_slice(head.weight, first.head_row, count);
-      if (int8) {  // each piece alone: the group's rows stay in L1 for the next
-        for (size_t j = 0; j < group.n; ++j) {
-          const Piece& piece = pieces[group.first + j];
-          Candidates& c = *out[piece.row];
-          float* y = &c.logits[piece.at];
-          kernels::gemv_int8_rows(slice, xq, piece.row, piece.row + 1, y, count, 0, count);
-          apply_softcap(y, count, head.final_softcap);
-          copy_small(&head.row_tokens[piece.head_row], count, &c.ids[piece.at]);
+      if (int8) {
+        // A Q8_0 head: up to kRowsTokensMax of the group's rows at a time, the cluster's blocks
+        // and scales read once for them (the same bits as one at a time); an INT4 head (built
+        // with --embedding int4): each piece alone, the group's rows staying in L1 for the next.
+        const size_t step = slice.type == kernels::WeightType::kQ8_0 ? kernels::kRowsTokensMax : 1;
+        for (size_t j0 = 0; j0 < group.n; j0 += step) {
+          const size_t m = std::min(step, group.n - j0);
+          size_t tokens[kernels::kRowsTokensMax];
+          float* outs[kernels::kRowsTokensMax];
+          for (size_t j = 0; j < m; ++j) {
+            const Piece& piece = pieces[group.first + j0 + j];
+            tokens[j] = piece.row;
+            outs[j] = &out[piece.row]->logits[piece.at];
+          }
+          if (step > 1) {
+            kernels::gemv_q8_rows_tokens(slice, xq, std::span(tokens, m), std::span(outs, m), 0, count);
+          } else {
+            kernels::gemv_int8_rows(slice, xq, tokens[0], tokens[0] + 1, outs[0], count, 0, count);
+          }
+          for (size_t j = 0; j < m; ++j) {
+            const Piece& piece = pieces[group.first + j0 + j];
+            apply_softcap(outs[j], count, head.final_softcap);
+            copy_small(&head.row_tokens[piece.head_row], count, &out[piece.row]->ids[piece.at]);
+          }
         }
         continue;
       }

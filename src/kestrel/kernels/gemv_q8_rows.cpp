@@ -84,6 +84,37 @@ KESTREL_AVX2_TARGET void rows8_avx2(const uint8_t* row0, size_t row_bytes, size_
   _mm256_storeu_ps(out, acc);
 }
 
+// rows8_avx2 for NT tokens (1..kRowsTokensMax) at once: each block's 8 fp16 scales widened
+// once for all of them and its rows read from L1 per token; per token the same integer sums
+// and float32 steps as rows8_avx2 (the same bits).
+template <size_t NT>
+KESTREL_AVX2_TARGET void rows8_tokens_avx2(const uint8_t* row0, size_t row_bytes, size_t nb, const int8_t* const* q,
+                                           const float* const* xd, float* const* out) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[NT];
+  for (size_t t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
+  for (size_t b = 0; b < nb; ++b) {
+    alignas(16) uint16_t halves[kRows];
+    for (size_t r = 0; r < kRows; ++r) std::memcpy(&halves[r], row0 + r * row_bytes + b * kQ8Bytes, sizeof(uint16_t));
+    const __m256 s = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(halves)));
+    for (size_t t = 0; t < NT; ++t) {
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q[t] + b * kQ8));
+      __m256i dot[kRows];
+      for (size_t r = 0; r < kRows; ++r) {
+        const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row0 + r * row_bytes + b * kQ8Bytes + 2));
+        dot[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w)), ones);
+      }
+      const __m256i h01 = _mm256_hadd_epi32(dot[0], dot[1]), h23 = _mm256_hadd_epi32(dot[2], dot[3]);
+      const __m256i h45 = _mm256_hadd_epi32(dot[4], dot[5]), h67 = _mm256_hadd_epi32(dot[6], dot[7]);
+      const __m256i h0123 = _mm256_hadd_epi32(h01, h23), h4567 = _mm256_hadd_epi32(h45, h67);
+      const __m256i sums = _mm256_add_epi32(_mm256_permute2x128_si256(h0123, h4567, 0x20),
+                                            _mm256_permute2x128_si256(h0123, h4567, 0x31));
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(s, _mm256_set1_ps(xd[t][b])), acc[t]);
+    }
+  }
+  for (size_t t = 0; t < NT; ++t) _mm256_storeu_ps(out[t], acc[t]);
+}
+
 #endif  // KESTREL_HAVE_AVX2_PATH
 
 void check(const Matrix& w, const Q8Activations& x, size_t t_begin, size_t t_end, size_t row_begin,
@@ -133,6 +164,46 @@ void gemv_q8_rows_on(Int8Isa isa, const Matrix& w, const Q8Activations& x, size_
     for (size_t t = t_begin; t < t_end; ++t) {
       const auto [q, xd, yt] = token(t);
       yt[r] = row_token(w.row(r), nb, q, xd);
+    }
+  }
+}
+
+void gemv_q8_rows_tokens(const Matrix& w, const Q8Activations& x, std::span<const size_t> tokens,
+                         std::span<float* const> ys, size_t row_begin, size_t row_end) {
+  gemv_q8_rows_tokens_on(best_int8_isa(), w, x, tokens, ys, row_begin, row_end);
+}
+
+void gemv_q8_rows_tokens_on(Int8Isa isa, const Matrix& w, const Q8Activations& x, std::span<const size_t> tokens,
+                            std::span<float* const> ys, size_t row_begin, size_t row_end) {
+  if (!int8_isa_available(isa)) {
+    throw Error(std::string("gemv_q8_rows_tokens: ") + int8_isa_name(isa) + " is not available");
+  }
+  if (tokens.empty() || tokens.size() > kRowsTokensMax || ys.size() != tokens.size()) {
+    throw Error("gemv_q8_rows_tokens: 1 to " + std::to_string(kRowsTokensMax) + " tokens, one output each");
+  }
+  for (size_t t : tokens) check(w, x, t, t + 1, row_begin, row_end);
+  const size_t nb = w.cols / kQ8;
+  size_t r = row_begin;
+#ifdef KESTREL_HAVE_AVX2_PATH
+  if (isa != Int8Isa::kPortable) {
+    const int8_t* q[kRowsTokensMax];
+    const float* xd[kRowsTokensMax];
+    float* out[kRowsTokensMax];
+    for (size_t i = 0; i < tokens.size(); ++i) q[i] = &x.q[tokens[i] * x.cols], xd[i] = &x.scale[tokens[i] * nb];
+    for (; r + kRows <= row_end; r += kRows) {
+      for (size_t i = 0; i < tokens.size(); ++i) out[i] = ys[i] + (r - row_begin);
+      switch (tokens.size()) {
+        case 4: rows8_tokens_avx2<4>(w.row(r), w.row_bytes(), nb, q, xd, out); break;
+        case 3: rows8_tokens_avx2<3>(w.row(r), w.row_bytes(), nb, q, xd, out); break;
+        case 2: rows8_tokens_avx2<2>(w.row(r), w.row_bytes(), nb, q, xd, out); break;
+        default: rows8_tokens_avx2<1>(w.row(r), w.row_bytes(), nb, q, xd, out); break;
+      }
+    }
+  }
+#endif
+  for (; r < row_end; ++r) {
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      ys[i][r - row_begin] = row_token(w.row(r), nb, &x.q[tokens[i] * x.cols], &x.scale[tokens[i] * nb]);
     }
   }
 }

@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstddef>
+#include <span>
 
 #include "kestrel/kernels/gemv_q8_interleaved.h"
 #include "kestrel/kernels/int8_isa.h"
@@ -39,5 +40,21 @@ void gemv_q8_rows(const Matrix& w, const Q8Activations& x, size_t t_begin, size_
 /// false). For tests and benchmarks.
 void gemv_q8_rows_on(Int8Isa isa, const Matrix& w, const Q8Activations& x, size_t t_begin, size_t t_end,
                      float* y, size_t y_stride, size_t row_begin, size_t row_end);
+
+/// The most tokens gemv_q8_rows_tokens takes in one call.
+inline constexpr size_t kRowsTokensMax = 4;
+
+/// gemv_q8_rows for tokens listed by index instead of a range: ys[i][r - row_begin] for the
+/// token tokens[i] of `x` (any order, repeats allowed) and r in [row_begin, row_end), the same
+/// bits gemv_q8_rows writes for that token and row. For FlashHead's stage 2, where the rows of
+/// a step probing one cluster are scattered tokens of the batch: the cluster's 8-row blocks and
+/// their block scales are read once for all of them (AVX2 path). 1 to kRowsTokensMax tokens;
+/// throws kestrel::Error otherwise, and as gemv_q8_rows does.
+void gemv_q8_rows_tokens(const Matrix& w, const Q8Activations& x, std::span<const size_t> tokens,
+                         std::span<float* const> ys, size_t row_begin, size_t row_end);
+
+/// gemv_q8_rows_tokens on the path of `isa` (AVX2, also taken for AVX512-VNNI, or portable).
+void gemv_q8_rows_tokens_on(Int8Isa isa, const Matrix& w, const Q8Activations& x, std::span<const size_t> tokens,
+                            std::span<float* const> ys, size_t row_begin, size_t row_end);
 
 }  // namespace kestrel::kernels
