@@ -141,7 +141,7 @@ GemmaDecoder::GemmaDecoder(const gguf::File& file, const LoadOptions& options, T
     l.wq = store_.matrix(blk(il, "attn_q"), q_dim, c.d_model);
     if (c.owns_kv(il)) {
       l.wk = store_.matrix(blk(il, "attn_k"), kv_dim, c.d_model);
-      if (!c.v_optional || store_.has(blk(il, "attn_v")) || store_.has(blk(il, "attn_v") + image::kQ4Suffix)) {
+      if (!c.v_optional || store_.has_matrix(blk(il, "attn_v"))) {
         l.wv = store_.matrix(blk(il, "attn_v"), kv_dim, c.d_model);
       }
     }
