@@ -71,6 +71,9 @@ struct Matrix {
   /// reads all of them once: the figure a bandwidth limit divides.
   size_t bytes() const;
   const uint8_t* row(size_t r) const { return static_cast<const uint8_t*>(data) + r * row_bytes(); }
+  /// False for a default Matrix (a tensor the model does not have, e.g. Gemma 3's absent
+  /// per-layer input gates); an INT4 matrix in the int8 layout alone has no `data` but is present.
+  bool present() const { return data != nullptr || interleaved_int8 != nullptr; }
 };
 
 /// From this many tokens matmul multiplies W4 and BF16/FP16 weights by tiles (bfloat16 dot
