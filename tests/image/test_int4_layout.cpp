@@ -1,6 +1,7 @@
 // Images of the default model built with their INT4 layer matrices in the int8 layout (the
-// default) and plain (--int4-layout plain): the same logits on the int8 path (the layout read in
-// place) and the bf16 path (de-interleaved at load), the same export, and fewer load copies.
+// default) and plain (--int4-layout plain), with affine, symmetric and 8-bit group parameters:
+// the same logits on the int8 path (the layout read in place) and the bf16 path (de-interleaved
+// at load), the same export, and fewer load copies.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -26,17 +27,23 @@ namespace fs = std::filesystem;
 // "The capital of France is" with BOS, as llama.cpp tokenizes it.
 const std::vector<runtime::TokenId> kPrompt = {2, 818, 5279, 529, 7001, 563};
 
+// Group parameters: affine fp16 d and m, symmetric fp16 d, affine 8-bit (--scale-bits 8).
+enum class Kind { kAffine, kSymmetric, kScales8 };
+constexpr Kind kKinds[] = {Kind::kAffine, Kind::kSymmetric, Kind::kScales8};
+std::string name(Kind k) { return k == Kind::kAffine ? "affine" : k == Kind::kSymmetric ? "sym" : "s8"; }
+
 class Int4Layout : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     if (!testing::prepare_image_dir("int4_layout_test", source_, dir_)) return;
     ThreadPool pool(0);
-    for (const bool symmetric : {false, true}) {
+    for (const Kind kind : kKinds) {
       for (const bool int8 : {true, false}) {
         image::BuildOptions o;
-        o.zero_points = !symmetric;
+        o.zero_points = kind != Kind::kSymmetric;
+        o.scale_bits = kind == Kind::kScales8 ? 8 : 16;
         o.int8_layout = int8;
-        image::build_image(source_, path(symmetric, int8), o, pool);
+        image::build_image(source_, path(kind, int8), o, pool);
       }
     }
   }
@@ -46,9 +53,7 @@ class Int4Layout : public ::testing::Test {
   void SetUp() override {
     if (source_.empty()) GTEST_SKIP() << "default model not installed";
   }
-  static fs::path path(bool symmetric, bool int8) {
-    return dir_ / (std::string(symmetric ? "sym" : "affine") + (int8 ? "-int8.kimg" : "-plain.kimg"));
-  }
+  static fs::path path(Kind kind, bool int8) { return dir_ / (name(kind) + (int8 ? "-int8.kimg" : "-plain.kimg")); }
   static std::vector<float> logits(const fs::path& image, kernels::DecodeActivations a, size_t* copies = nullptr) {
     runtime::EngineOptions o;
     o.n_threads = 2;
@@ -82,15 +87,17 @@ std::string file_bytes(const fs::path& p) {
 }
 
 TEST_F(Int4Layout, TheDefaultBuildStoresTheLayerMatricesInTheInt8Layout) {
-  for (const bool symmetric : {false, true}) {
-    const auto f = gguf::File::open(path(symmetric, true));
+  for (const Kind kind : kKinds) {
+    SCOPED_TRACE(name(kind));
+    const auto f = gguf::File::open(path(kind, true));
     const auto info = image::read_image_info(f);
     ASSERT_TRUE(info.has_value());
     EXPECT_EQ(info->w4_int8_layout, image::kW4Int8LayoutVersion);
     EXPECT_TRUE(image::has_int8_layout(f, "blk.0.attn_q.weight"));
     EXPECT_EQ(f.find_tensor("blk.0.attn_q.weight.q4"), nullptr);
     EXPECT_NE(f.find_tensor("blk.0.ffn_down.weight.q4i8_mins"), nullptr) << "symmetric groups too: m = -8 d";
-    const auto plain = gguf::File::open(path(symmetric, false));
+    EXPECT_EQ(f.find_tensor("blk.0.ffn_down.weight.q4i8_rows") != nullptr, kind == Kind::kScales8);
+    const auto plain = gguf::File::open(path(kind, false));
     EXPECT_EQ(image::read_image_info(plain)->w4_int8_layout, 0u);
     EXPECT_FALSE(image::has_int8_layout(plain, "blk.0.attn_q.weight"));
     EXPECT_NE(plain.find_tensor("blk.0.attn_q.weight.q4"), nullptr);
@@ -99,40 +106,41 @@ TEST_F(Int4Layout, TheDefaultBuildStoresTheLayerMatricesInTheInt8Layout) {
 
 TEST_F(Int4Layout, BothLayoutsComputeTheSameLogitsOnTheInt8AndTheBf16Path) {
   using A = kernels::DecodeActivations;
-  for (const bool symmetric : {false, true}) {
+  for (const Kind kind : kKinds) {
     for (const A a : {A::kAuto, A::kInt8, A::kBf16}) {
-      const auto int8 = logits(path(symmetric, true), a);
-      const auto plain = logits(path(symmetric, false), a);
+      const auto int8 = logits(path(kind, true), a);
+      const auto plain = logits(path(kind, false), a);
       ASSERT_EQ(int8.size(), plain.size());
-      EXPECT_EQ(int8, plain) << (symmetric ? "symmetric" : "affine") << ", activations " << static_cast<int>(a);
+      EXPECT_EQ(int8, plain) << name(kind) << ", activations " << static_cast<int>(a);
     }
   }
 }
 
 TEST_F(Int4Layout, TheInt8PathCopiesNothingOfTheLayout) {
-  for (const bool symmetric : {false, true}) {
+  for (const Kind kind : kKinds) {
     size_t int8 = 0, plain = 0;
-    logits(path(symmetric, true), kernels::DecodeActivations::kInt8, &int8);
-    logits(path(symmetric, false), kernels::DecodeActivations::kInt8, &plain);
-    // The plain image's int8 copies hold exactly what the new image stores (16-bit parameters:
-    // the codes, d and m, symmetric groups included).
-    EXPECT_EQ(plain - int8, int8_layout_bytes(path(symmetric, true))) << (symmetric ? "symmetric" : "affine");
+    logits(path(kind, true), kernels::DecodeActivations::kInt8, &int8);
+    logits(path(kind, false), kernels::DecodeActivations::kInt8, &plain);
+    // The plain image's int8 copies hold exactly what the new image stores: the codes, the group
+    // parameters (16-bit: d and m, symmetric groups included) and 8-bit's float32 row scales.
+    EXPECT_EQ(plain - int8, int8_layout_bytes(path(kind, true))) << name(kind);
     // The bf16 path re-lays the int8 layout out at load: copies, counted.
     size_t relaid = 0, plain_bf16 = 0;
-    logits(path(symmetric, true), kernels::DecodeActivations::kBf16, &relaid);
-    logits(path(symmetric, false), kernels::DecodeActivations::kBf16, &plain_bf16);
-    EXPECT_GT(relaid, plain_bf16);
+    logits(path(kind, true), kernels::DecodeActivations::kBf16, &relaid);
+    logits(path(kind, false), kernels::DecodeActivations::kBf16, &plain_bf16);
+    EXPECT_GT(relaid, plain_bf16) << name(kind);
   }
 }
 
 TEST_F(Int4Layout, ExportWritesTheSameCheckpointFromEitherLayout) {
   ThreadPool pool(2);
-  for (const bool symmetric : {true, false}) {
+  for (const Kind kind : {Kind::kSymmetric, Kind::kAffine}) {
+    const bool symmetric = kind == Kind::kSymmetric;
     image::HfExportOptions o;
     o.requantize = !symmetric;  // float minimums: requantized from the weights, the same either way
     const fs::path a = dir_ / "export-int8", b = dir_ / "export-plain";
-    const auto ra = image::export_hf(path(symmetric, true), a, o, pool);
-    const auto rb = image::export_hf(path(symmetric, false), b, o, pool);
+    const auto ra = image::export_hf(path(kind, true), a, o, pool);
+    const auto rb = image::export_hf(path(kind, false), b, o, pool);
     EXPECT_EQ(ra.int4_matrices, rb.int4_matrices);
     EXPECT_GT(ra.int4_matrices, 0u);
     EXPECT_EQ(ra.requantized_groups, rb.requantized_groups);
