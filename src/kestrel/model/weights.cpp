@@ -56,6 +56,13 @@ void WeightStore::release_image_w4(const std::string& name) {
   }
 }
 
+void WeightStore::populate_image_w4(const std::string& name) {
+  for (const char* suffix : {image::kInt8CodesSuffix, image::kInt8ScalesSuffix, image::kInt8MinsSuffix,
+                             image::kInt8RowScalesSuffix}) {
+    if (const gguf::TensorInfo* t = file_->find_tensor(name + suffix)) file_->populate(*t);
+  }
+}
+
 const gguf::TensorInfo& WeightStore::checked(const std::string& name,
                                              std::vector<uint64_t> shape) {
   const gguf::TensorInfo* info = file_->find_tensor(name);
@@ -173,7 +180,9 @@ kernels::Matrix WeightStore::image_int8_layout(const std::string& name, size_t r
   m.interleaved_int8 = &view;
   if (kernels::choose_layout(m, kernels::MatrixRole::kLayer, quantized(), options_.decode_activations) ==
       kernels::WeightLayout::kW4Int8Interleaved) {
-    // The kernels read the image's pages: no copy (bar the opt-in W8A8 one).
+    // The kernels read the image's pages: no copy (bar the opt-in W8A8 one). The content check
+    // dropped them from the page table; mapped again here, the first product does not fault.
+    populate_image_w4(name);
     kernels::add_default_w8a8(view, image_->zero_points, pool_);
     m.interleaved_int8 = &owned_interleaved_int8_.emplace_back(std::move(view));
     return m;

@@ -102,6 +102,8 @@ class WeightStore {
   // release() of an image matrix's INT4 tensors (codes, group parameters, row scales) once
   // its interleaved copy is made: no kernel reads them after that.
   void release_image_w4(const std::string& name);
+  // File::populate of an image matrix's int8-layout tensors, which the kernels read in place.
+  void populate_image_w4(const std::string& name);
 
   const gguf::File* file_;
   std::optional<image::ImageInfo> image_;
