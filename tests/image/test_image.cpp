@@ -84,13 +84,16 @@ TEST_F(Images, W4A16ImageWith8BitScalesComputesWhatTheInMemoryBuildComputes) {
   const auto info = image::read_image_info(f);
   ASSERT_TRUE(info.has_value());
   EXPECT_EQ(info->scale_bits, 8);
-  const auto* scales = f.find_tensor("blk.0.ffn_down.weight.scales");
-  const auto* row_scales = f.find_tensor("blk.0.ffn_down.weight.row_scales");
+  // In the int8 layout (docs/image-format.md): u8 s_g per block of 16 rows and group, and each
+  // row's d_row, m_row widened to float32 (the plain image's fp16 .row_scales: Int4Layout tests).
+  const auto* scales = f.find_tensor("blk.0.ffn_down.weight.q4i8_scales");
+  const auto* row_scales = f.find_tensor("blk.0.ffn_down.weight.q4i8_rows");
   ASSERT_NE(scales, nullptr);
   ASSERT_NE(row_scales, nullptr);
   EXPECT_EQ(scales->type, gguf::TensorType::kI8);
-  EXPECT_EQ(row_scales->type, gguf::TensorType::kF16);
-  EXPECT_EQ(row_scales->shape, (std::vector<uint64_t>{2, 640}));
+  EXPECT_EQ(scales->shape, (std::vector<uint64_t>{16, 2048 / 32, 640 / 16}));
+  EXPECT_EQ(row_scales->type, gguf::TensorType::kF32);
+  EXPECT_EQ(row_scales->shape, (std::vector<uint64_t>{640, 2}));
   // Group parameters: 4 instead of 8 bytes per 64 weights (the row pairs aside).
   EXPECT_LT(fs::file_size(dir_ / "w4-s8.kimg"), fs::file_size(dir_ / "w4.kimg") - (5u << 20));
 }

@@ -127,12 +127,47 @@ def _read(path):
     align = keys.get("general.alignment", 32)
     data = (pos + align - 1) // align * align
     tensors = {}
+    int8_layout = {}
     for name, dims, ttype, offset in infos:
-        if name.endswith((".q4", ".scales", ".mins")):
+        if name.endswith((".q4", ".scales", ".mins", ".q4i8", ".q4i8_scales", ".q4i8_mins")):
             n = int(np.prod(dims)) * _TYPE_SIZE[ttype]
-            tensors[name] = np.frombuffer(buf, dtype=np.uint8, count=n, offset=data + offset).copy()
+            bytes_ = np.frombuffer(buf, dtype=np.uint8, count=n, offset=data + offset).copy()
+            if name.endswith((".q4", ".scales", ".mins")):
+                tensors[name] = bytes_
+            else:
+                int8_layout[name] = (bytes_, dims, _TYPE_SIZE[ttype])
+    symmetric = keys.get("kestrel.quant.zero_points") == 0
+    for name, (codes, dims, _) in int8_layout.items():
+        if name.endswith(".q4i8"):
+            tensors.update(_plain_from_int8_layout(name[:-len(".q4i8")], codes, dims, int8_layout, symmetric))
     _READ[key] = (tensors, {k: v for k, v in keys.items() if k.startswith("kestrel.quant.")})
     return _READ[key]
+
+
+def _plain_from_int8_layout(base, codes, dims, int8_layout, symmetric):
+    """The plain tensors (.q4, .scales, .mins as bytes) of a matrix an image stores in the int8
+    layout (docs/image-format.md, "The int8 layout"; 16-bit group parameters), written here from
+    the format's description: codes {64, cols/8, rows/16}, byte 4i + e of an octet o holding row
+    i's column 8o + e (low nibble) and 8o + e + 4 (high); parameters {16, groups, rows/16}."""
+    blocks, octets = dims[2], dims[1]
+    rows, cols = blocks * 16, octets * 8
+    b = codes.reshape(blocks, octets, 16, 4)
+    q = np.concatenate([b & 0x0F, b >> 4], axis=3)           # [block, octet, row i, 8 columns]
+    q = q.transpose(0, 2, 1, 3).reshape(rows, cols)           # [rows, cols], codes 0..15
+    out = {}
+    scales, sdims, size = int8_layout[base + ".q4i8_scales"]
+    groups = sdims[1]
+    half = cols // groups // 2
+    g = q.reshape(rows, groups, 2, half)                      # kW4: byte j holds j and j + G/2
+    out[base + ".q4"] = (g[:, :, 0, :] | (g[:, :, 1, :] << 4)).astype(np.uint8).reshape(-1)
+
+    def rows_first(values):
+        return values.reshape(blocks, groups, 16, size).transpose(0, 2, 1, 3).reshape(-1)
+
+    out[base + ".scales"] = rows_first(scales)
+    if not symmetric:  # symmetric groups: the layout's m = -8 d is not a stored tensor
+        out[base + ".mins"] = rows_first(int8_layout[base + ".q4i8_mins"][0])
+    return out
 
 
 def int4_tensors(path):

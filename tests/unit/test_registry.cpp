@@ -125,6 +125,43 @@ TEST(KernelRegistry, LayoutFollowsRoleActivationsAndSwitches) {
   EXPECT_EQ(k::choose_layout(m, R::kLayer, true, k::DecodeActivations::kAuto), L::kW4Int8Interleaved);
 }
 
+// A layer matrix an image stores in the int8 layout alone (no row-major form): kept where int8
+// activations are chosen, else the rows (the loader de-interleaves them); matmul runs it.
+TEST(KernelRegistry, AnImagesInt8LayoutIsKeptWhereInt8ActivationsRun) {
+  SwitchesGuard guard;
+  kestrel::ThreadPool pool(2);
+  const RandomW4 w4(64, 256, 64, Params::kAffine16, 11);
+  const k::W4Int8Interleaved copy = k::interleave_w4_int8_layout(w4.view());
+  k::Matrix stored;
+  stored.type = k::WeightType::kW4;
+  stored.rows = 64;
+  stored.cols = 256;
+  stored.group_size = 64;
+  stored.interleaved_int8 = &copy;
+  using L = k::WeightLayout;
+  using R = k::MatrixRole;
+  EXPECT_EQ(k::layout_of(stored), L::kW4Int8Interleaved);
+  EXPECT_EQ(k::choose_layout(stored, R::kLayer, true, k::DecodeActivations::kInt8), L::kW4Int8Interleaved);
+  EXPECT_EQ(k::choose_layout(stored, R::kLayer, true, k::DecodeActivations::kBf16), L::kW4Rows);
+  k::set_kernel_options(k::parse_kernel_options("bf16", "test"));
+  EXPECT_EQ(k::choose_layout(stored, R::kLayer, true, k::DecodeActivations::kAuto), L::kW4Rows);
+  k::set_kernel_options(k::parse_kernel_options("int8", "test"));
+  EXPECT_EQ(k::choose_layout(stored, R::kLayer, true, k::DecodeActivations::kAuto), L::kW4Int8Interleaved);
+  EXPECT_EQ(stored.bytes(), 64 * 256 / 2 + 2 * (64 * 256 / 64) * 2) << "codes, fp16 d and m";
+  EXPECT_THROW(k::row_slice(stored, 0, 16), kestrel::Error);
+  std::vector<float> row(256);
+  EXPECT_THROW(k::matrix_row(stored, 0, row.data()), kestrel::Error);
+  k::Matrix with_rows = w4.view();
+  with_rows.interleaved_int8 = &copy;
+  for (const size_t n : {size_t{1}, size_t{16}}) {
+    const std::vector<float> x = kestrel::testing::random_vector(n * 256, static_cast<uint32_t>(3 + n));
+    std::vector<float> got(n * 64), want(n * 64);
+    k::matmul(stored, x.data(), n, 256, got.data(), 64, pool);
+    k::matmul(with_rows, x.data(), n, 256, want.data(), 64, pool);
+    EXPECT_EQ(got, want) << n << " tokens";
+  }
+}
+
 TEST(KernelRegistry, MatmulRunsTheKernelTheTableNames) {
   kestrel::ThreadPool pool(2);
   const RandomW4 w4(64, 256, 64, Params::kAffine16, 5);

@@ -23,6 +23,7 @@
 #include "kestrel/kernels/gemm_w8a8.h"
 #include "kestrel/kernels/gemv_w4_int8.h"
 #include "kestrel/kernels/kernel_options.h"
+#include "kestrel/quant/w4.h"
 #include "random_q8.h"
 #include "random_w4.h"
 
@@ -33,6 +34,13 @@ namespace {
 using kestrel::testing::activations;
 using kestrel::testing::Params;
 using kestrel::testing::RandomW4;
+
+// A W4Int8Interleaved array's values (its spans view the copy's storage or an image's tensors),
+// for comparisons that print them.
+template <typename T>
+std::vector<T> values(std::span<const T> s) {
+  return {s.begin(), s.end()};
+}
 
 // The activation quantization the header states, written here independently: per block of
 // `block` columns (32, or the superblocks' 128) d_x and the block's sum S of the int8 values.
@@ -349,8 +357,8 @@ TEST(W8A8, EverySimdPathAgreesWithThePortableBitForBit) {
       k::requantize_w8(w.view(), il, &pool);
       k::W4Int8Interleaved one = k::interleave_w4_int8(w.view());
       k::requantize_w8(w.view(), one);
-      ASSERT_EQ(il.w8, one.w8) << "requantizing over a pool";
-      ASSERT_EQ(il.w8_scale, one.w8_scale);
+      ASSERT_EQ(values(il.w8), values(one.w8)) << "requantizing over a pool";
+      ASSERT_EQ(values(il.w8_scale), values(one.w8_scale));
       // Whole and partial 8-token (VNNI) and 4-token (AVX2) tiles, a row range inside a block.
       for (size_t n : {8, 9, 13, 16, 21, 70}) {
         const auto x = activations(n, cols, n + rows);
@@ -380,17 +388,107 @@ TEST(W4Int8, InterleavingOverAThreadPoolGivesTheSameCopy) {
       const RandomW4 w(rows, cols, G, p, rows + 3 * cols + static_cast<uint64_t>(p));
       const k::W4Int8Interleaved one = k::interleave_w4_int8(w.view());
       const k::W4Int8Interleaved three = k::interleave_w4_int8(w.view(), &pool);
-      EXPECT_EQ(one.codes, three.codes);
-      EXPECT_EQ(one.scales, three.scales);
-      EXPECT_EQ(one.mins, three.mins);
-      EXPECT_EQ(one.scales8, three.scales8);
-      EXPECT_EQ(one.mins8, three.mins8);
-      EXPECT_EQ(one.row_d, three.row_d);
-      EXPECT_EQ(one.row_m, three.row_m);
-      EXPECT_EQ(one.w8, three.w8);
-      EXPECT_EQ(one.w8_scale, three.w8_scale);
+      EXPECT_EQ(values(one.codes), values(three.codes));
+      EXPECT_EQ(values(one.scales), values(three.scales));
+      EXPECT_EQ(values(one.mins), values(three.mins));
+      EXPECT_EQ(values(one.scales8), values(three.scales8));
+      EXPECT_EQ(values(one.mins8), values(three.mins8));
+      EXPECT_EQ(values(one.row_d), values(three.row_d));
+      EXPECT_EQ(values(one.row_m), values(three.row_m));
+      EXPECT_EQ(values(one.w8), values(three.w8));
+      EXPECT_EQ(values(one.w8_scale), values(three.w8_scale));
     }
   }
+}
+
+// What a Kestrel image stores (interleave_w4_int8_layout) reads back as the row-major matrix
+// it came from, every code and parameter bit for bit, for each kind of group parameters.
+TEST(W4Int8Layout, DeinterleavingGivesBackTheMatrixBitForBit) {
+  kestrel::ThreadPool pool(3);
+  for (auto [rows, cols, G] : kShapes) {
+    for (Params p : kAll) {
+      const RandomW4 w(rows, cols, G, p, 7 * rows + cols + static_cast<uint64_t>(p));
+      const k::W4Int8Interleaved il = k::interleave_w4_int8_layout(w.view(), &pool);
+      EXPECT_TRUE(il.w8.empty()) << "the layout alone, never the W8A8 copy";
+      const bool zero_points = p == Params::kAffine16;  // 8-bit: mins8 tells
+      for (kestrel::ThreadPool* on : {static_cast<kestrel::ThreadPool*>(nullptr), &pool}) {
+        const kestrel::quant::W4Matrix back = k::deinterleave_w4_int8(il, zero_points, on);
+        ASSERT_EQ(back.rows, rows);
+        ASSERT_EQ(back.cols, cols);
+        ASSERT_EQ(back.group_size, G);
+        EXPECT_EQ(back.qs, w.codes);
+        EXPECT_EQ(back.scales, w.scales);
+        EXPECT_EQ(back.mins, w.mins) << "symmetric groups drop the layout's m = -8 d";
+        EXPECT_EQ(back.scales8, w.scales8);
+        EXPECT_EQ(back.mins8, w.mins8);
+        EXPECT_EQ(back.row_scales, w.row_scales);
+      }
+      // ... and the round trip interleaves to the same layout.
+      const k::W4Int8Interleaved again = k::interleave_w4_int8_layout(k::deinterleave_w4_int8(il, zero_points).view());
+      EXPECT_EQ(values(again.codes), values(il.codes));
+      EXPECT_EQ(values(again.mins), values(il.mins));
+      EXPECT_EQ(values(again.row_d), values(il.row_d));
+    }
+  }
+}
+
+// A view of memory the struct does not own (an image's mapped tensors) computes what the owning
+// copy computes, on every path; its own bytes are 0.
+TEST(W4Int8Layout, AViewOfOutsideMemoryGivesTheCopysBits) {
+  for (Params p : kAll) {
+    const size_t rows = 48, cols = 256, G = 64;
+    const RandomW4 w(rows, cols, G, p, 40 + static_cast<uint64_t>(p));
+    const k::W4Int8Interleaved copy = k::interleave_w4_int8_layout(w.view());
+    EXPECT_GT(copy.owned_bytes(), 0u);
+    // The arrays somewhere else, as an image would hold them.
+    const std::vector<uint8_t> codes = values(copy.codes), scales8 = values(copy.scales8), mins8 = values(copy.mins8);
+    const std::vector<uint16_t> scales = values(copy.scales), mins = values(copy.mins);
+    const std::vector<float> row_d = values(copy.row_d), row_m = values(copy.row_m);
+    k::W4Int8Interleaved view;
+    view.rows = rows;
+    view.cols = cols;
+    view.group_size = G;
+    view.codes = codes;
+    view.scales = scales;
+    view.mins = mins;
+    view.scales8 = scales8;
+    view.mins8 = mins8;
+    view.row_d = row_d;
+    view.row_m = row_m;
+    EXPECT_NO_THROW(k::check_w4_int8_layout(view));
+    EXPECT_EQ(view.owned_bytes(), 0u);
+    const size_t n = 9;
+    const auto x = activations(n, cols, 77);
+    for (k::Int8Isa isa : k::int8_isas_available()) {
+      std::vector<float> a(n * rows), b(n * rows, -1.0f);
+      k::gemv_w4_int8_on(isa, copy, x.data(), n, cols, a.data(), rows, 0, rows);
+      k::gemv_w4_int8_on(isa, view, x.data(), n, cols, b.data(), rows, 0, rows);
+      EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << k::int8_isa_name(isa);
+    }
+    // add_default_w8a8 gives a view the W8A8 copy where interleave_w4_int8 would make one.
+    k::W4Int8Interleaved with = view;
+    k::add_default_w8a8(with, p == Params::kAffine16);
+    const k::W4Int8Interleaved full = k::interleave_w4_int8(w.view());
+    EXPECT_EQ(values(with.w8), values(full.w8));
+    EXPECT_EQ(values(with.w8_scale), values(full.w8_scale));
+    EXPECT_EQ(with.codes.data(), codes.data()) << "still a view";
+  }
+}
+
+TEST(W4Int8Layout, ArraysOfTheWrongSizeAreRefused) {
+  const RandomW4 w(32, 128, 32, Params::kAffine16, 9);
+  const k::W4Int8Interleaved il = k::interleave_w4_int8_layout(w.view());
+  EXPECT_NO_THROW(k::check_w4_int8_layout(il));
+  k::W4Int8Interleaved short_codes = il;
+  short_codes.codes = il.codes.first(il.codes.size() - 64);
+  EXPECT_THROW(k::check_w4_int8_layout(short_codes), kestrel::Error);
+  EXPECT_THROW(k::deinterleave_w4_int8(short_codes, true), kestrel::Error);
+  k::W4Int8Interleaved no_mins = il;
+  no_mins.mins = {};
+  EXPECT_THROW(k::check_w4_int8_layout(no_mins), kestrel::Error);
+  k::W4Int8Interleaved odd_rows = il;
+  odd_rows.rows = 24;
+  EXPECT_THROW(k::check_w4_int8_layout(odd_rows), kestrel::Error);
 }
 
 TEST(W4Int8, RefusesShapesItDoesNotRun) {

@@ -37,6 +37,7 @@ struct BuildCommandOptions {
   bool symmetric = false;
   std::string zero_points = "float";
   int scale_bits = 16;
+  std::string int4_layout = "int8";
   std::string calib;
   size_t calib_tokens = 32768;
   size_t calib_sample = 256;
@@ -106,6 +107,7 @@ int build(const BuildCommandOptions& o) {
   options.zero_points = !o.symmetric;
   options.integer_zero_points = !o.symmetric && o.zero_points == "int";
   options.scale_bits = o.scale_bits;
+  options.int8_layout = o.int4_layout == "int8";
   for (const auto& l : o.licenses) options.license_files.emplace_back(l);
   for (const auto& spec : o.tensor_types) options.tensor_types.push_back(image::parse_tensor_type(spec));
   options.progress = progress_bar;
@@ -240,6 +242,12 @@ Command add_build_command(CLI::App& app) {
                   "pair per row: 4.5 instead of 5 bits per weight at group size 32; affine groups only)")
       ->check(CLI::IsMember({8, 16}))
       ->capture_default_str();
+  cmd->add_option("--int4-layout", o->int4_layout,
+                  "w4a16: how INT4 layer matrices are stored: 'int8' (as the int8 kernels read them: a load "
+                  "on AVX2 / AVX512-VNNI maps them, no copy) or 'plain' (row-major, as before 2026-12-07: each "
+                  "load makes the int8 copy); docs/image-format.md")
+      ->check(CLI::IsMember({"int8", "plain"}))
+      ->capture_default_str();
   cmd->add_option("--seed", o->seed, "Seed recorded in the image (for calibrated builds)")
       ->check(integer_range(uint64_t{0}, UINT64_MAX));
   cmd->add_option("--license", o->licenses,
@@ -290,8 +298,8 @@ Command add_build_command(CLI::App& app) {
                                  "apply to --flashhead builds only");
     }
     if (o->precision != "w4a16" && (!o->calib.empty() || given("--group-size") || o->symmetric ||
-                                    given("--embedding") || given("--scale-bits"))) {
-      throw CLI::ValidationError("--calib, --group-size, --symmetric, --scale-bits and --embedding",
+                                    given("--embedding") || given("--scale-bits") || given("--int4-layout"))) {
+      throw CLI::ValidationError("--calib, --group-size, --symmetric, --scale-bits, --embedding and --int4-layout",
                                  "apply to --precision w4a16 only");
     }
     if (o->calib.empty() && (o->no_awq || o->gptq || given("--awq-grid") || given("--calib-sample") ||

@@ -10,6 +10,7 @@
 #include "kestrel/head/flashhead_format.h"
 #include "kestrel/image/hf_gemma4_assistant.h"
 #include "kestrel/image/image.h"
+#include "kestrel/image/int4_tensors.h"
 #include "kestrel/runtime/model_path.h"
 
 namespace kestrel::tools {
@@ -28,19 +29,20 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 }
 
 // W4A16 images: how the layer matrices ("blk.*") are stored, INT4 counting its packed codes,
-// scales and minimums, and the --tensor-type overrides that kept some at Q8_0 / BF16.
+// scales and minimums in either layout (image/int4_tensors.h), and the --tensor-type overrides
+// that kept some at Q8_0 / BF16.
 void print_layer_storage(const gguf::File& f) {
   std::map<std::string, std::pair<size_t, uint64_t>> by_storage;
+  size_t int8_layout = 0;
   for (const auto& t : f.tensors()) {
-    if (t.name.rfind("blk.", 0) != 0 || t.shape.size() != 2) continue;
-    if (ends_with(t.name, std::string(".weight") + image::kQ4Suffix)) {
+    if (t.name.rfind("blk.", 0) != 0) continue;
+    if (const std::string base = image::int4_base(t.name); !base.empty() && ends_with(base, ".weight")) {
       ++by_storage["INT4"].first;
       by_storage["INT4"].second += t.n_bytes;
-    } else if (ends_with(t.name, std::string(".weight") + image::kScalesSuffix) ||
-               ends_with(t.name, std::string(".weight") + image::kMinsSuffix) ||
-               ends_with(t.name, std::string(".weight") + image::kRowScalesSuffix)) {
+      if (ends_with(t.name, image::kInt8CodesSuffix)) ++int8_layout;
+    } else if (image::is_int4_params_tensor(t.name)) {
       by_storage["INT4"].second += t.n_bytes;
-    } else if (ends_with(t.name, ".weight")) {
+    } else if (t.shape.size() == 2 && ends_with(t.name, ".weight")) {
       auto& [count, bytes] = by_storage[gguf::tensor_type_name(t.type)];
       ++count;
       bytes += t.n_bytes;
@@ -52,6 +54,11 @@ void print_layer_storage(const gguf::File& f) {
   }
   const std::string overrides = text_or(f, image::keys::kTensorTypes, "");
   std::printf("%s%s\n", overrides.empty() ? "" : "; --tensor-type ", overrides.c_str());
+  if (by_storage.count("INT4") != 0) {
+    // What a load copies: the int8 layout is what the int8 kernels read (docs/image-format.md).
+    std::printf("int4 layout   %zu of %zu in the int8 layout (%s %s), the rest plain\n", int8_layout,
+                by_storage["INT4"].first, image::keys::kW4Int8Layout, text_or(f, image::keys::kW4Int8Layout, "-").c_str());
+  }
 }
 
 int inspect(const std::string& arg) {

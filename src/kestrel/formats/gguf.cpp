@@ -669,4 +669,19 @@ void File::release(const TensorInfo& info) const {
   if (hi > lo) madvise(static_cast<char*>(impl_->mapping->address) + lo, hi - lo, MADV_DONTNEED);
 }
 
+void File::populate(const TensorInfo& info) const {
+#ifdef MADV_POPULATE_READ
+  if (impl_->mapping == nullptr || impl_->mapping->address == nullptr || info.n_bytes == 0) return;
+  const long page_l = sysconf(_SC_PAGESIZE);
+  const uint64_t page = page_l > 0 ? static_cast<uint64_t>(page_l) : 4096;
+  const auto data = tensor_data(info);
+  const auto* base = static_cast<const std::byte*>(impl_->mapping->address);
+  const auto begin = static_cast<uint64_t>(data.data() - base);
+  const uint64_t lo = begin / page * page;
+  madvise(static_cast<char*>(impl_->mapping->address) + lo, begin + data.size() - lo, MADV_POPULATE_READ);
+#else
+  static_cast<void>(info);
+#endif
+}
+
 }  // namespace kestrel::gguf

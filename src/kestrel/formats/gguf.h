@@ -148,6 +148,10 @@ class File {
   /// whole pages inside it; a read afterwards pages them in again from the file). For streaming
   /// passes over files larger than memory, e.g. `kestrel build`. No effect for parse().
   void release(const TensorInfo& info) const;
+  /// Maps the tensor's pages into this process's page table now (madvise MADV_POPULATE_READ,
+  /// Linux 5.14; only advice: elsewhere the first read faults them in). For tensors a load keeps
+  /// in place and the first product reads whole, e.g. an image's int8 layout. No effect for parse().
+  void populate(const TensorInfo& info) const;
 
  private:
   struct Impl;

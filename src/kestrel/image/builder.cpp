@@ -19,6 +19,8 @@
 #include "kestrel/head/flashhead_format.h"
 #include "kestrel/image/channel_scaling.h"
 #include "kestrel/image/image.h"
+#include "kestrel/image/int4_tensors.h"
+#include "kestrel/kernels/gemv_w4_int8.h"
 #include "kestrel/quant/gguf_convert.h"
 #include "kestrel/quant/gptq.h"
 #include "kestrel/quant/w4.h"
@@ -110,6 +112,22 @@ void write_group_params(gguf::Writer& w, const std::vector<uint16_t>& scales, co
   w.write(as_bytes(scales8.data(), scales8.size()));
   w.write(as_bytes(mins8.data(), mins8.size()));
   w.write(as_bytes(row_scales.data(), row_scales.size() * sizeof(uint16_t)));
+}
+
+// An INT4 layer matrix in the int8 layout (image.h's kInt8*Suffix tensors, in the order
+// int8_layout_tensors gives): kernels::interleave_w4_int8_layout of the row-major matrix `q`.
+void write_int8_layout(gguf::Writer& w, const quant::W4Matrix& q, ThreadPool& pool) {
+  const kernels::W4Int8Interleaved il = kernels::interleave_w4_int8_layout(q.view(), &pool);
+  w.write(as_bytes(il.codes.data(), il.codes.size()));
+  if (!il.params8()) {
+    w.write(as_bytes(il.scales.data(), il.scales.size() * sizeof(uint16_t)));
+    w.write(as_bytes(il.mins.data(), il.mins.size() * sizeof(uint16_t)));
+    return;
+  }
+  w.write(as_bytes(il.scales8.data(), il.scales8.size()));
+  w.write(as_bytes(il.mins8.data(), il.mins8.size()));
+  w.write(as_bytes(il.row_d.data(), il.row_d.size() * sizeof(float)));
+  w.write(as_bytes(il.row_m.data(), il.row_m.size() * sizeof(float)));
 }
 
 // Writes a tensor's values (`bytes`, in t.type) as `type` (F32, F16 or BF16), a block of rows
@@ -416,6 +434,8 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
   enum class Plan { kInt4, kHalf, kQ8_0, kCopy, kF32 };
   const TensorType half = options.precision == quant::Precision::kFP16 ? TensorType::kF16 : TensorType::kBF16;
   std::vector<Plan> plans;
+  // Per tensor: an INT4 layer matrix stored in the int8 layout (the rest stay plain).
+  std::vector<char> int8_layouts;
   for (const auto& t : src.tensors()) {
     const bool int4_part =
         has_suffix(t.name, kQ4Suffix) || has_suffix(t.name, kScalesSuffix) || has_suffix(t.name, kMinsSuffix);
@@ -452,6 +472,18 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
       p = Plan::kF32;
     }
     plans.push_back(p);
+    // Layer matrices the int8 kernels can run are stored as they read them (no copy at load);
+    // the embedding and the head keep their rows (read by row, and as stored: gemv_w4_rows.h).
+    const bool int8_layout = options.int8_layout && p == Plan::kInt4 && is_layer_matrix(t) &&
+                             kernels::w4_int8_shape_supported(t.shape[1], t.shape[0], group);
+    int8_layouts.push_back(int8_layout);
+    if (int8_layout) {
+      for (const Int8LayoutTensor& l : int8_layout_tensors(t.shape[1], t.shape[0], group, options.scale_bits,
+                                                           options.zero_points)) {
+        w.add_tensor(t.name + l.suffix, l.type, l.shape);
+      }
+      continue;
+    }
     switch (p) {
       case Plan::kInt4:
         w.add_tensor(t.name + kQ4Suffix, TensorType::kI8, {t.shape[0] / 2, t.shape[1]});
@@ -476,6 +508,9 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
                                          : p == Plan::kQ8_0 ? "Q8_0"
                                                             : gguf::tensor_type_name(t.type));
     }
+  }
+  if (std::find(int8_layouts.begin(), int8_layouts.end(), 1) != int8_layouts.end()) {
+    w.add_uint32(keys::kW4Int8Layout, kW4Int8LayoutVersion);
   }
   if (flash) {
     const uint64_t d = head_tensor->shape[0], v = head_tensor->shape[1];
@@ -515,14 +550,34 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
         const bool gptq = options.gptq && options.zero_points && stats != nullptr && stats->n_sample() > 0;
         const bool scaled = scaling.column_scale.count(t.name) != 0 || scaling.row_divisor.count(t.name) != 0;
         if (!gptq && !scaled) {
-          // A block of rows at a time: the per-layer token table alone is 2.8 G values.
-          const size_t cols = static_cast<size_t>(t.shape[0]);
+          // A block of rows at a time: the per-layer token table alone is 2.8 G values. A matrix
+          // in the int8 layout (a layer's: small next to the source) is gathered whole first.
+          const size_t cols = static_cast<size_t>(t.shape[0]), rows = static_cast<size_t>(t.shape[1]);
           const size_t block_rows = std::max<size_t>(1, options.int4_block_values / cols);
+          quant::W4Matrix whole;
           const auto groups = quant::quantize_w4_rows(
-              t.type, data, static_cast<size_t>(t.shape[1]), cols, group, importance, options.zero_points,
-              block_rows, [&](std::span<const uint8_t> codes) { w.write(as_bytes(codes.data(), codes.size())); },
+              t.type, data, rows, cols, group, importance, options.zero_points, block_rows,
+              [&](std::span<const uint8_t> codes) {
+                if (int8_layouts[i]) {
+                  whole.qs.insert(whole.qs.end(), codes.begin(), codes.end());
+                } else {
+                  w.write(as_bytes(codes.data(), codes.size()));
+                }
+              },
               pool, options.scale_bits, options.integer_zero_points);
-          write_group_params(w, groups.scales, groups.mins, groups.scales8, groups.mins8, groups.row_scales);
+          if (!int8_layouts[i]) {
+            write_group_params(w, groups.scales, groups.mins, groups.scales8, groups.mins8, groups.row_scales);
+            break;
+          }
+          whole.rows = rows;
+          whole.cols = cols;
+          whole.group_size = group;
+          whole.scales = groups.scales;
+          whole.mins = groups.mins;
+          whole.scales8 = groups.scales8;
+          whole.mins8 = groups.mins8;
+          whole.row_scales = groups.row_scales;
+          write_int8_layout(w, whole, pool);
           break;
         }
         // AWQ's scales or GPTQ need the whole matrix (a layer matrix: small next to the source).
@@ -541,6 +596,10 @@ BuildReport build_image(const std::filesystem::path& source, const std::filesyst
           q = quant::quantize_w4(dense.data(), t.shape[1], t.shape[0], group, importance, options.zero_points, pool,
                                  false, options.integer_zero_points);
           if (options.scale_bits == 8) quant::compress_group_params(q, dense.data(), importance, pool);
+        }
+        if (int8_layouts[i]) {
+          write_int8_layout(w, q, pool);
+          break;
         }
         w.write(as_bytes(q.qs.data(), q.qs.size()));
         write_group_params(w, q.scales, q.mins, q.scales8, q.mins8, q.row_scales);

@@ -40,6 +40,11 @@ struct BuildOptions {
   /// w4a16: bits of each group's scale and minimum: 16 (fp16) or 8 (u8 under an fp16 pair per
   /// row, quant::compress_group_params; affine groups only, not with gptq).
   int scale_bits = 16;
+  /// w4a16: store each INT4 layer matrix the int8 kernels can run in their layout (image.h's
+  /// kInt8*Suffix tensors: loads on the default int8 path copy nothing); false: every INT4
+  /// matrix plain (".q4", ".scales", ...), as images were before 2026-12-07 (`--int4-layout
+  /// plain`; each load then makes the int8 copy).
+  bool int8_layout = true;
   /// Activation-aware quantization (runtime/calibration.h): per layer matrix (GGUF name), the
   /// statistics of its input. Each group's scale (and minimum) then minimizes the error
   /// weighted by the mean squared input per channel, and, with awq_scaling, AWQ's per-channel

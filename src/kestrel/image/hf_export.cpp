@@ -15,6 +15,7 @@
 #include "kestrel/image/builder.h"
 #include "kestrel/image/hf_export_config.h"
 #include "kestrel/image/image.h"
+#include "kestrel/image/int4_tensors.h"
 #include "kestrel/kernels/matmul.h"
 #include "kestrel/quant/compressed_tensors.h"
 #include "kestrel/quant/w4.h"
@@ -72,31 +73,11 @@ std::string hf_module(const std::string& name, bool gemma4) {
   return "model.layers." + layer + "." + module;
 }
 
-// An INT4 matrix of the image (NAME.q4, NAME.scales, NAME.mins / NAME.row_scales) as the
-// kernels read it.
-kernels::Matrix int4_matrix(const gguf::File& f, const std::string& base, size_t group) {
-  const auto& q4 = f.tensor(base + kQ4Suffix);
-  const auto& sc = f.tensor(base + kScalesSuffix);
-  kernels::Matrix m;
-  m.type = kernels::WeightType::kW4;
-  m.data = f.tensor_data(q4).data();
-  m.rows = q4.shape[1];
-  m.cols = q4.shape[0] * 2;
-  m.group_size = group;
-  const gguf::TensorInfo* mn = f.find_tensor(base + kMinsSuffix);
-  if (sc.type == TensorType::kI8) {
-    m.scales8 = reinterpret_cast<const uint8_t*>(f.tensor_data(sc).data());
-    if (mn == nullptr) throw Error("image tensor " + base + " has 8-bit scales without " + kMinsSuffix);
-    m.mins8 = reinterpret_cast<const uint8_t*>(f.tensor_data(*mn).data());
-    m.row_scales = reinterpret_cast<const uint16_t*>(f.tensor_data(f.tensor(base + kRowScalesSuffix)).data());
-  } else {
-    m.scales = reinterpret_cast<const uint16_t*>(f.tensor_data(sc).data());
-    m.mins = mn ? reinterpret_cast<const uint16_t*>(f.tensor_data(*mn).data()) : nullptr;
-  }
-  if (m.cols % group != 0 || sc.n_elements * group != m.rows * m.cols) {
-    throw Error("image tensor " + base + ": scales do not match the group size " + std::to_string(group));
-  }
-  return m;
+// An INT4 matrix of the image (NAME.q4, NAME.scales, NAME.mins / NAME.row_scales, or the int8
+// layout's NAME.q4i8 and siblings, de-interleaved into `owned`) in matmul.h's row-major layout.
+kernels::Matrix int4_matrix(const gguf::File& f, const std::string& base, const ImageInfo& info,
+                            quant::W4Matrix& owned) {
+  return int4_rows(f, base, info, owned);
 }
 
 // Which groups of an INT4 matrix compressed-tensors represents exactly (1) or not (0).
@@ -153,7 +134,7 @@ CtMatrix to_ct(const kernels::Matrix& m, bool symmetric, ThreadPool& pool) {
 // Row r of a 2-D image tensor (INT4 or any GGUF type) as float32 [cols].
 class RowReader {
  public:
-  RowReader(const gguf::File& f, const std::string& name, size_t group) {
+  RowReader(const gguf::File& f, const std::string& name, const ImageInfo& info) {
     if (const auto* t = f.find_tensor(name)) {
       t_ = t;
       data_ = f.tensor_data(*t).data();
@@ -161,7 +142,7 @@ class RowReader {
       rows_ = t->rows();
       row_bytes_ = gguf::row_bytes(t->type, cols_);
     } else {
-      m_ = int4_matrix(f, name, group);
+      m_ = int4_matrix(f, name, info, owned_);
       cols_ = m_.cols;
       rows_ = m_.rows;
     }
@@ -173,10 +154,14 @@ class RowReader {
     else kernels::matrix_row(m_, r, out);
   }
 
+  RowReader(const RowReader&) = delete;  // m_ may point into owned_
+  RowReader& operator=(const RowReader&) = delete;
+
  private:
   const gguf::TensorInfo* t_ = nullptr;
   const std::byte* data_ = nullptr;
   kernels::Matrix m_;
+  quant::W4Matrix owned_;  // m_'s arrays where the image holds the int8 layout
   size_t rows_ = 0, cols_ = 0;
   uint64_t row_bytes_ = 0;
 };
@@ -357,13 +342,14 @@ HfExportReport export_hf(const std::filesystem::path& image_path, const std::fil
       continue;
     }
     Item it;
-    if (ends_with(name, kQ4Suffix)) {
-      name.resize(name.size() - std::strlen(kQ4Suffix));
+    if (const std::string base = int4_base(name); !base.empty()) {
+      const bool int8_layout = base.size() + std::strlen(kInt8CodesSuffix) == name.size();
+      name = base;
       it.kind = Item::Kind::kInt4;
-      it.rows = t.shape[1];
-      it.cols = t.shape[0] * 2;
-    } else if (ends_with(name, kScalesSuffix) || ends_with(name, kMinsSuffix) || ends_with(name, kRowScalesSuffix) ||
-               name.rfind("flashhead.", 0) == 0 || (gemma4 && name == "rope_freqs.weight")) {
+      // {cols/2, rows}, or the int8 layout's {64, cols/8, rows/16}
+      it.rows = int8_layout ? t.shape.at(2) * 16 : t.shape.at(1);
+      it.cols = int8_layout ? t.shape[1] * 8 : t.shape[0] * 2;
+    } else if (is_int4_params_tensor(name) || name.rfind("flashhead.", 0) == 0 || (gemma4 && name == "rope_freqs.weight")) {
       continue;  // rope_freqs: Gemma 4's partial RoPE, written as config.json's rope_parameters
     } else if (t.shape.size() == 1) {
       it.kind = Item::Kind::kNorm;
@@ -384,7 +370,8 @@ HfExportReport export_hf(const std::filesystem::path& image_path, const std::fil
     if (global_linear && w4) report.ignored.push_back(it.module);
     if (it.kind == Item::Kind::kInt4 && !layer_matrix) it.kind = Item::Kind::kDense;  // an INT4 embedding
     if (it.kind == Item::Kind::kInt4) {
-      const auto e = exact_groups(int4_matrix(f, name, group));
+      quant::W4Matrix owned;
+      const auto e = exact_groups(int4_matrix(f, name, *info, owned));
       const auto bad = static_cast<size_t>(std::count(e.begin(), e.end(), 0));
       if (bad > 0) {
         inexact.push_back(name);
@@ -409,7 +396,7 @@ HfExportReport export_hf(const std::filesystem::path& image_path, const std::fil
         ", which compressed-tensors cannot store exactly. Build the image with --zero-points int (or "
         "--symmetric), or pass --requantize to requantize those groups from the image's weights");
   }
-  const bool has_output = f.find_tensor("output.weight") != nullptr || f.find_tensor(std::string("output.weight") + kQ4Suffix) != nullptr;
+  const bool has_output = f.find_tensor("output.weight") != nullptr || has_int4(f, "output.weight");
   // The output head (tied to the embedding, or output.weight) is written dense either way.
   if (w4) report.ignored.insert(report.ignored.begin(), "lm_head");
 
@@ -505,7 +492,8 @@ HfExportReport export_hf(const std::filesystem::path& image_path, const std::fil
     std::vector<float> buf;
     for (const auto& it : items) {
       if (it.kind == Item::Kind::kInt4) {
-        const CtMatrix m = to_ct(int4_matrix(f, it.name, group), symmetric, pool);
+        quant::W4Matrix owned;
+        const CtMatrix m = to_ct(int4_matrix(f, it.name, *info, owned), symmetric, pool);
         if (m.requantized_groups > 0) {
           ++report.requantized_matrices;
           report.requantized_groups += m.requantized_groups;
@@ -525,7 +513,7 @@ HfExportReport export_hf(const std::filesystem::path& image_path, const std::fil
         }
         write_dense(w, buf.data(), it.cols, options.float32);
       } else {
-        const RowReader reader(f, it.name, group);
+        const RowReader reader(f, it.name, *info);
         const bool permuted = !row_of_token.empty() && it.name == head_name;
         if (permuted && row_of_token.size() != it.rows) throw Error("image: flashhead.row_tokens does not match " + it.name);
         const size_t step = std::max<size_t>(1, (size_t{1} << 20) / it.cols);

@@ -34,6 +34,13 @@ std::optional<ImageInfo> read_image_info(const gguf::File& file) {
                   " (16, or 8 with zero points)");
     }
     info.scale_bits = static_cast<int>(bits);
+    const uint64_t layout = file.find_uint(keys::kW4Int8Layout).value_or(0);
+    if (layout > kW4Int8LayoutVersion) {
+      throw Error("image: int8 layout version " + std::to_string(layout) + " (" + keys::kW4Int8Layout +
+                  ") is not the version this Kestrel reads (" + std::to_string(kW4Int8LayoutVersion) +
+                  "); rebuild the image with this Kestrel's `kestrel build`");
+    }
+    info.w4_int8_layout = static_cast<uint32_t>(layout);
   }
   return info;
 }

@@ -32,6 +32,9 @@ inline constexpr const char* kEmbeddingType = "kestrel.quant.embedding_type";
 /// w4a16 with --tensor-type overrides: "PATTERN=TYPE,..." as given (image/tensor_types.h);
 /// matched layer matrices are stored under their plain name as Q8_0 or BF16.
 inline constexpr const char* kTensorTypes = "kestrel.quant.tensor_types";
+/// w4a16: the version of the int8 layout (kW4Int8LayoutVersion) that the layer matrices stored
+/// under kInt8CodesSuffix and its siblings hold; absent: every INT4 matrix is plain (".q4").
+inline constexpr const char* kW4Int8Layout = "kestrel.layout.w4_int8";
 inline constexpr const char* kContentHash = "kestrel.content_xxh3";
 inline constexpr const char* kKestrelVersion = "kestrel.build.kestrel_version";
 inline constexpr const char* kBuildDate = "kestrel.build.date";
@@ -52,12 +55,28 @@ inline constexpr const char* kMinsSuffix = ".mins";
 /// rows} holding u8 s_g and n_g, and this F16 {2, rows} tensor holds each row's d_row, m_row.
 inline constexpr const char* kRowScalesSuffix = ".row_scales";
 
+/// The int8 layout (keys::kW4Int8Layout; kernels/gemv_w4_int8.h, W4Int8Interleaved): an INT4
+/// layer matrix as the int8-activation kernels read it, in place of the tensors above. Rows in
+/// blocks of 16, 8 columns an octet: codes I8 {64, cols/8, rows/16}.
+inline constexpr const char* kInt8CodesSuffix = ".q4i8";
+/// Group parameters per block of 16 rows and group, the 16 rows innermost: {16, cols/group_size,
+/// rows/16}, F16 d (16-bit parameters) or I8 u8 s_g (8-bit).
+inline constexpr const char* kInt8ScalesSuffix = ".q4i8_scales";
+/// The same shape: F16 m (16-bit parameters, symmetric groups too: m = -8 d) or I8 u8 n_g (8-bit
+/// parameters with zero points).
+inline constexpr const char* kInt8MinsSuffix = ".q4i8_mins";
+/// 8-bit parameters: F32 {rows, 2}, every row's d_row, then every row's m_row.
+inline constexpr const char* kInt8RowScalesSuffix = ".q4i8_rows";
+/// The int8 layout this Kestrel writes and reads (keys::kW4Int8Layout).
+constexpr uint32_t kW4Int8LayoutVersion = 1;
+
 struct ImageInfo {
   uint32_t format_version = 0;
   quant::Precision precision = quant::Precision::kSource;
   size_t group_size = 0;
   bool zero_points = false;  // w4a16: affine groups (".mins" tensors present)
   int scale_bits = 16;       // w4a16: 16 or 8 (kScaleBits)
+  uint32_t w4_int8_layout = 0;  // w4a16: keys::kW4Int8Layout (0: absent, every INT4 matrix plain)
 };
 
 /// nullopt for a plain GGUF (no kestrel.format_version). Throws kestrel::Error for an image of

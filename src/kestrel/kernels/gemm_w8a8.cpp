@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -166,19 +167,22 @@ void requantize_w8(const Matrix& w, W4Int8Interleaved& il, ThreadPool* pool) {
       w.cols != il.cols) {
     throw Error("requantize_w8: needs an INT4 matrix of rows of 16 and columns of 128, as its int8 copy");
   }
-  il.w8.assign(il.rows * il.cols, 0);
-  il.w8_scale.assign(il.rows, 0.0f);
+  // A storage of its own: il may view an image's tensors, or share its storage with copies
+  // (whose spans must stay valid); it keeps the one il had alive.
+  auto s = std::make_shared<W4Int8Storage>();
+  s->w8.assign(il.rows * il.cols, 0);
+  s->w8_scale.assign(il.rows, 0.0f);
   auto blocks = [&](size_t b0, size_t b1) {
     std::vector<float> row(w.cols);
     for (size_t blk = b0; blk < b1; ++blk) {
-      uint8_t* wb = &il.w8[blk * il.cols * kBlock];
+      uint8_t* wb = &s->w8[blk * il.cols * kBlock];
       for (size_t i = 0; i < kBlock; ++i) {
         const size_t r = blk * kBlock + i;
         matrix_row(w, r, row.data());
         float amax = 0.0f;
         for (const float v : row) amax = std::max(amax, std::fabs(v));
         const float scale = amax / 127.0f;
-        il.w8_scale[r] = scale;
+        s->w8_scale[r] = scale;
         for (size_t c = 0; c < w.cols; ++c) {
           const float v = scale > 0.0f ? std::clamp(std::nearbyint(row[c] / scale), -127.0f, 127.0f) : 0.0f;
           wb[weight_byte(i, c)] = static_cast<uint8_t>(static_cast<int32_t>(v) + 128);
@@ -192,6 +196,10 @@ void requantize_w8(const Matrix& w, W4Int8Interleaved& il, ThreadPool* pool) {
   } else {
     blocks(0, n_blocks);
   }
+  il.w8 = s->w8;
+  il.w8_scale = s->w8_scale;
+  s->previous = std::move(il.owned);
+  il.owned = std::move(s);
 }
 
 void gemm_w8a8_on(Int8Isa isa, const W4Int8Interleaved& il, const SuperActivations& a, size_t n_tokens, float* y,

@@ -46,7 +46,8 @@ namespace kestrel::kernels {
 bool w8a8_default();
 
 /// Fills il.w8 and il.w8_scale from `w` (the matrix `il` was interleaved from; kW4 with 8-bit
-/// group parameters, rows a multiple of 16, cols of 128): the header's v + 128 and R_r. Blocks
+/// group parameters, rows a multiple of 16, cols of 128): the header's v + 128 and R_r, in a
+/// storage of its own that becomes il.owned (keeping the one il had: W4Int8Storage::previous). Blocks
 /// of 16 rows split over `pool`'s threads when one is given. Throws kestrel::Error for other
 /// shapes.
 void requantize_w8(const Matrix& w, W4Int8Interleaved& il, ThreadPool* pool = nullptr);

@@ -14,6 +14,7 @@
 #include "kestrel/kernels/int8_super_activations.h"
 #include "kestrel/kernels/kernel_options.h"
 #include "kestrel/kernels/x86_int8_targets.h"
+#include "kestrel/quant/w4.h"
 
 namespace kestrel::kernels {
 namespace {
@@ -882,11 +883,26 @@ DecodeActivations parse_decode_activations(const std::string& name) {
 
 bool w4_int8_supported(const Matrix& w) {
   const bool params = w.scales != nullptr || (w.scales8 != nullptr && w.row_scales != nullptr);
-  return w.type == WeightType::kW4 && params && w.rows > 0 && w.rows % kBlock == 0 && w.group_size > 0 &&
-         w.group_size % kXBlock == 0 && w.cols % w.group_size == 0;
+  return w.type == WeightType::kW4 && params && w4_int8_shape_supported(w.rows, w.cols, w.group_size);
+}
+
+bool w4_int8_shape_supported(size_t rows, size_t cols, size_t group_size) {
+  return rows > 0 && rows % kBlock == 0 && group_size > 0 && group_size % kXBlock == 0 && cols % group_size == 0;
+}
+
+size_t W4Int8Storage::bytes() const {
+  return codes.size() + scales.size() * sizeof(uint16_t) + mins.size() * sizeof(uint16_t) + scales8.size() +
+         mins8.size() + (row_d.size() + row_m.size() + w8_scale.size()) * sizeof(float) + w8.size() +
+         (previous ? previous->bytes() : 0);
 }
 
 W4Int8Interleaved interleave_w4_int8(const Matrix& w, ThreadPool* pool) {
+  W4Int8Interleaved il = interleave_w4_int8_layout(w, pool);
+  if (superblocks(il) && w8a8_default()) requantize_w8(w, il, pool);
+  return il;
+}
+
+W4Int8Interleaved interleave_w4_int8_layout(const Matrix& w, ThreadPool* pool) {
   if (!w4_int8_supported(w)) {
     throw Error("interleave_w4_int8: not an INT4 matrix with rows a multiple of 16 and groups a multiple of 32");
   }
@@ -895,16 +911,18 @@ W4Int8Interleaved interleave_w4_int8(const Matrix& w, ThreadPool* pool) {
   il.rows = w.rows;
   il.cols = w.cols;
   il.group_size = G;
-  il.codes.resize(il.rows / kBlock * octets * 64);
+  il.owned = std::make_shared<W4Int8Storage>();
+  W4Int8Storage& s = *il.owned;
+  s.codes.resize(il.rows / kBlock * octets * 64);
   const bool params8 = w.scales == nullptr;
   if (params8) {
-    il.scales8.resize(il.rows * n_groups);
-    if (w.mins8 != nullptr) il.mins8.resize(il.rows * n_groups);
-    il.row_d.resize(il.rows);
-    il.row_m.resize(il.rows);
+    s.scales8.resize(il.rows * n_groups);
+    if (w.mins8 != nullptr) s.mins8.resize(il.rows * n_groups);
+    s.row_d.resize(il.rows);
+    s.row_m.resize(il.rows);
   } else {
-    il.scales.resize(il.rows * n_groups);
-    il.mins.resize(il.rows * n_groups);
+    s.scales.resize(il.rows * n_groups);
+    s.mins.resize(il.rows * n_groups);
   }
   // Blocks [b0, b1) of 16 rows. Row-major source: a group's byte j holds weight j (low nibble)
   // and j + G / 2 (high) (matmul.h); each row's codes are unpacked to one byte per weight, then
@@ -929,7 +947,7 @@ W4Int8Interleaved interleave_w4_int8(const Matrix& w, ThreadPool* pool) {
             high[j] = src[j] >> 4;
           }
         }
-        uint8_t* dst = &il.codes[block * octets * 64 + 4 * i];
+        uint8_t* dst = &s.codes[block * octets * 64 + 4 * i];
         for (size_t o = 0; o < octets; ++o) {
           // Four bytes at once: codes are < 16, so the shift moves each into its byte's high nibble.
           uint32_t low4, high4;
@@ -939,20 +957,20 @@ W4Int8Interleaved interleave_w4_int8(const Matrix& w, ThreadPool* pool) {
           std::memcpy(&dst[o * 64], &packed, 4);
         }
         if (params8) {
-          il.row_d[r] = gguf::fp16_to_fp32(w.row_scales[2 * r]);
-          il.row_m[r] = gguf::fp16_to_fp32(w.row_scales[2 * r + 1]);
+          s.row_d[r] = gguf::fp16_to_fp32(w.row_scales[2 * r]);
+          s.row_m[r] = gguf::fp16_to_fp32(w.row_scales[2 * r + 1]);
         }
         for (size_t g = 0; g < n_groups; ++g) {
           const size_t at = (block * n_groups + g) * kBlock + i;
           if (params8) {
-            il.scales8[at] = w.scales8[r * n_groups + g];
-            if (w.mins8 != nullptr) il.mins8[at] = w.mins8[r * n_groups + g];
+            s.scales8[at] = w.scales8[r * n_groups + g];
+            if (w.mins8 != nullptr) s.mins8[at] = w.mins8[r * n_groups + g];
             continue;
           }
           const uint16_t d = w.scales[r * n_groups + g];
-          il.scales[at] = d;
+          s.scales[at] = d;
           // Symmetric groups: m = -8 d, exact in fp16 (a power-of-two multiple).
-          il.mins[at] = w.mins != nullptr ? w.mins[r * n_groups + g] : gguf::fp32_to_fp16(-8.0f * gguf::fp16_to_fp32(d));
+          s.mins[at] = w.mins != nullptr ? w.mins[r * n_groups + g] : gguf::fp32_to_fp16(-8.0f * gguf::fp16_to_fp32(d));
         }
       }
     }
@@ -963,9 +981,105 @@ W4Int8Interleaved interleave_w4_int8(const Matrix& w, ThreadPool* pool) {
   } else {
     blocks(0, n_blocks);
   }
-  if (superblocks(il) && w8a8_default()) requantize_w8(w, il, pool);
+  il.codes = s.codes;
+  il.scales = s.scales;
+  il.mins = s.mins;
+  il.scales8 = s.scales8;
+  il.mins8 = s.mins8;
+  il.row_d = s.row_d;
+  il.row_m = s.row_m;
   return il;
 }
+
+void check_w4_int8_layout(const W4Int8Interleaved& il) {
+  if (!w4_int8_shape_supported(il.rows, il.cols, il.group_size)) {
+    throw Error("int8 layout: " + std::to_string(il.rows) + " x " + std::to_string(il.cols) + " in groups of " +
+                std::to_string(il.group_size) + " is not a shape the int8 kernels run");
+  }
+  const size_t n_params = il.rows * (il.cols / il.group_size);
+  const bool sizes16 = il.scales.size() == n_params && il.mins.size() == n_params && il.scales8.empty() &&
+                       il.mins8.empty() && il.row_d.empty() && il.row_m.empty();
+  const bool sizes8 = il.scales.empty() && il.mins.empty() && il.scales8.size() == n_params &&
+                      (il.mins8.empty() || il.mins8.size() == n_params) && il.row_d.size() == il.rows &&
+                      il.row_m.size() == il.rows;
+  const bool w8 = (il.w8.empty() && il.w8_scale.empty()) ||
+                  (il.w8.size() == il.rows * il.cols && il.w8_scale.size() == il.rows);
+  if (il.codes.size() != il.rows * il.cols / 2 || !(sizes16 || sizes8) || !w8) {
+    throw Error("int8 layout of " + std::to_string(il.rows) + " x " + std::to_string(il.cols) +
+                ": its codes or group parameters do not have the layout's sizes");
+  }
+}
+
+quant::W4Matrix deinterleave_w4_int8(const W4Int8Interleaved& il, bool zero_points, ThreadPool* pool) {
+  check_w4_int8_layout(il);
+  const size_t G = il.group_size, half = G / 2, n_groups = il.cols / G, octets = il.cols / 8;
+  const bool params8 = il.params8();
+  quant::W4Matrix w;
+  w.rows = il.rows;
+  w.cols = il.cols;
+  w.group_size = G;
+  w.qs.resize(il.rows * il.cols / 2);
+  if (params8) {
+    w.scales8.resize(il.rows * n_groups);
+    if (!il.mins8.empty()) w.mins8.resize(il.rows * n_groups);
+    w.row_scales.resize(2 * il.rows);
+  } else {
+    w.scales.resize(il.rows * n_groups);
+    if (zero_points) w.mins.resize(il.rows * n_groups);
+  }
+  // Blocks [b0, b1) of 16 rows: interleave_w4_int8_layout's steps backwards. Byte 4 i + e of
+  // octet o holds row i's columns 8 o + e (low nibble) and 8 o + e + 4 (high), e < 4; the
+  // row-major group's byte j holds its weight j (low) and j + G / 2 (high).
+  auto blocks = [&](size_t b0, size_t b1) {
+    std::vector<uint8_t> codes(il.cols);
+    uint8_t* q = codes.data();
+    for (size_t block = b0; block < b1; ++block) {
+      for (size_t i = 0; i < kBlock; ++i) {
+        const size_t r = block * kBlock + i;
+        const uint8_t* src = &il.codes[block * octets * 64 + 4 * i];
+        for (size_t o = 0; o < octets; ++o) {
+          for (size_t e = 0; e < 4; ++e) {
+            q[8 * o + e] = src[o * 64 + e] & 0x0F;
+            q[8 * o + 4 + e] = src[o * 64 + e] >> 4;
+          }
+        }
+        uint8_t* row = &w.qs[r * il.cols / 2];
+        for (size_t g = 0; g < n_groups; ++g) {
+          const uint8_t* low = q + g * G;
+          for (size_t j = 0; j < half; ++j) row[g * half + j] = static_cast<uint8_t>(low[j] | (low[j + half] << 4));
+        }
+        if (params8) {
+          w.row_scales[2 * r] = gguf::fp32_to_fp16(il.row_d[r]);
+          w.row_scales[2 * r + 1] = gguf::fp32_to_fp16(il.row_m[r]);
+        }
+        for (size_t g = 0; g < n_groups; ++g) {
+          const size_t at = (block * n_groups + g) * kBlock + i;
+          if (params8) {
+            w.scales8[r * n_groups + g] = il.scales8[at];
+            if (!il.mins8.empty()) w.mins8[r * n_groups + g] = il.mins8[at];
+            continue;
+          }
+          w.scales[r * n_groups + g] = il.scales[at];
+          if (zero_points) w.mins[r * n_groups + g] = il.mins[at];
+        }
+      }
+    }
+  };
+  const size_t n_blocks = il.rows / kBlock;
+  if (pool != nullptr) {
+    pool->parallel_for(n_blocks, 1, blocks);
+  } else {
+    blocks(0, n_blocks);
+  }
+  return w;
+}
+
+void add_default_w8a8(W4Int8Interleaved& il, bool zero_points, ThreadPool* pool) {
+  if (!superblocks(il) || !w8a8_default() || !il.w8.empty()) return;
+  const quant::W4Matrix rows = deinterleave_w4_int8(il, zero_points, pool);
+  requantize_w8(rows.view(), il, pool);
+}
+
 
 void gemv_w4_int8_scalar(const W4Int8Interleaved& il, const float* x, size_t n_tokens, size_t x_stride, float* y,
                          size_t y_stride, size_t row_begin, size_t row_end) {

@@ -57,6 +57,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -65,25 +67,56 @@
 #include "kestrel/kernels/kernel_options.h"
 #include "kestrel/kernels/matmul.h"
 
+namespace kestrel::quant {
+struct W4Matrix;
+}  // namespace kestrel::quant
+
 namespace kestrel::kernels {
 
-/// The int8-activation copy of a kW4 matrix (the header's layout).
+/// Memory a W4Int8Interleaved owns (the arrays its spans point into where they are not an
+/// image's mapped tensors): interleave_w4_int8's copy, and the W8A8 copy requantize_w8 adds.
+struct W4Int8Storage {
+  std::vector<uint8_t> codes;
+  std::vector<uint16_t> scales;
+  std::vector<uint16_t> mins;
+  std::vector<uint8_t> scales8;
+  std::vector<uint8_t> mins8;
+  std::vector<float> row_d;
+  std::vector<float> row_m;
+  std::vector<uint8_t> w8;
+  std::vector<float> w8_scale;
+  /// Storage that the arrays of a copy made earlier point into (requantize_w8 adds the W8A8 copy
+  /// in a storage of its own and keeps the layout's here).
+  std::shared_ptr<const W4Int8Storage> previous;
+  /// Bytes of all the arrays, `previous`'s included.
+  size_t bytes() const;
+};
+
+/// A kW4 matrix in the header's layout, for the int8-activation kernels. The arrays are views:
+/// into `owned` (interleave_w4_int8: an owning copy), or into memory that outlives this struct
+/// (a Kestrel image's mapped tensors, which store this layout: image/int4_tensors.h). Copies
+/// share `owned`. The kernels read the spans alone (.data(), .size(), .empty()).
 struct W4Int8Interleaved {
   size_t rows = 0;  // a multiple of 16
   size_t cols = 0;  // a multiple of group_size
   size_t group_size = 0;  // a multiple of 32
-  std::vector<uint8_t> codes;     // [rows / 16][cols / 8][64]
-  std::vector<uint16_t> scales;   // fp16 d [rows / 16][cols / group_size][16] (16-bit parameters)
-  std::vector<uint16_t> mins;     // fp16 m, same shape (16-bit parameters; m = -8 d if symmetric)
-  std::vector<uint8_t> scales8;   // u8 s_g, same shape (8-bit parameters)
-  std::vector<uint8_t> mins8;     // u8 n_g, same shape; empty: symmetric groups, m = -8 d
-  std::vector<float> row_d;       // [rows] d_row (8-bit parameters)
-  std::vector<float> row_m;       // [rows] m_row (8-bit parameters)
+  std::span<const uint8_t> codes;     // [rows / 16][cols / 8][64]
+  std::span<const uint16_t> scales;   // fp16 d [rows / 16][cols / group_size][16] (16-bit parameters)
+  std::span<const uint16_t> mins;     // fp16 m, same shape (16-bit parameters; m = -8 d if symmetric)
+  std::span<const uint8_t> scales8;   // u8 s_g, same shape (8-bit parameters)
+  std::span<const uint8_t> mins8;     // u8 n_g, same shape; empty: symmetric groups, m = -8 d
+  std::span<const float> row_d;       // [rows] d_row (8-bit parameters)
+  std::span<const float> row_m;       // [rows] m_row (8-bit parameters)
   // The W8A8 copy for prefill (gemm_w8a8.h): superblock matrices where w8a8_default()
-  // (KESTREL_W8A8=1, opt-in); empty: none (every token count takes the codes above).
-  std::vector<uint8_t> w8;        // [rows / 16][cols / 4][64] v + 128
-  std::vector<float> w8_scale;    // [rows] R_r
+  // (KESTREL_W8A8=1, opt-in); empty: none (every token count takes the codes above). Always
+  // built at load, in `owned`.
+  std::span<const uint8_t> w8;        // [rows / 16][cols / 4][64] v + 128
+  std::span<const float> w8_scale;    // [rows] R_r
+  /// What the spans point into where this struct owns it; null: every span views outside memory.
+  std::shared_ptr<W4Int8Storage> owned;
   bool params8() const { return !scales8.empty(); }
+  /// Bytes held in `owned` (0 for a view of an image's tensors without a W8A8 copy).
+  size_t owned_bytes() const { return owned ? owned->bytes() : 0; }
 };
 
 /// The process default for kAuto: the kernel switches' int8 or bf16 when one is set
@@ -105,11 +138,40 @@ DecodeActivations parse_decode_activations(const std::string& name);
 /// has SIMD int8 does not matter: gemv_w4_int8 falls back to the portable path.)
 bool w4_int8_supported(const Matrix& w);
 
+/// The shape half of w4_int8_supported: rows a positive multiple of 16, group_size a positive
+/// multiple of 32 dividing cols (what `kestrel build` checks before it stores a matrix in this
+/// layout).
+bool w4_int8_shape_supported(size_t rows, size_t cols, size_t group_size);
+
 /// The int8-activation copy of `w` (throws kestrel::Error unless w4_int8_supported(w)); blocks of
 /// 16 rows split over `pool`'s threads when one is given. With superblocks and w8a8_default()
 /// (gemm_w8a8.h) it also holds the W8A8 copy, which products of kTileMinTokens tokens or more
 /// take.
 W4Int8Interleaved interleave_w4_int8(const Matrix& w, ThreadPool* pool = nullptr);
+
+/// interleave_w4_int8 without the W8A8 copy: the header's layout alone, a permutation of w's
+/// codes and group parameters (symmetric 16-bit groups gain m = -8 d; 8-bit ones widen the fp16
+/// row scales to float32). What a Kestrel image stores (docs/image-format.md).
+W4Int8Interleaved interleave_w4_int8_layout(const Matrix& w, ThreadPool* pool = nullptr);
+
+/// The inverse of interleave_w4_int8_layout, bit for bit: the row-major kW4 matrix (matmul.h) whose
+/// layout `il` is, owned. `zero_points` says whether the matrix had fp16 minimums (16-bit
+/// parameters; without, the minimums -8 d the layout holds are dropped and the groups are
+/// symmetric again); 8-bit parameters keep mins8 as il has it and narrow row_d, row_m back to fp16
+/// (exact: they were fp16). Where a run does not take the int8 kernels (bf16 activations, a CPU
+/// without SIMD int8) the loader reads an image's layout through this, one owned copy per matrix.
+/// Throws kestrel::Error when il's arrays do not match its shape (check_w4_int8_layout).
+quant::W4Matrix deinterleave_w4_int8(const W4Int8Interleaved& il, bool zero_points, ThreadPool* pool = nullptr);
+
+/// Throws kestrel::Error unless `il`'s shape is one the kernels run (w4_int8_shape_supported) and
+/// each array has the size the header's layout gives it (16- or 8-bit parameters; mins8 may be
+/// empty; no W8A8 copy or a whole one): a view of an image's tensors is checked with this.
+void check_w4_int8_layout(const W4Int8Interleaved& il);
+
+/// Adds the W8A8 copy to `il` where interleave_w4_int8 would hold one (superblocks and
+/// w8a8_default()): requantized from il's de-interleaved rows (a temporary; `zero_points` as
+/// deinterleave_w4_int8 takes it). For a view of an image's layout, which has no W8A8 copy.
+void add_default_w8a8(W4Int8Interleaved& il, bool zero_points, ThreadPool* pool = nullptr);
 
 /// y[t * y_stride + r] for t < n_tokens (any count >= 1), r in [row_begin, row_end)
 /// (at most il.rows): the header's formula with x[t * x_stride + i] (float32) quantized here,

@@ -579,6 +579,12 @@ size_t Matrix::row_bytes() const {
 }
 
 size_t Matrix::bytes() const {
+  if (type == WeightType::kW4 && data == nullptr && interleaved_int8 != nullptr) {
+    // Held only in the int8 layout (an image that stores it): the arrays a product reads.
+    const W4Int8Interleaved& il = *interleaved_int8;
+    return il.codes.size() + (il.scales.size() + il.mins.size()) * sizeof(uint16_t) + il.scales8.size() +
+           il.mins8.size() + (il.row_d.size() + il.row_m.size()) * sizeof(float);
+  }
   size_t total = rows * row_bytes();
   if (type == WeightType::kW4 && group_size > 0) {
     const size_t n_groups = rows * (cols / group_size);
@@ -597,9 +603,11 @@ void check_matmul(const Matrix& w) {
   if (w.type == WeightType::kQ8_0 && w.cols % 32 != 0) {
     throw Error("matmul: Q8_0 matrix with a row length that is not a multiple of 32");
   }
+  // An INT4 matrix held only in the int8 layout has no row-major parameters: its kernels read the layout.
+  const bool row_params = w.scales != nullptr || (w.scales8 != nullptr && w.mins8 != nullptr && w.row_scales != nullptr);
   if (w.type == WeightType::kW4 &&
       (w.group_size == 0 || w.group_size % 32 != 0 || w.cols % w.group_size != 0 ||
-       (w.scales == nullptr && (w.scales8 == nullptr || w.mins8 == nullptr || w.row_scales == nullptr)))) {
+       (!row_params && w.interleaved_int8 == nullptr))) {
     throw Error("matmul: INT4 matrix with group size " + std::to_string(w.group_size) +
                 " for rows of " + std::to_string(w.cols));
   }
@@ -698,6 +706,7 @@ Matrix row_slice(const Matrix& w, size_t begin, size_t count) {
     throw Error("row_slice: rows " + std::to_string(begin) + "+" + std::to_string(count) +
                 " outside a matrix of " + std::to_string(w.rows));
   }
+  if (w.data == nullptr) throw Error("row_slice: the matrix has no rows as stored (an INT4 one in the int8 layout alone)");
   Matrix m = w;
   m.rows = count;
   m.data = w.row(begin);
@@ -747,6 +756,7 @@ void matrix_row(const Matrix& w, size_t r, float* out) {
       gguf::dequantize(gguf::TensorType::kF16, w.row(r), out, w.cols);
       return;
     case WeightType::kW4: {
+      if (w.data == nullptr) throw Error("matrix_row: an INT4 matrix in the int8 layout alone has no rows as stored");
       const uint8_t* q = w.row(r);
       const size_t n_groups = w.cols / w.group_size, half = w.group_size / 2;
       thread_local std::vector<float> ds, ms;  // one row per token here: no allocation each time

@@ -51,7 +51,9 @@ struct Matrix {
   const W4Interleaved* interleaved = nullptr;
   /// kW4, where int8 decode activations are chosen (model::LoadOptions::decode_activations): a
   /// copy for the int8-activation kernel (gemv_w4_int8.h), which then computes every product,
-  /// decode and prefill, in place of `interleaved` and the tiles (prefill split by tokens).
+  /// decode and prefill, in place of `interleaved` and the tiles (prefill split by tokens). With
+  /// `data` null it is a view of an image that stores this layout and the matrix has no
+  /// row-major form (no scales, mins, ...; matrix_row and row_slice refuse it).
   const W4Int8Interleaved* interleaved_int8 = nullptr;
   /// kQ8_0, where int8 activations are chosen and the CPU has AVX512-VNNI: the interleaved copy
   /// (gemv_q8_interleaved.h) that then computes every product (activations rounded to int8 per
@@ -69,6 +71,9 @@ struct Matrix {
   /// reads all of them once: the figure a bandwidth limit divides.
   size_t bytes() const;
   const uint8_t* row(size_t r) const { return static_cast<const uint8_t*>(data) + r * row_bytes(); }
+  /// False for a default Matrix (a tensor the model does not have, e.g. Gemma 3's absent
+  /// per-layer input gates); an INT4 matrix in the int8 layout alone has no `data` but is present.
+  bool present() const { return data != nullptr || interleaved_int8 != nullptr; }
 };
 
 /// From this many tokens matmul multiplies W4 and BF16/FP16 weights by tiles (bfloat16 dot

@@ -117,6 +117,11 @@ WeightLayout choose_layout(const Matrix& stored, MatrixRole role, bool quantized
         return int8_matrix(stored, quantized_model, activations) ? L::kQ8_0Interleaved : as_stored;
       }
       if (stored.type != WeightType::kW4) return as_stored;
+      // An image that stores the int8 layout: read in place where int8 activations are chosen,
+      // else the row-major rows (the loader de-interleaves them and asks again).
+      if (stored.data == nullptr && stored.interleaved_int8 != nullptr) {
+        return w4_int8_chosen(activations) ? L::kW4Int8Interleaved : L::kW4Rows;
+      }
       if (w4_int8_chosen(activations) && w4_int8_supported(stored)) return L::kW4Int8Interleaved;
       return w4_interleavable(stored) ? L::kW4Interleaved : as_stored;
     case MatrixRole::kHead:

@@ -101,7 +101,10 @@ enum class MatrixRole : uint8_t {
 /// for `role`: an int8 copy where int8 activations are chosen (w4_int8_chosen(activations), and
 /// for Q8_0 matrices and heads a SIMD int8 path and a quantized model: `quantized_model`, a GGUF's
 /// auto form or a W4A16 image), else the bf16 decode copy where the CPU has AVX512-BF16, else as
-/// stored.
+/// stored. A layer matrix an image stores in the int8 layout alone (`data` null,
+/// `interleaved_int8` viewing the image's tensors) keeps it where int8 activations are chosen
+/// (kW4Int8Interleaved, no copy); elsewhere the answer is kW4Rows: the loader de-interleaves it
+/// (kernels::deinterleave_w4_int8, an owned copy) and asks again for the row-major matrix.
 WeightLayout choose_layout(const Matrix& stored, MatrixRole role, bool quantized_model, DecodeActivations activations);
 
 /// "w4-int8", "q8_0-int8-rows", ... (the enum's comment gives the file).

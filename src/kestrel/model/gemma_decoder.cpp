@@ -141,7 +141,7 @@ GemmaDecoder::GemmaDecoder(const gguf::File& file, const LoadOptions& options, T
     l.wq = store_.matrix(blk(il, "attn_q"), q_dim, c.d_model);
     if (c.owns_kv(il)) {
       l.wk = store_.matrix(blk(il, "attn_k"), kv_dim, c.d_model);
-      if (!c.v_optional || store_.has(blk(il, "attn_v")) || store_.has(blk(il, "attn_v") + image::kQ4Suffix)) {
+      if (!c.v_optional || store_.has_matrix(blk(il, "attn_v"))) {
         l.wv = store_.matrix(blk(il, "attn_v"), kv_dim, c.d_model);
       }
     }
@@ -185,7 +185,7 @@ GemmaDecoder::GemmaDecoder(const gguf::File& file, const LoadOptions& options, T
   info_.int8_matrices = store_.int8_matrices();
   info_.load_copy_bytes = store_.load_copy_bytes();
   info_.decode_weight_bytes = ple_.model_proj.bytes();
-  bool invariant = ple_.model_proj.data == nullptr || kernels::matmul_rows_invariant(ple_.model_proj);
+  bool invariant = !ple_.model_proj.present() || kernels::matmul_rows_invariant(ple_.model_proj);
   const auto note = [](std::vector<std::string>& labels, const kernels::Matrix& m, size_t tokens) {
     const std::string label = kernels::kernel_label(kernels::choose_kernel(m, tokens));
     if (std::find(labels.begin(), labels.end(), label) == labels.end()) labels.push_back(label);
@@ -193,7 +193,7 @@ GemmaDecoder::GemmaDecoder(const gguf::File& file, const LoadOptions& options, T
   for (const Layer& l : layers_) {
     for (const kernels::Matrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down, &l.ple_gate, &l.ple_proj}) {
       info_.decode_weight_bytes += m->bytes();
-      if (m->data == nullptr) continue;
+      if (!m->present()) continue;
       if (!kernels::matmul_rows_invariant(*m)) invariant = false;
       note(info_.layer_decode_kernels, *m, 1);
       note(info_.layer_prefill_kernels, *m, kernels::kTileMinTokens);
@@ -354,14 +354,14 @@ void GemmaDecoder::attention_block(size_t il, size_t n, std::span<const Segment>
   if (observer) {
     observer->observe(blk(il, "attn_q"), s.xn, n, d);
     if (owns_kv) observer->observe(blk(il, "attn_k"), s.xn, n, d);
-    if (owns_kv && l.wv.data != nullptr) observer->observe(blk(il, "attn_v"), s.xn, n, d);
+    if (owns_kv && l.wv.present()) observer->observe(blk(il, "attn_v"), s.xn, n, d);
   }
   kernels::MatmulOutput qkv[3] = {{&l.wq, s.q, q_dim}};
   size_t n_out = 1;
   if (owns_kv) qkv[n_out++] = {&l.wk, s.k, kv_dim};
-  if (owns_kv && l.wv.data != nullptr) qkv[n_out++] = {&l.wv, s.v, kv_dim};
+  if (owns_kv && l.wv.present()) qkv[n_out++] = {&l.wv, s.v, kv_dim};
   kernels::matmul_same_input({qkv, n_out}, s.xn, n, d, pool);
-  if (owns_kv && l.wv.data == nullptr) std::copy_n(s.k, n * kv_dim, s.v);
+  if (owns_kv && !l.wv.present()) std::copy_n(s.k, n * kv_dim, s.v);
 
   const size_t rope_row = rope_stride();
   // Per row: q/k norms per head, RoPE, the cache's stores (fp16, or q8's scales and

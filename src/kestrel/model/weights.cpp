@@ -2,6 +2,7 @@
 
 #include "kestrel/base/error.h"
 #include "kestrel/formats/dequant.h"
+#include "kestrel/image/int4_tensors.h"
 #include "kestrel/kernels/registry.h"
 #include "kestrel/quant/gguf_convert.h"
 
@@ -34,13 +35,13 @@ size_t WeightStore::load_copy_bytes() const {
     n += bytes_of(il.codes) + bytes_of(il.scales) + bytes_of(il.mins) + bytes_of(il.scales8) + bytes_of(il.mins8) +
          bytes_of(il.row_d) + bytes_of(il.row_m);
   }
-  for (const auto& il : owned_interleaved_int8_) {
-    n += bytes_of(il.codes) + bytes_of(il.scales) + bytes_of(il.mins) + bytes_of(il.scales8) + bytes_of(il.mins8) +
-         bytes_of(il.row_d) + bytes_of(il.row_m) + bytes_of(il.w8) + bytes_of(il.w8_scale);
-  }
+  // The int8 copies own their arrays; a view of an image's int8 layout owns its W8A8 copy alone.
+  for (const auto& il : owned_interleaved_int8_) n += il.owned_bytes();
   for (const auto& il : owned_interleaved_q8_) n += bytes_of(il.codes) + bytes_of(il.scales);
   return n;
 }
+
+bool WeightStore::has_matrix(const std::string& name) const { return has(name) || image::has_int4(*file_, name); }
 
 void WeightStore::release(const gguf::TensorInfo& info) {
   file_->release(info);
@@ -48,8 +49,17 @@ void WeightStore::release(const gguf::TensorInfo& info) {
 }
 
 void WeightStore::release_image_w4(const std::string& name) {
-  for (const char* suffix : {image::kQ4Suffix, image::kScalesSuffix, image::kMinsSuffix, image::kRowScalesSuffix}) {
+  for (const char* suffix : {image::kQ4Suffix, image::kScalesSuffix, image::kMinsSuffix, image::kRowScalesSuffix,
+                             image::kInt8CodesSuffix, image::kInt8ScalesSuffix, image::kInt8MinsSuffix,
+                             image::kInt8RowScalesSuffix}) {
     if (const gguf::TensorInfo* t = file_->find_tensor(name + suffix)) release(*t);
+  }
+}
+
+void WeightStore::populate_image_w4(const std::string& name) {
+  for (const char* suffix : {image::kInt8CodesSuffix, image::kInt8ScalesSuffix, image::kInt8MinsSuffix,
+                             image::kInt8RowScalesSuffix}) {
+    if (const gguf::TensorInfo* t = file_->find_tensor(name + suffix)) file_->populate(*t);
   }
 }
 
@@ -148,13 +158,45 @@ kernels::Matrix WeightStore::image_matrix(const std::string& name, size_t rows, 
   return m;
 }
 
-kernels::Matrix WeightStore::laid_out(kernels::Matrix m, kernels::MatrixRole role) {
+bool WeightStore::quantized() const {
   // Only where the layers are quantized (a GGUF's auto form, W4A16) do a Q8_0 matrix and the head
   // take int8 activations: the source form is the float32 parity path, BF16/FP16 the baseline.
   const Precision in_effect = image_ ? image_->precision : options_.precision;
-  const bool quantized = in_effect == Precision::kAuto || in_effect == Precision::kW4A16;
+  return in_effect == Precision::kAuto || in_effect == Precision::kW4A16;
+}
+
+kernels::Matrix WeightStore::image_int8_layout(const std::string& name, size_t rows, size_t cols) {
+  kernels::W4Int8Interleaved view = image::int8_layout_view(*file_, name, *image_);
+  if (view.rows != rows || view.cols != cols) {
+    throw Error("image tensor '" + name + image::kInt8CodesSuffix + "' holds " + std::to_string(view.rows) + " x " +
+                std::to_string(view.cols) + ", expected " + std::to_string(rows) + " x " + std::to_string(cols));
+  }
+  n_params_ += rows * cols;
+  kernels::Matrix m;
+  m.type = kernels::WeightType::kW4;
+  m.rows = rows;
+  m.cols = cols;
+  m.group_size = view.group_size;
+  m.interleaved_int8 = &view;
+  if (kernels::choose_layout(m, kernels::MatrixRole::kLayer, quantized(), options_.decode_activations) ==
+      kernels::WeightLayout::kW4Int8Interleaved) {
+    // The kernels read the image's pages: no copy (bar the opt-in W8A8 one). The content check
+    // dropped them from the page table; mapped again here, the first product does not fault.
+    populate_image_w4(name);
+    kernels::add_default_w8a8(view, image_->zero_points, pool_);
+    m.interleaved_int8 = &owned_interleaved_int8_.emplace_back(std::move(view));
+    return m;
+  }
+  // This run does not take the int8 kernels (bf16 activations, a CPU without SIMD int8): the
+  // row-major matrix, de-interleaved once (an owned copy), laid out as a plain image's would be.
+  kernels::Matrix rows_m = owned_w4_.emplace_back(kernels::deinterleave_w4_int8(view, image_->zero_points, pool_)).view();
+  release_image_w4(name);
+  return laid_out(rows_m, kernels::MatrixRole::kLayer);
+}
+
+kernels::Matrix WeightStore::laid_out(kernels::Matrix m, kernels::MatrixRole role) {
   using kernels::WeightLayout;
-  switch (kernels::choose_layout(m, role, quantized, options_.decode_activations)) {
+  switch (kernels::choose_layout(m, role, quantized(), options_.decode_activations)) {
     case WeightLayout::kW4Int8Interleaved:
       m.interleaved_int8 = &owned_interleaved_int8_.emplace_back(kernels::interleave_w4_int8(m, pool_));
       break;
@@ -183,6 +225,9 @@ kernels::Matrix WeightStore::with_int8_head_rows(kernels::Matrix head) {
 
 kernels::Matrix WeightStore::matrix(const std::string& name, size_t rows, size_t cols) {
   if (image_) {
+    if (image_->precision == Precision::kW4A16 && image::has_int8_layout(*file_, name)) {
+      return image_int8_layout(name, rows, cols);
+    }
     kernels::Matrix m = laid_out(image_matrix(name, rows, cols), kernels::MatrixRole::kLayer);
     // The kernels read the copy alone from now on: the INT4 tensors' pages leave the resident
     // set, so that the loaded model costs its file plus the copy's layout overhead, not both.

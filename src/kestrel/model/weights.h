@@ -61,6 +61,9 @@ class WeightStore {
   /// gemv_w4_int8.h).
   kernels::Matrix with_int8_head_rows(kernels::Matrix head);
   bool has(const std::string& name) const { return file_->find_tensor(name) != nullptr; }
+  /// Whether the file holds the layer matrix `name` in any form: as stored under its name, or
+  /// an image's INT4 tensors in either layout (image/int4_tensors.h).
+  bool has_matrix(const std::string& name) const;
   /// Parameters seen so far.
   size_t n_params() const { return n_params_; }
   /// Matrices given int8 activations so far: an int8 copy (INT4 and Q8_0) or int8_rows.
@@ -83,6 +86,12 @@ class WeightStore {
   kernels::Matrix converted(const std::string& name, size_t rows, size_t cols);
 
   kernels::Matrix image_matrix(const std::string& name, size_t rows, size_t cols);
+  // An INT4 layer matrix the image stores in the int8 layout (image.h): viewed in place where the
+  // registry keeps that layout (no copy), else de-interleaved to the row-major matrix (an owned
+  // copy, counted in load_copy_bytes) and laid out as a plain image's would be.
+  kernels::Matrix image_int8_layout(const std::string& name, size_t rows, size_t cols);
+  // Whether the layers are quantized (a GGUF's auto form, a W4A16 image): what choose_layout asks.
+  bool quantized() const;
   // m in the layout kernels::choose_layout gives it for `role` (registry.h), its copy made and
   // kept here where that layout is one.
   kernels::Matrix laid_out(kernels::Matrix m, kernels::MatrixRole role);
@@ -93,6 +102,8 @@ class WeightStore {
   // release() of an image matrix's INT4 tensors (codes, group parameters, row scales) once
   // its interleaved copy is made: no kernel reads them after that.
   void release_image_w4(const std::string& name);
+  // File::populate of an image matrix's int8-layout tensors, which the kernels read in place.
+  void populate_image_w4(const std::string& name);
 
   const gguf::File* file_;
   std::optional<image::ImageInfo> image_;
@@ -103,6 +114,7 @@ class WeightStore {
   std::deque<std::vector<std::byte>> owned_q8_0_;
   std::deque<quant::W4Matrix> owned_w4_;
   std::deque<kernels::W4Interleaved> owned_interleaved_;
+  // int8 copies, and views of an image's int8 layout (whose `owned` is null or its W8A8 copy).
   std::deque<kernels::W4Int8Interleaved> owned_interleaved_int8_;
   std::deque<kernels::Q8Interleaved> owned_interleaved_q8_;
   size_t int8_row_matrices_ = 0;  // heads given int8_rows (with_int8_head_rows)
