@@ -45,6 +45,17 @@ float row_token(const uint8_t* row, size_t nb, const int8_t* q, const float* xd)
 
 #ifdef KESTREL_HAVE_AVX2_PATH
 
+// The 8 int32 sums of 8 rows' vectors (lane i of the result: the sum of dot[i]'s lanes): hadd
+// pairs within 128-bit halves, after two rounds the low half holds rows 0-3's (then 4-7's) sums
+// of lanes 0-3, the high half those of lanes 4-7; the halves added give each sum.
+KESTREL_AVX2_TARGET inline __m256i row_sums8_avx2(const __m256i (&dot)[8]) {
+  const __m256i h01 = _mm256_hadd_epi32(dot[0], dot[1]), h23 = _mm256_hadd_epi32(dot[2], dot[3]);
+  const __m256i h45 = _mm256_hadd_epi32(dot[4], dot[5]), h67 = _mm256_hadd_epi32(dot[6], dot[7]);
+  const __m256i h0123 = _mm256_hadd_epi32(h01, h23), h4567 = _mm256_hadd_epi32(h45, h67);
+  return _mm256_add_epi32(_mm256_permute2x128_si256(h0123, h4567, 0x20),
+                          _mm256_permute2x128_si256(h0123, h4567, 0x31));
+}
+
 // Rows row0 .. row0 + 7 (row_bytes apart) for one token into out[0..8). Per block: each row's
 // 32 products summed to 8 int32 (|w| x sign(q, w) pairs, at most 2 * 128 * 127 < 2^15, then
 // vpmaddwd by ones), the 8 rows' vectors reduced to one of their 8 sums (lane = row), then the
@@ -71,13 +82,7 @@ KESTREL_AVX2_TARGET void rows8_avx2(const uint8_t* row0, size_t row_bytes, size_
       const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 2));
       dot[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w)), ones);
     }
-    // hadd pairs within 128-bit halves: after two rounds the low half holds rows 0-3's (then
-    // 4-7's) sums of lanes 0-3, the high half those of lanes 4-7; the halves added give each sum.
-    const __m256i h01 = _mm256_hadd_epi32(dot[0], dot[1]), h23 = _mm256_hadd_epi32(dot[2], dot[3]);
-    const __m256i h45 = _mm256_hadd_epi32(dot[4], dot[5]), h67 = _mm256_hadd_epi32(dot[6], dot[7]);
-    const __m256i h0123 = _mm256_hadd_epi32(h01, h23), h4567 = _mm256_hadd_epi32(h45, h67);
-    const __m256i sums = _mm256_add_epi32(_mm256_permute2x128_si256(h0123, h4567, 0x20),
-                                          _mm256_permute2x128_si256(h0123, h4567, 0x31));
+    const __m256i sums = row_sums8_avx2(dot);
     const __m256 s = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(halves)));
     acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(s, _mm256_set1_ps(xd[b])), acc);
   }
@@ -104,11 +109,7 @@ KESTREL_AVX2_TARGET void rows8_tokens_avx2(const uint8_t* row0, size_t row_bytes
         const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row0 + r * row_bytes + b * kQ8Bytes + 2));
         dot[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w)), ones);
       }
-      const __m256i h01 = _mm256_hadd_epi32(dot[0], dot[1]), h23 = _mm256_hadd_epi32(dot[2], dot[3]);
-      const __m256i h45 = _mm256_hadd_epi32(dot[4], dot[5]), h67 = _mm256_hadd_epi32(dot[6], dot[7]);
-      const __m256i h0123 = _mm256_hadd_epi32(h01, h23), h4567 = _mm256_hadd_epi32(h45, h67);
-      const __m256i sums = _mm256_add_epi32(_mm256_permute2x128_si256(h0123, h4567, 0x20),
-                                            _mm256_permute2x128_si256(h0123, h4567, 0x31));
+      const __m256i sums = row_sums8_avx2(dot);
       acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(s, _mm256_set1_ps(xd[t][b])), acc[t]);
     }
   }
