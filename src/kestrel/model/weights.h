@@ -61,6 +61,9 @@ class WeightStore {
   /// gemv_w4_int8.h).
   kernels::Matrix with_int8_head_rows(kernels::Matrix head);
   bool has(const std::string& name) const { return file_->find_tensor(name) != nullptr; }
+  /// Whether the file is an image whose dense head is read as stored (image.h keys::kHeadInPlace):
+  /// the model then lays the head out with with_int8_head_rows, as for a FlashHead image.
+  bool head_in_place() const { return image_ && image_->head_in_place; }
   /// Whether the file holds the layer matrix `name` in any form: as stored under its name, or
   /// an image's INT4 tensors in either layout (image/int4_tensors.h).
   bool has_matrix(const std::string& name) const;
@@ -99,11 +102,16 @@ class WeightStore {
                                        std::vector<uint64_t> shape);
   // Drops the pages of the file's tensor from the resident set (a load copy replaced it).
   void release(const gguf::TensorInfo& info);
-  // release() of an image matrix's INT4 tensors (codes, group parameters, row scales) once
-  // its interleaved copy is made: no kernel reads them after that.
-  void release_image_w4(const std::string& name);
-  // File::populate of an image matrix's int8-layout tensors, which the kernels read in place.
-  void populate_image_w4(const std::string& name);
+  // A Q8_0 layer matrix the image stores in the int8 layout (image/q8_tensors.h): viewed in
+  // place where the registry gives it the interleaved layout (no copy), else de-interleaved to
+  // the ggml rows (an owned copy, counted in load_copy_bytes).
+  kernels::Matrix image_q8_layout(const std::string& name, size_t rows, size_t cols);
+  // release() of an image matrix's stored tensors (INT4 codes, group parameters, row scales; the
+  // Q8_0 layout) once a copy replaces them: no kernel reads them after that.
+  void release_image_tensors(const std::string& name);
+  // File::populate of an image matrix's int8-layout tensors (INT4 or Q8_0), which the kernels
+  // read in place.
+  void populate_image_layout(const std::string& name);
 
   const gguf::File* file_;
   std::optional<image::ImageInfo> image_;
