@@ -49,7 +49,8 @@ class ImageCache : public ::testing::Test {
     runtime::EngineOptions o;
     o.n_threads = 2;
     o.n_ctx = 64;
-    o.load.decode_activations = a;  // precision auto: the GGUF's auto form, the image as built
+    o.load.precision = quant::Precision::kAuto;  // the GGUF's auto form (the CLI's default); the image as built
+    o.load.decode_activations = a;
     return o;
   }
   // The prompt's last logits, then those of three greedy decode steps, one after another.
