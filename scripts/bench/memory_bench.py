@@ -7,7 +7,8 @@ generates 16 tokens, less the same process without the model).
 
 The bar of issue 43: peak <= file + KV cache + 64 MiB for an image; <= 1.2 x the file for a GGUF.
 The GGUF runs twice in an empty image cache (a temporary KESTREL_CACHE): the first run converts it
-and writes its cached image (`image cache`: written), the second maps that image (hit).
+and writes its cached image (`image cache`: written), the second maps that image (hit); their bar is
+the cached image's (its size + KV cache + 64 MiB: the issue's "or the cached image").
 
   python3 scripts/bench/memory_bench.py [--image FILE ...] [--gguf FILE] [--threads 2] [--ctx 4096]
 
@@ -101,6 +102,15 @@ def main():
         rows.append(kestrel_row(args.kestrel, gguf, args.threads, args.ctx, env))
         if rows[-1]["image_cache"] == "written":
             rows.append(kestrel_row(args.kestrel, gguf, args.threads, args.ctx, env))
+            # The issue's bar for a run from the cached image: the image's own (file + KV + 64 MiB).
+            cached = list((Path(cache) / "images").glob("*.kimg"))
+            for r in rows[-2:]:
+                if len(cached) == 1:
+                    size = cached[0].stat().st_size
+                    r["image_bytes"] = size
+                    r["bar_bytes"] = size + r["kv_cache_bytes"] + 64 * MIB
+                    r["bar"] = f"its cached image ({mib(size)} MiB) + KV + 64 MiB"
+                    r["meets"] = r["peak_rss_bytes"] <= r["bar_bytes"]
     if not args.no_llama_cpp:
         rows.append(llama_cpp_row(gguf, args.threads, args.ctx))
     name, flags = cpu()
