@@ -263,8 +263,16 @@ auto load_cached(const ModelOptions& o, const std::filesystem::path& path, Make 
   } catch (const Error&) {
     return make(path);  // a file that cannot be read: the load says what is wrong with it
   }
-  if (c.status == runtime::ImageCacheStatus::kHit) {
-    if (isatty(STDERR_FILENO) != 0) {
+  // A hit that does not load (cut short, a checksum mismatch, an older format) is written again
+  // and loaded once more; an image just written that does not load leaves the GGUF.
+  while (c.status != runtime::ImageCacheStatus::kOff) {
+    const bool hit = c.status == runtime::ImageCacheStatus::kHit;
+    if (!hit) {
+      std::fprintf(stderr,
+                   "kestrel: converted %s once (%.1f s) and cached the result as a Kestrel image: %s (%.0f MiB); "
+                   "later runs map it instead of converting (--no-image-cache or KESTREL_IMAGE_CACHE=0: off)\n",
+                   path.filename().c_str(), c.seconds, c.path.c_str(), mib(c.bytes));
+    } else if (isatty(STDERR_FILENO) != 0) {
       std::fprintf(stderr, "kestrel: mapping the cached image of %s: %s (%.0f MiB; --no-image-cache: convert instead)\n",
                    path.filename().c_str(), c.path.c_str(), mib(c.bytes));
     }
@@ -274,24 +282,11 @@ auto load_cached(const ModelOptions& o, const std::filesystem::path& path, Make 
     } catch (const runtime::OptionMismatch&) {
       throw;
     } catch (const Error& e) {
-      warn_line("the cached image " + c.path.string() + " does not load (" + e.what() + "); writing it again");
+      warn_line((hit ? "the cached image " : "the image just written, ") + c.path.string() + " does not load (" +
+                e.what() + (hit ? "); writing it again" : "); running from the GGUF"));
     }
+    if (!hit) break;
     c = runtime::cached_image(path, o.threads, warn_line, /*rebuild=*/true);
-  }
-  if (c.status == runtime::ImageCacheStatus::kWritten) {
-    std::fprintf(stderr,
-                 "kestrel: converted %s once (%.1f s) and cached the result as a Kestrel image: %s (%.0f MiB); later "
-                 "runs map it instead of converting (--no-image-cache or KESTREL_IMAGE_CACHE=0: off)\n",
-                 path.filename().c_str(), c.seconds, c.path.c_str(), mib(c.bytes));
-    try {
-      o.image_cache = runtime::image_cache_status_name(c.status);
-      return make(c.path);
-    } catch (const runtime::OptionMismatch&) {
-      throw;
-    } catch (const Error& e) {
-      warn_line("the image just written, " + c.path.string() + ", does not load (" + e.what() +
-                "); running from the GGUF");
-    }
   }
   o.image_cache = "off";
   return make(path);
