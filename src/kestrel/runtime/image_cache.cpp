@@ -19,6 +19,7 @@
 #include "kestrel/formats/gguf.h"
 #include "kestrel/image/auto_image.h"
 #include "kestrel/image/image.h"
+#include "kestrel/model/gemma_config.h"
 #include "kestrel/runtime/model_path.h"
 
 namespace kestrel::runtime {
@@ -52,8 +53,17 @@ uint64_t sampled_hash(const std::filesystem::path& path, uint64_t size) {
   return h;
 }
 
-bool is_image(const std::filesystem::path& path) {
-  return image::read_image_info(gguf::File::open(path)).has_value();
+// Whether `path` is a GGUF worth converting: not a Kestrel image already, and a model this
+// Kestrel runs (model::GemmaConfig reads its metadata; another architecture's load says why not).
+bool convertible(const std::filesystem::path& path) {
+  const gguf::File file = gguf::File::open(path);
+  if (image::read_image_info(file).has_value()) return false;
+  try {
+    model::GemmaConfig::from_gguf(file);
+  } catch (const Error&) {
+    return false;
+  }
+  return true;
 }
 
 // A name next to `final` that no other process writes: final.PID-RANDOM.tmp.
@@ -134,7 +144,7 @@ CachedImage cached_image(const std::filesystem::path& gguf, int n_threads,
     c.bytes = std::filesystem::file_size(path, ec);
     return c;
   }
-  if (is_image(gguf)) return c;  // a Kestrel image runs as it is
+  if (!convertible(gguf)) return c;  // an image runs as it is; the load says what is wrong with another file
   const std::filesystem::path tmp = temporary_name(path);
   try {
     std::filesystem::create_directories(path.parent_path());

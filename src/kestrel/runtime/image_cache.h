@@ -41,7 +41,8 @@ struct CachedImage {
 /// `rebuild`), else kWritten after writing it (image::build_auto_image on `n_threads` threads, 0: every core; to a name of
 /// this process's own, renamed into place: two processes at once each write a whole file and the
 /// last rename wins; `rebuild`: write even where the file exists). kOff, with `path` = `gguf`,
-/// where the file is a Kestrel image already, its auto form cannot be cached
+/// where the file is a Kestrel image already or not a model this Kestrel runs (model::GemmaConfig
+/// refuses its metadata: the load says why), its auto form cannot be cached
 /// (image::NotCacheable), or the cache folder cannot be written (then `warn` gets one line saying
 /// why, and the caller runs the GGUF). Throws kestrel::Error only for a GGUF that cannot be read.
 CachedImage cached_image(const std::filesystem::path& gguf, int n_threads,
