@@ -93,7 +93,6 @@ TEST_F(ImageCache, TheImageHoldsTheKernelsLayouts) {
   ASSERT_TRUE(info.has_value());
   EXPECT_EQ(f.get_string(image::keys::kQuantMethod), image::kAutoQuantMethod);
   EXPECT_EQ(f.get_uint(image::keys::kAutoVersion), image::kAutoImageVersion);
-  EXPECT_TRUE(info->head_in_place);
   EXPECT_EQ(info->q8_int8_layout, image::kQ8Int8LayoutVersion);
   EXPECT_EQ(info->w4_int8_layout, image::kW4Int8LayoutVersion);
   // The default GGUF: Q5_0 attn_q, Q4_K attn_output, a Q8_0 embedding kept as its rows.
@@ -101,6 +100,7 @@ TEST_F(ImageCache, TheImageHoldsTheKernelsLayouts) {
   EXPECT_NE(f.find_tensor("blk.0.attn_output.weight.q4i8"), nullptr);
   ASSERT_NE(f.find_tensor("token_embd.weight"), nullptr);
   EXPECT_EQ(f.find_tensor("token_embd.weight")->type, gguf::TensorType::kQ8_0);
+  EXPECT_TRUE(image::has_q8_layout(f, "token_embd.weight")) << "the tied head's interleaved layout too";
   EXPECT_NO_THROW(image::verify_content(f));
 }
 

@@ -59,7 +59,22 @@ Form form_of(const gguf::TensorInfo& t) {
   return Form::kCopy;
 }
 
-void declare(gguf::Writer& w, const gguf::TensorInfo& t, Form f, bool zero_points) {
+// Writes the Q8_0 int8 layout (image/q8_tensors.h) of the [rows, cols] Q8_0 matrix `q8`.
+void write_q8_layout(gguf::Writer& w, const std::byte* q8, size_t rows, size_t cols, ThreadPool& pool) {
+  kernels::Matrix m;
+  m.type = kernels::WeightType::kQ8_0;
+  m.data = q8;
+  m.rows = rows;
+  m.cols = cols;
+  const kernels::Q8Interleaved il = kernels::interleave_q8_0(m, &pool);
+  w.write(as_bytes(il.codes.data(), il.codes.size()));
+  w.write(as_bytes(il.scales.data(), il.scales.size() * sizeof(float)));
+}
+
+// `head`: the output head's tensor (output.weight, else the tied token_embd.weight) in Q8_0 rows,
+// whose int8 kernel reads the Q8_0 int8 layout: that layout is stored after its rows (which the
+// embedding reads by token) and viewed in place at load (model::WeightStore::with_int8_head).
+void declare(gguf::Writer& w, const gguf::TensorInfo& t, Form f, bool zero_points, bool head) {
   const uint64_t cols = t.shape.empty() ? 0 : t.shape[0], rows = t.shape.size() == 2 ? t.shape[1] : 0;
   switch (f) {
     case Form::kInt4Layout:
@@ -79,6 +94,9 @@ void declare(gguf::Writer& w, const gguf::TensorInfo& t, Form f, bool zero_point
     case Form::kCopy: w.add_tensor(t.name, t.type, t.shape); break;
     case Form::kF32: w.add_tensor(t.name, TensorType::kF32, t.shape); break;
   }
+  if (head) {
+    for (const Int8LayoutTensor& l : q8_layout_tensors(rows, cols)) w.add_tensor(t.name + l.suffix, l.type, l.shape);
+  }
 }
 
 quant::W4Matrix int4_of(const gguf::TensorInfo& t, std::span<const std::byte> data, ThreadPool& pool) {
@@ -90,7 +108,7 @@ quant::W4Matrix int4_of(const gguf::TensorInfo& t, std::span<const std::byte> da
   }
 }
 
-void write_tensor(gguf::Writer& w, const gguf::TensorInfo& t, std::span<const std::byte> data, Form f,
+void write_tensor(gguf::Writer& w, const gguf::TensorInfo& t, std::span<const std::byte> data, Form f, bool head,
                   ThreadPool& pool) {
   const size_t cols = t.shape.empty() ? 0 : t.shape[0], rows = t.shape.size() == 2 ? t.shape[1] : 0;
   switch (f) {
@@ -102,21 +120,16 @@ void write_tensor(gguf::Writer& w, const gguf::TensorInfo& t, std::span<const st
       w.write(as_bytes(q.mins.data(), q.mins.size() * sizeof(uint16_t)));
       break;
     }
-    case Form::kQ8Layout: {
+    case Form::kQ8Layout:
+    case Form::kQ8Rows:
+    case Form::kCopy: {
       std::vector<std::byte> converted;
-      if (t.type != TensorType::kQ8_0) converted = quant::q8_0_from_gguf(t.type, data, rows, cols, pool);
-      kernels::Matrix m;
-      m.type = kernels::WeightType::kQ8_0;
-      m.data = converted.empty() ? data.data() : converted.data();
-      m.rows = rows;
-      m.cols = cols;
-      const kernels::Q8Interleaved il = kernels::interleave_q8_0(m, &pool);
-      w.write(as_bytes(il.codes.data(), il.codes.size()));
-      w.write(as_bytes(il.scales.data(), il.scales.size() * sizeof(float)));
+      if (f != Form::kCopy && t.type != TensorType::kQ8_0) converted = quant::q8_0_from_gguf(t.type, data, rows, cols, pool);
+      const std::span<const std::byte> q8 = converted.empty() ? data : std::span<const std::byte>(converted);
+      if (f != Form::kQ8Layout) w.write(q8);  // the rows (as stored, or Q8_0 converted)
+      if (f == Form::kQ8Layout || head) write_q8_layout(w, q8.data(), rows, cols, pool);
       break;
     }
-    case Form::kQ8Rows: w.write(quant::q8_0_from_gguf(t.type, data, rows, cols, pool)); break;
-    case Form::kCopy: w.write(data); break;
     case Form::kF32: write_converted(w, t, data, TensorType::kF32); break;
   }
 }
@@ -137,6 +150,14 @@ BuildReport build_auto_image(const std::filesystem::path& source, const std::fil
     forms.push_back(f);
     if (f == Form::kInt4Layout || f == Form::kInt4Plain) (t.type == TensorType::kQ4_0 ? symmetric : affine) = true;
     if (t.name == "token_embd.weight") embedding = &t;
+  }
+  // The output head (output.weight, else the tied embedding) in Q8_0 rows: its layout too.
+  const gguf::TensorInfo* head = src.find_tensor("output.weight");
+  if (head == nullptr) head = embedding;
+  std::vector<char> heads(forms.size(), 0);
+  if (head != nullptr && head->shape.size() == 2 && head->shape[0] % 32 == 0) {
+    const size_t i = static_cast<size_t>(head - src.tensors().data());
+    heads[i] = forms[i] == Form::kQ8Rows || (forms[i] == Form::kCopy && head->type == TensorType::kQ8_0);
   }
   if (symmetric && affine) {
     throw NotCacheable("the file mixes symmetric (Q4_0) and affine (Q4_1, Q4_K) 4-bit tensors");
@@ -164,8 +185,9 @@ BuildReport build_auto_image(const std::filesystem::path& source, const std::fil
     }
     const auto any = [&](Form f) { return std::find(forms.begin(), forms.end(), f) != forms.end(); };
     if (any(Form::kInt4Layout)) w.add_uint32(keys::kW4Int8Layout, kW4Int8LayoutVersion);
-    if (any(Form::kQ8Layout)) w.add_uint32(keys::kQ8Int8Layout, kQ8Int8LayoutVersion);
-    w.add_uint32(keys::kHeadInPlace, 1);
+    if (any(Form::kQ8Layout) || std::find(heads.begin(), heads.end(), 1) != heads.end()) {
+      w.add_uint32(keys::kQ8Int8Layout, kQ8Int8LayoutVersion);
+    }
     w.add_string(keys::kKestrelVersion, KESTREL_VERSION);
     w.add_uint32(keys::kAutoVersion, kAutoImageVersion);
     w.add_string(keys::kBuildDate, utc_now());
@@ -176,10 +198,10 @@ BuildReport build_auto_image(const std::filesystem::path& source, const std::fil
     w.add_string(keys::kLicenseText, license_text(source, {}));
     w.add_placeholder_u64(keys::kContentHash);
     const auto& tensors = src.tensors();
-    for (size_t i = 0; i < tensors.size(); ++i) declare(w, tensors[i], forms[i], zero_points);
+    for (size_t i = 0; i < tensors.size(); ++i) declare(w, tensors[i], forms[i], zero_points, heads[i] != 0);
     w.begin_data();
     for (size_t i = 0; i < tensors.size(); ++i) {
-      write_tensor(w, tensors[i], src.tensor_data(tensors[i]), forms[i], pool);
+      write_tensor(w, tensors[i], src.tensor_data(tensors[i]), forms[i], heads[i] != 0, pool);
       src.release(tensors[i]);  // read once: the conversion's resident set stays near one tensor
     }
     w.patch(keys::kContentHash, w.content_hash(keys::kContentHash));

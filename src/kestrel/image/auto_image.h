@@ -10,7 +10,8 @@
 //                    image/q8_tensors.h); BF16 as stored.
 //   other matrices   (the token embedding / tied output head, Gemma 4's per-layer tables): the
 //                    auto form's rows, as stored (Q8_0, BF16, F16, F32), Q8_0 converted, or INT4
-//                    plain; the dense head is read as stored at load (keys::kHeadInPlace).
+//                    plain; the output head's Q8_0 rows also in the Q8_0 int8 layout
+//                    (NAME.q8i*), which its int8 kernel reads in place.
 //   vectors          F32, as the load widens them.
 // So a model run from the image computes what the GGUF's auto form computes, bit for bit: the
 // same numbers, in the layouts the load would have copied them into.

@@ -48,7 +48,6 @@ std::optional<ImageInfo> read_image_info(const gguf::File& file) {
     }
     info.q8_int8_layout = static_cast<uint32_t>(q8_layout);
   }
-  info.head_in_place = file.find_uint(keys::kHeadInPlace).value_or(0) != 0;
   return info;
 }
 

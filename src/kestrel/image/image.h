@@ -38,9 +38,6 @@ inline constexpr const char* kW4Int8Layout = "kestrel.layout.w4_int8";
 /// The version of the Q8_0 int8 layout (kQ8Int8LayoutVersion) that the layer matrices stored
 /// under kQ8Int8CodesSuffix hold; absent: Q8_0 layer matrices are plain ggml rows.
 inline constexpr const char* kQ8Int8Layout = "kestrel.layout.q8_0_int8";
-/// 1: the dense output head is read as stored (kernels::MatrixRole::kHeadInPlace: the rows
-/// kernels, the interleaved copy's bits) instead of copied at load, as a FlashHead image's is.
-inline constexpr const char* kHeadInPlace = "kestrel.layout.head_in_place";
 inline constexpr const char* kContentHash = "kestrel.content_xxh3";
 inline constexpr const char* kKestrelVersion = "kestrel.build.kestrel_version";
 inline constexpr const char* kBuildDate = "kestrel.build.date";
@@ -97,7 +94,6 @@ struct ImageInfo {
   int scale_bits = 16;       // w4a16: 16 or 8 (kScaleBits)
   uint32_t w4_int8_layout = 0;  // w4a16: keys::kW4Int8Layout (0: absent, every INT4 matrix plain)
   uint32_t q8_int8_layout = 0;  // w4a16: keys::kQ8Int8Layout (0: absent, Q8_0 matrices plain)
-  bool head_in_place = false;   // keys::kHeadInPlace
 };
 
 /// nullopt for a plain GGUF (no kestrel.format_version). Throws kestrel::Error for an image of

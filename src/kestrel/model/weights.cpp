@@ -239,7 +239,19 @@ kernels::Matrix WeightStore::laid_out(kernels::Matrix m, kernels::MatrixRole rol
   return m;
 }
 
-kernels::Matrix WeightStore::with_int8_head(kernels::Matrix head) { return laid_out(head, kernels::MatrixRole::kHead); }
+kernels::Matrix WeightStore::with_int8_head(kernels::Matrix head, const std::string& stored_as) {
+  if (image_ && !stored_as.empty() && image::has_q8_layout(*file_, stored_as) &&
+      kernels::choose_layout(head, kernels::MatrixRole::kHead, quantized(), options_.decode_activations) ==
+          kernels::WeightLayout::kQ8_0Interleaved) {
+    // The layout the head's int8 kernel reads, stored beside the rows (which the embedding reads):
+    // viewed in place, its pages mapped now so that the first token does not fault them in.
+    populate_image_layout(stored_as);
+    head.interleaved_q8 =
+        &owned_interleaved_q8_.emplace_back(image::q8_layout_view(*file_, stored_as, *image_, head.rows, head.cols));
+    return head;
+  }
+  return laid_out(head, kernels::MatrixRole::kHead);
+}
 
 kernels::Matrix WeightStore::with_int8_head_rows(kernels::Matrix head) {
   return laid_out(head, kernels::MatrixRole::kHeadInPlace);

@@ -52,7 +52,10 @@ class WeightStore {
   /// are quantized (a GGUF's auto form, W4A16), a Q8_0 head on an interleaved copy
   /// (gemv_q8_interleaved.h), an INT4 one (an image built with --embedding int4) from its rows as
   /// stored (gemv_w4_rows.h: its copy would be 335 MB for Gemma 4's head); else as it is.
-  kernels::Matrix with_int8_head(kernels::Matrix head);
+  /// An image that also stores the head (the tensor `stored_as`, e.g. "token_embd.weight") in
+  /// the Q8_0 int8 layout (image/q8_tensors.h: the GGUF image cache's images) has that layout
+  /// viewed in place instead of copied.
+  kernels::Matrix with_int8_head(kernels::Matrix head, const std::string& stored_as = "");
   /// The same for a FlashHead image's head (MatrixRole::kHeadInPlace), never copied (~190 MB for
   /// Gemma 3's Q8_0 head of 262,144 rows): its products, FlashHead's stage 2 and the dense head
   /// alike, run on the rows as stored (kernels::Matrix::int8_rows: gemv_q8_rows.h,
@@ -61,9 +64,6 @@ class WeightStore {
   /// gemv_w4_int8.h).
   kernels::Matrix with_int8_head_rows(kernels::Matrix head);
   bool has(const std::string& name) const { return file_->find_tensor(name) != nullptr; }
-  /// Whether the file is an image whose dense head is read as stored (image.h keys::kHeadInPlace):
-  /// the model then lays the head out with with_int8_head_rows, as for a FlashHead image.
-  bool head_in_place() const { return image_ && image_->head_in_place; }
   /// Whether the file holds the layer matrix `name` in any form: as stored under its name, or
   /// an image's INT4 tensors in either layout (image/int4_tensors.h).
   bool has_matrix(const std::string& name) const;
