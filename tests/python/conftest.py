@@ -1,5 +1,6 @@
 """pytest configuration shared by the CLI and server tests."""
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -17,7 +18,15 @@ def pytest_configure(config):
     # An empty cache: "-m default" (and no -m) means the default GGUF in every test, whether or not
     # this machine has built the default image (scripts/quickstart.sh does); tests of the cached
     # image set KESTREL_CACHE themselves.
-    os.environ["KESTREL_CACHE"] = tempfile.mkdtemp(prefix="kestrel-test-cache-")
+    os.environ["KESTREL_CACHE"] = config._kestrel_cache = tempfile.mkdtemp(prefix="kestrel-test-cache-")
+
+
+def pytest_unconfigure(config):
+    # The session's cache holds the GGUF image cache's image of the default model once a test ran
+    # its GGUF (runtime/image_cache.h: ~450 MiB): removed with the folder.
+    cache = getattr(config, "_kestrel_cache", None)
+    if cache:
+        shutil.rmtree(cache, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -33,8 +33,12 @@ def kestrel(*args, env=None, stdin=None, timeout=300):
 
 def error_of(result, code=1):
     assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
-    assert result.stderr.startswith("kestrel: error: "), result.stderr
-    return result.stderr
+    # A GGUF's first run in an image cache says, in one line, that it wrote the cached image
+    # (runtime/image_cache.h); the error comes after it.
+    stderr = "".join(line for line in result.stderr.splitlines(keepends=True)
+                     if not line.startswith("kestrel: converted "))
+    assert stderr.startswith("kestrel: error: "), result.stderr
+    return stderr
 
 
 @pytest.mark.parametrize("args, message", [
@@ -133,7 +137,8 @@ def test_perplexity_help_groups_and_decode_act_text():
     assert "(--kl-base-precision" in help_text
     loading = help_text.split("\nModel loading:\n", 1)[1]
     assert re.findall(r"^  (-[\w-]+(?:,--[\w-]+)?)", loading, re.M) == ["-t,--threads", "--decode-act", "--kernels",
-                                                                     "--cache-type-k", "--cache-type-v"], loading
+                                                                     "--cache-type-k", "--cache-type-v",
+                                                                     "--no-image-cache"], loading
 
 
 def test_readme_perplexity_table_names_every_option():
@@ -358,6 +363,59 @@ def test_load_copies_bytes_of_the_flashhead_image():
     assert j["load_ms"] > 0
 
 
+@needs_model
+def test_gguf_image_cache(tmp_path):
+    """A GGUF run at --precision auto converts the file once and caches the converted model as a
+    Kestrel image in $KESTREL_CACHE/images/ (issue 43, runtime/image_cache.h), saying so; the next
+    run maps it (`image_cache: hit`) and copies almost nothing at load, with the same tokens. A
+    damaged cache file is written again, with a warning; the opt-outs leave no file; a cache
+    folder that cannot be written leaves the run on the GGUF, with a warning."""
+    cache = tmp_path / "cache"
+    env = {**os.environ, "KESTREL_CACHE": str(cache)}
+    env.pop("KESTREL_IMAGE_CACHE", None)
+    args = ("run", "-m", model_path(), "--raw", "-p", "The capital of France is", "-n", 8, "--temp", 0, "-t", 2,
+            "--json")
+
+    def run(*extra, env=env):
+        r = kestrel(*args, *extra, env=env)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout), r.stderr
+
+    images = cache / "images"
+    off, _ = run("--no-image-cache")
+    assert off["image_cache"] == "off" and not images.exists()
+    off_env, _ = run(env={**env, "KESTREL_IMAGE_CACHE": "0"})
+    assert off_env["image_cache"] == "off" and not images.exists()
+    first, stderr = run()
+    files = list(images.glob("*.kimg"))
+    assert first["image_cache"] == "written" and len(files) == 1, (first["image_cache"], files)
+    assert files[0].name.startswith(model_path().stem + ".auto-")
+    assert "cached the result as a Kestrel image: " + str(files[0]) in stderr and "later runs map it" in stderr, stderr
+    second, stderr = run()
+    assert second["image_cache"] == "hit" and "warning" not in stderr, stderr
+    assert second["tokens"] == first["tokens"] == off["tokens"]
+    # Every matrix is stored in the layout its kernels read (off: ~367 MiB of copies at load).
+    assert off["load_copies_bytes"] > 200 << 20
+    assert second["load_copies_bytes"] < 1 << 20, second["load_copies_bytes"]
+    # A damaged file (cut short) is ignored with a warning and written again.
+    with open(files[0], "r+b") as f:
+        f.truncate(files[0].stat().st_size // 2)
+    third, stderr = run()
+    assert "does not load" in stderr and "writing it again" in stderr, stderr
+    assert third["image_cache"] == "written" and third["tokens"] == off["tokens"]
+    assert list(images.glob("*.kimg")) == files and not list(images.glob("*.tmp*"))
+    # A cache folder that cannot be written: the GGUF, converted at load, with one warning.
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    unwritable, stderr = run(env={**env, "KESTREL_CACHE": str(blocker)})
+    assert unwritable["image_cache"] == "off" and "cannot write the GGUF image cache" in stderr, stderr
+    assert unwritable["tokens"] == off["tokens"]
+    # Another precision than auto does not use the cache.
+    source, _ = run("--precision", "source")
+    assert source["image_cache"] == "off"
+    assert "--no-image-cache" in kestrel("run", "--help").stdout
+
+
 def check_decode_read_bytes(image, need_flash=False):
     """`run --json`'s decode_read_bytes is what the image's tensors and the KV cache add up to, as
     the gguf package reads them: every layer matrix's tensors (codes and group parameters), the
@@ -412,7 +470,7 @@ def check_default_prefers_the_cached_image(tmp_path, image, args, from_image, in
     tty = subprocess.run(["script", "-qec", cmd, "/dev/null"], capture_output=True, text=True, env=env, timeout=300)
     assert tty.returncode == 0 and "kestrel build default --as-default" in tty.stdout, tty.stdout
     cached = cache / "images" / "gemma-3-270m-w4a16-flashhead.kimg"
-    cached.parent.mkdir(parents=True)
+    cached.parent.mkdir(parents=True, exist_ok=True)  # the GGUF runs above cached their image there
     cached.symlink_to(image)
     for model in ((), ("-m", "default")):
         r = kestrel(*args, *model, env=env)
@@ -742,10 +800,12 @@ def test_kernels_option_and_report():
     best = "avx512vnni" if "avx512_vnni" in flags else "avx2" if "avx2" in flags else "portable"
     k = run()
     assert k["switches"] == "default", k
-    # The GGUF's auto form: INT4 layers on the int8 copy (Q6_K ones as Q8_0), the Q8_0 head's int8 copy.
+    # The GGUF's auto form: INT4 layers on the int8 copy (Q6_K ones as Q8_0), the Q8_0 head's int8 copy
+    # (made at load, or stored in the cached image: the same layout and kernels).
     if best != "portable":
         assert "w4-int8." + best in k["layers"]["decode"] and k["layers"]["decode"] == k["layers"]["prefill"], k
         assert k["head"]["decode"] == "q8_0-int8-interleaved." + best, k
+        assert run("--no-image-cache") == k
     k = run("--kernels", "bf16")
     assert k["switches"] == "bf16" and not any(name.startswith("w4-int8") for name in k["layers"]["decode"]), k
     assert any(name.startswith("w4-") and "tiles" in name for name in k["layers"]["prefill"]), k

@@ -14,6 +14,7 @@
 #include "kestrel/formats/gguf.h"
 #include "kestrel/kernels/gemv_w4_int8.h"
 #include "kestrel/kernels/kernel_options.h"
+#include "kestrel/runtime/image_cache.h"
 #include "kestrel/runtime/model_path.h"
 #include "option_checks.h"
 
@@ -61,6 +62,11 @@ void ModelOptions::add_to(CLI::App& cmd) {
   add_decode_act_option(cmd, "--decode-act", decode_act)->group(kModelGroup);
   add_kernels_option(cmd, kernels)->group(kModelGroup);
   add_kv_cache_options(cmd, cache_type_k, cache_type_v);
+  cmd.add_flag("--no-image-cache", no_image_cache,
+               "A GGUF at --precision auto: convert it at load, without the cached image of its converted form "
+               "(~/.cache/kestrel/images/ or $KESTREL_CACHE/images/, written by the first run and mapped by the "
+               "next; KESTREL_IMAGE_CACHE=0 does the same)")
+      ->group(kModelGroup);
 }
 
 CLI::Option* add_kernels_option(CLI::App& cmd, std::string& value) {
@@ -237,19 +243,71 @@ auto load_resolved(const runtime::RunnableModel& m, Make make) -> decltype(make(
   return make(runtime::default_model_path());
 }
 
+void warn_line(const std::string& line) { std::fprintf(stderr, "kestrel: warning: %s\n", line.c_str()); }
+
+double mib(uint64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
+
+// make(path) for a GGUF at --precision auto through the image cache (runtime/image_cache.h): its
+// cached image, written first where there is none; the GGUF itself where the cache is off, the
+// GGUF cannot be cached or the image does not load. Sets o.image_cache to what happened.
+// A file named *.kimg is taken for an image and loaded as it is (no look into the cache).
+template <class Make>
+auto load_cached(const ModelOptions& o, const std::filesystem::path& path, Make make) -> decltype(make(path)) {
+  o.image_cache = "off";
+  if (o.precision != "auto" || path.extension() == ".kimg" || !runtime::image_cache_enabled(o.no_image_cache)) {
+    return make(path);
+  }
+  runtime::CachedImage c;
+  try {
+    c = runtime::cached_image(path, o.threads, warn_line);
+  } catch (const Error&) {
+    return make(path);  // a file that cannot be read: the load says what is wrong with it
+  }
+  // A hit that does not load (cut short, a checksum mismatch, an older format) is written again
+  // and loaded once more; an image just written that does not load leaves the GGUF.
+  while (c.status != runtime::ImageCacheStatus::kOff) {
+    const bool hit = c.status == runtime::ImageCacheStatus::kHit;
+    if (!hit) {
+      std::fprintf(stderr,
+                   "kestrel: converted %s once (%.1f s) and cached the result as a Kestrel image: %s (%.0f MiB); "
+                   "later runs map it instead of converting (--no-image-cache or KESTREL_IMAGE_CACHE=0: off)\n",
+                   path.filename().c_str(), c.seconds, c.path.c_str(), mib(c.bytes));
+    } else if (isatty(STDERR_FILENO) != 0) {
+      std::fprintf(stderr, "kestrel: mapping the cached image of %s: %s (%.0f MiB; --no-image-cache: convert instead)\n",
+                   path.filename().c_str(), c.path.c_str(), mib(c.bytes));
+    }
+    try {
+      o.image_cache = runtime::image_cache_status_name(c.status);
+      return make(c.path);
+    } catch (const runtime::OptionMismatch&) {
+      throw;
+    } catch (const Error& e) {
+      warn_line((hit ? "the cached image " : "the image just written, ") + c.path.string() + " does not load (" +
+                e.what() + (hit ? "); writing it again" : "); running from the GGUF"));
+    }
+    if (!hit) break;
+    c = runtime::cached_image(path, o.threads, warn_line, /*rebuild=*/true);
+  }
+  o.image_cache = "off";
+  return make(path);
+}
+
 }  // namespace
 
 runtime::Engine ModelOptions::load() const {
   const runtime::RunnableModel m = resolve();
   if (hint_wanted(m)) hint_default_image();
-  return load_resolved(m, [&](const std::filesystem::path& p) { return runtime::Engine(p, engine_options()); });
+  return load_resolved(m, [&](const std::filesystem::path& p) {
+    return load_cached(*this, p, [&](const std::filesystem::path& q) { return runtime::Engine(q, engine_options()); });
+  });
 }
 
 std::unique_ptr<runtime::Engine> ModelOptions::load_unique() const {
   const runtime::RunnableModel m = resolve();
   if (hint_wanted(m)) hint_default_image();
   return load_resolved(m, [&](const std::filesystem::path& p) {
-    return std::make_unique<runtime::Engine>(p, engine_options());
+    return load_cached(*this, p,
+                       [&](const std::filesystem::path& q) { return std::make_unique<runtime::Engine>(q, engine_options()); });
   });
 }
 

@@ -35,6 +35,10 @@ struct ModelOptions {
   std::string cache_type_k = "f16";  // --cache-type-k / -ctk (kernels::parse_kv_type)
   std::string cache_type_v = "f16";  // --cache-type-v / -ctv
   std::string kernels;  // --kernels (kernels/kernel_options.h)
+  bool no_image_cache = false;  // --no-image-cache (runtime/image_cache.h)
+  /// What the last load() found in the GGUF image cache: "hit", "written" or "off"
+  /// (runtime::image_cache_status_name), for `--json`.
+  mutable std::string image_cache = "off";
 
   /// Adds -m (in the command's own options) and the loading options (kModelGroup).
   void add_to(CLI::App& cmd);
@@ -45,7 +49,9 @@ struct ModelOptions {
   /// Whether loading `m` should print the one-line hint about the default image.
   bool hint_wanted(const runtime::RunnableModel& m) const;
   /// Loads resolve()'s model; the default image falls back to the default GGUF, with a warning,
-  /// when it does not load.
+  /// when it does not load. A GGUF at --precision auto runs from its cached image
+  /// (runtime/image_cache.h: written on the first run, saying so on stderr; one that does not
+  /// load is written again, with a warning) unless the cache is off.
   runtime::Engine load() const;
   /// As load(), on the heap (an Engine cannot be moved), for the server's background load.
   std::unique_ptr<runtime::Engine> load_unique() const;

@@ -42,6 +42,11 @@ void print_layer_storage(const gguf::File& f) {
       if (ends_with(t.name, image::kInt8CodesSuffix)) ++int8_layout;
     } else if (image::is_int4_params_tensor(t.name)) {
       by_storage["INT4"].second += t.n_bytes;
+    } else if (ends_with(t.name, image::kQ8Int8CodesSuffix) || ends_with(t.name, image::kQ8Int8ScalesSuffix)) {
+      // Q8_0 in the int8 kernel's layout (image/q8_tensors.h: the GGUF image cache's images)
+      auto& [count, bytes] = by_storage["Q8_0-int8-layout"];
+      count += ends_with(t.name, image::kQ8Int8CodesSuffix) ? 1 : 0;
+      bytes += t.n_bytes;
     } else if (t.shape.size() == 2 && ends_with(t.name, ".weight")) {
       auto& [count, bytes] = by_storage[gguf::tensor_type_name(t.type)];
       ++count;

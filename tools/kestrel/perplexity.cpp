@@ -31,6 +31,7 @@ struct PerplexityCliOptions {
   std::string base_precision = "source";
   std::string cache_type_k = "f16", cache_type_v = "f16";  // the model's; --kl-base keeps f16
   std::string kernels;  // --kernels: both models' (kernels/kernel_options.h)
+  bool no_image_cache = false;  // --no-image-cache (runtime/image_cache.h)
   bool json = false;
 };
 
@@ -41,23 +42,24 @@ std::string count(size_t n, const char* noun) {
 
 // The engines' own caches are not used (perplexity makes one per model at --ctx), so they are
 // loaded with the smallest context; --ctx is checked against the model's maximum afterwards.
-runtime::Engine load(const std::string& path, int threads, const std::string& decode_act, const std::string& ctk,
-                     const std::string& ctv, const std::string& kernels) {
+ModelOptions model_options(const PerplexityCliOptions& o) {
   ModelOptions m;
-  m.kernels = kernels;
-  m.model = path;
-  m.threads = threads;
+  m.kernels = o.kernels;
+  m.model = o.model;
+  m.threads = o.threads;
   m.ctx = 1;
-  m.decode_act = decode_act;
-  m.cache_type_k = ctk;
-  m.cache_type_v = ctv;
-  return m.load();
+  m.decode_act = o.decode_act;
+  m.cache_type_k = o.cache_type_k;
+  m.cache_type_v = o.cache_type_v;
+  m.no_image_cache = o.no_image_cache;
+  return m;
 }
 
 int run_perplexity(const PerplexityCliOptions& o) {
   if (o.ctx < 4) throw Error("--ctx must be at least 4 (got " + std::to_string(o.ctx) + ")");
   const std::string text = read_input_file(o.file);
-  runtime::Engine engine = load(o.model, o.threads, o.decode_act, o.cache_type_k, o.cache_type_v, o.kernels);
+  const ModelOptions model = model_options(o);
+  runtime::Engine engine = model.load();
   std::optional<runtime::Engine> base;
   if (!o.base.empty()) {
     runtime::EngineOptions base_options;
@@ -91,6 +93,7 @@ int run_perplexity(const PerplexityCliOptions& o) {
                         {"ppl", r.ppl},             {"ppl_error", r.ppl_error},
                         {"seconds", r.seconds}};
     j["kernels"] = runtime::kernels_json(engine.model().info());  // the model's (-m); docs/kernels.md
+    j["image_cache"] = model.image_cache;  // -m's (runtime/image_cache.h): hit, written or off
     if (r.has_base) {
       j["base_ppl"] = r.base_ppl;
       j["base_ppl_error"] = r.base_ppl_error;
@@ -157,6 +160,9 @@ Command add_perplexity_command(CLI::App& app) {
       ->capture_default_str();
   add_kernels_option(*cmd, opts->kernels)->group(kModelGroup);
   add_kv_cache_options(*cmd, opts->cache_type_k, opts->cache_type_v);  // -m's cache; --kl-base's is f16
+  cmd->add_flag("--no-image-cache", opts->no_image_cache,
+                "-m a GGUF: convert it at load, without its cached image (KESTREL_IMAGE_CACHE=0 does the same)")
+      ->group(kModelGroup);
   cmd->add_flag("--json", opts->json, "Print one JSON object with the results");
   return [opts] { return run_perplexity(*opts); };
 }

@@ -134,6 +134,9 @@ int run(const RunOptions& o) {
     j["decode_read_bytes"] = read_bytes;
     // Opening the model file to a ready engine (mmap, load copies, tokenizer), milliseconds.
     j["load_ms"] = load_ms;
+    // A GGUF at --precision auto: its cached image mapped ("hit"), written by this run
+    // ("written", load_ms then includes the conversion), or not used ("off").
+    j["image_cache"] = o.model.image_cache;
     // The KV cache: its element types (--cache-type-k / -v), the bytes it holds for the whole
     // context, and the part of decode_read_bytes it is.
     j["kv_cache_type"] = model::kv_types_name(engine.cache().types());

@@ -41,6 +41,12 @@ std::optional<ImageInfo> read_image_info(const gguf::File& file) {
                   "); rebuild the image with this Kestrel's `kestrel build`");
     }
     info.w4_int8_layout = static_cast<uint32_t>(layout);
+    const uint64_t q8_layout = file.find_uint(keys::kQ8Int8Layout).value_or(0);
+    if (q8_layout > kQ8Int8LayoutVersion) {
+      throw Error("image: Q8_0 int8 layout version " + std::to_string(q8_layout) + " (" + keys::kQ8Int8Layout +
+                  ") is not the version this Kestrel reads (" + std::to_string(kQ8Int8LayoutVersion) + ")");
+    }
+    info.q8_int8_layout = static_cast<uint32_t>(q8_layout);
   }
   return info;
 }

@@ -35,6 +35,9 @@ inline constexpr const char* kTensorTypes = "kestrel.quant.tensor_types";
 /// w4a16: the version of the int8 layout (kW4Int8LayoutVersion) that the layer matrices stored
 /// under kInt8CodesSuffix and its siblings hold; absent: every INT4 matrix is plain (".q4").
 inline constexpr const char* kW4Int8Layout = "kestrel.layout.w4_int8";
+/// The version of the Q8_0 int8 layout (kQ8Int8LayoutVersion) that the layer matrices stored
+/// under kQ8Int8CodesSuffix hold; absent: Q8_0 layer matrices are plain ggml rows.
+inline constexpr const char* kQ8Int8Layout = "kestrel.layout.q8_0_int8";
 inline constexpr const char* kContentHash = "kestrel.content_xxh3";
 inline constexpr const char* kKestrelVersion = "kestrel.build.kestrel_version";
 inline constexpr const char* kBuildDate = "kestrel.build.date";
@@ -42,6 +45,8 @@ inline constexpr const char* kSourceFile = "kestrel.build.source_file";
 inline constexpr const char* kSourceSha256 = "kestrel.build.source_sha256";
 inline constexpr const char* kCalibrationSha256 = "kestrel.build.calibration_sha256";
 inline constexpr const char* kSeed = "kestrel.build.seed";
+/// An auto image (image/auto_image.h, the GGUF image cache): the converter version that wrote it.
+inline constexpr const char* kAutoVersion = "kestrel.build.gguf_auto_version";
 inline constexpr const char* kLicenseText = "kestrel.license.text";
 }  // namespace keys
 
@@ -70,6 +75,17 @@ inline constexpr const char* kInt8RowScalesSuffix = ".q4i8_rows";
 /// The int8 layout this Kestrel writes and reads (keys::kW4Int8Layout).
 constexpr uint32_t kW4Int8LayoutVersion = 1;
 
+/// The Q8_0 int8 layout (keys::kQ8Int8Layout; kernels/gemv_q8_interleaved.h, Q8Interleaved): a
+/// Q8_0 layer matrix as the int8-activation kernel reads it, in place of the plain NAME tensor.
+/// Codes + 128, rows in blocks of 16 (padded with code 0), 4 columns a quad: U8 stored as I8
+/// {64, cols/4, padded_rows/16}.
+inline constexpr const char* kQ8Int8CodesSuffix = ".q8i";
+/// The block scales widened to float32, per block of 16 rows and block of 32 columns, the 16 rows
+/// innermost: F32 {16, cols/32, padded_rows/16}.
+inline constexpr const char* kQ8Int8ScalesSuffix = ".q8i_scales";
+/// The Q8_0 int8 layout this Kestrel writes and reads (keys::kQ8Int8Layout).
+constexpr uint32_t kQ8Int8LayoutVersion = 1;
+
 struct ImageInfo {
   uint32_t format_version = 0;
   quant::Precision precision = quant::Precision::kSource;
@@ -77,6 +93,7 @@ struct ImageInfo {
   bool zero_points = false;  // w4a16: affine groups (".mins" tensors present)
   int scale_bits = 16;       // w4a16: 16 or 8 (kScaleBits)
   uint32_t w4_int8_layout = 0;  // w4a16: keys::kW4Int8Layout (0: absent, every INT4 matrix plain)
+  uint32_t q8_int8_layout = 0;  // w4a16: keys::kQ8Int8Layout (0: absent, Q8_0 matrices plain)
 };
 
 /// nullopt for a plain GGUF (no kestrel.format_version). Throws kestrel::Error for an image of

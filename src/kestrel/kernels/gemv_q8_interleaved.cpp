@@ -246,11 +246,14 @@ Q8Interleaved interleave_q8_0(const Matrix& w, ThreadPool* pool) {
   il.rows = w.rows;
   il.cols = w.cols;
   const size_t quads = w.cols / 4, nb = w.cols / kQ8, blocks = il.padded_rows() / kBlock;
-  il.codes.assign(blocks * quads * 64, 128);  // padding rows: code 0
-  il.scales.assign(blocks * nb * kBlock, 0.0f);
+  auto storage = std::make_shared<Q8InterleavedStorage>();
+  storage->codes.assign(blocks * quads * 64, 128);  // padding rows: code 0
+  storage->scales.assign(blocks * nb * kBlock, 0.0f);
+  uint8_t* codes = storage->codes.data();
+  float* scales = storage->scales.data();
   auto rows = [&](size_t r0, size_t r1) {
-    for (size_t r = r0; r < r1; ++r) interleave_row(w.row(r), nb, r % kBlock, &il.codes[r / kBlock * quads * 64],
-                                                    &il.scales[r / kBlock * nb * kBlock]);
+    for (size_t r = r0; r < r1; ++r) interleave_row(w.row(r), nb, r % kBlock, &codes[r / kBlock * quads * 64],
+                                                    &scales[r / kBlock * nb * kBlock]);
   };
   // Split by whole blocks of 16 rows: a block's rows share each 64-byte quad, so no two threads
   // write the same cache line.
@@ -259,7 +262,51 @@ Q8Interleaved interleave_q8_0(const Matrix& w, ThreadPool* pool) {
   } else {
     rows(0, w.rows);
   }
+  il.codes = storage->codes;
+  il.scales = storage->scales;
+  il.owned = std::move(storage);
   return il;
+}
+
+void check_q8_interleaved(const Q8Interleaved& il) {
+  if (il.rows == 0 || il.cols == 0 || il.cols % kQ8 != 0) {
+    throw Error("Q8_0 int8 layout of " + std::to_string(il.rows) + " x " + std::to_string(il.cols) +
+                ": not a matrix with a multiple of 32 columns");
+  }
+  if (il.codes.size() != il.padded_rows() * il.cols || il.scales.size() != il.padded_rows() * il.cols / kQ8) {
+    throw Error("Q8_0 int8 layout of " + std::to_string(il.rows) + " x " + std::to_string(il.cols) +
+                ": arrays of the wrong size");
+  }
+}
+
+std::vector<std::byte> deinterleave_q8_0(const Q8Interleaved& il, ThreadPool* pool) {
+  check_q8_interleaved(il);
+  const size_t quads = il.cols / 4, nb = il.cols / kQ8;
+  std::vector<std::byte> out(il.rows * nb * kQ8Bytes);
+  auto rows = [&](size_t r0, size_t r1) {
+    for (size_t r = r0; r < r1; ++r) {
+      const size_t block = r / kBlock, i = r % kBlock;
+      const uint8_t* codes = &il.codes[block * quads * 64 + 4 * i];
+      const float* scales = &il.scales[block * nb * kBlock + i];
+      for (size_t b = 0; b < nb; ++b) {
+        std::byte* q8 = out.data() + (r * nb + b) * kQ8Bytes;
+        const uint16_t half = gguf::fp32_to_fp16(scales[b * kBlock]);
+        std::memcpy(q8, &half, sizeof(half));
+        for (size_t j = 0; j < kQ8 / 4; ++j) {
+          uint32_t four;
+          std::memcpy(&four, &codes[(b * kQ8 / 4 + j) * 64], 4);
+          four ^= 0x80808080u;
+          std::memcpy(q8 + 2 + 4 * j, &four, 4);
+        }
+      }
+    }
+  };
+  if (pool != nullptr) {
+    pool->parallel_for(il.rows, kBlock, rows);
+  } else {
+    rows(0, il.rows);
+  }
+  return out;
 }
 
 void gemv_q8_rows_block16_vnni(const Matrix& w, size_t row0, const Q8Activations& x, size_t t_begin, size_t t_end,
@@ -272,12 +319,15 @@ void gemv_q8_rows_block16_vnni(const Matrix& w, size_t row0, const Q8Activations
   if (t_begin > t_end || t_end > x.n_tokens) throw Error("gemv_q8_rows_block16_vnni: tokens past the activations");
 #ifdef KESTREL_HAVE_VNNI
   const size_t nb = w.cols / kQ8;
-  thread_local Q8Interleaved il;
+  thread_local Q8InterleavedStorage buffer;
+  buffer.codes.resize(w.cols / 4 * 64);
+  buffer.scales.resize(nb * kBlock);
+  interleave_block16_avx512(w.row(row0), w.row_bytes(), nb, buffer.codes.data(), buffer.scales.data());
+  Q8Interleaved il;
   il.rows = kBlock;
   il.cols = w.cols;
-  il.codes.resize(w.cols / 4 * 64);
-  il.scales.resize(nb * kBlock);
-  interleave_block16_avx512(w.row(row0), w.row_bytes(), nb, il.codes.data(), il.scales.data());
+  il.codes = buffer.codes;
+  il.scales = buffer.scales;
   float out[kMaxTileTokensVnni][kBlock];
   for (size_t t0 = t_begin; t0 < t_end; t0 += kMaxTileTokensVnni) {
     const size_t n = std::min(kMaxTileTokensVnni, t_end - t0);

@@ -15,6 +15,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <span>
 #include <vector>
 
 #include "kestrel/base/thread_pool.h"
@@ -23,18 +25,44 @@
 
 namespace kestrel::kernels {
 
-/// The interleaved copy of a Q8_0 matrix, rows padded with zeros to a multiple of 16.
+/// The arrays an interleaved copy owns (interleave_q8_0).
+struct Q8InterleavedStorage {
+  std::vector<uint8_t> codes;
+  std::vector<float> scales;
+};
+
+/// A Q8_0 matrix with its rows interleaved in blocks of 16, rows padded with zeros to a multiple
+/// of 16. The arrays are views: into `owned` (interleave_q8_0: an owning copy), or into memory
+/// that outlives this struct (a Kestrel image's mapped tensors, which may store this layout:
+/// image/q8_tensors.h). Copies share `owned`. The kernels read the spans alone.
 struct Q8Interleaved {
   size_t rows = 0;         // the matrix's rows (the copy holds padded_rows())
   size_t cols = 0;         // a multiple of 32
-  std::vector<uint8_t> codes;   // [padded_rows / 16][cols / 4][64]: byte 4i + e = code(16B + i, 4c + e) + 128
-  std::vector<float> scales;    // [padded_rows / 16][cols / 32][16]: the fp16 block scales as float32
+  std::span<const uint8_t> codes;  // [padded_rows / 16][cols / 4][64]: byte 4i + e = code(16B + i, 4c + e) + 128
+  std::span<const float> scales;   // [padded_rows / 16][cols / 32][16]: the fp16 block scales as float32
+  std::shared_ptr<const Q8InterleavedStorage> owned;  // null: a view of outside memory
   size_t padded_rows() const { return (rows + 15) / 16 * 16; }
+  /// Bytes held in `owned` (0 for a view of an image's tensors).
+  size_t owned_bytes() const {
+    return owned ? owned->codes.size() + owned->scales.size() * sizeof(float) : 0;
+  }
 };
 
 /// The interleaved copy of `w` (kQ8_0, cols a multiple of 32; throws kestrel::Error otherwise);
 /// blocks of 16 rows split over `pool`'s threads when one is given.
 Q8Interleaved interleave_q8_0(const Matrix& w, ThreadPool* pool = nullptr);
+
+/// Throws kestrel::Error unless `il` has a shape the kernels run (cols a positive multiple of 32,
+/// rows > 0) and its arrays the sizes the layout gives: codes padded_rows * cols bytes, scales
+/// padded_rows * cols / 32 floats. A view of an image's tensors is checked with this.
+void check_q8_interleaved(const Q8Interleaved& il);
+
+/// The inverse of interleave_q8_0, bit for bit: the ggml Q8_0 rows (rows * cols / 32 blocks of 34
+/// bytes: fp16 scale, 32 int8 codes) whose copy `il` is; the float32 scales narrow back to fp16
+/// exactly (they were fp16). Where a run does not take the int8 kernels (bf16 activations, a CPU
+/// without SIMD int8) the loader reads an image's stored layout through this. Throws as
+/// check_q8_interleaved.
+std::vector<std::byte> deinterleave_q8_0(const Q8Interleaved& il, ThreadPool* pool = nullptr);
 
 /// Activations quantized per block of 32 as the header describes: per token, `cols` int8 values,
 /// cols / 32 float32 scales and cols / 32 sums 128 * sum(q) (int32).

@@ -57,7 +57,8 @@ struct Matrix {
   const W4Int8Interleaved* interleaved_int8 = nullptr;
   /// kQ8_0, where int8 activations are chosen and the CPU has AVX512-VNNI: the interleaved copy
   /// (gemv_q8_interleaved.h) that then computes every product (activations rounded to int8 per
-  /// block of 32, as llama.cpp rounds them for its Q8_0 products); prefill split by tokens.
+  /// block of 32, as llama.cpp rounds them for its Q8_0 products); prefill split by tokens. With
+  /// `data` null it is a view of an image that stores this layout (image/q8_tensors.h).
   const Q8Interleaved* interleaved_q8 = nullptr;
   /// kQ8_0 or kW4, where int8 activations are chosen but no copy is kept (an output head: a
   /// FlashHead image's, or an INT4 one): every product from the rows as stored (gemv_q8_rows.h,
@@ -72,8 +73,9 @@ struct Matrix {
   size_t bytes() const;
   const uint8_t* row(size_t r) const { return static_cast<const uint8_t*>(data) + r * row_bytes(); }
   /// False for a default Matrix (a tensor the model does not have, e.g. Gemma 3's absent
-  /// per-layer input gates); an INT4 matrix in the int8 layout alone has no `data` but is present.
-  bool present() const { return data != nullptr || interleaved_int8 != nullptr; }
+  /// per-layer input gates); an INT4 or Q8_0 matrix in an int8 layout alone (an image's, viewed
+  /// in place) has no `data` but is present.
+  bool present() const { return data != nullptr || interleaved_int8 != nullptr || interleaved_q8 != nullptr; }
 };
 
 /// From this many tokens matmul multiplies W4 and BF16/FP16 weights by tiles (bfloat16 dot

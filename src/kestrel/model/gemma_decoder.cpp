@@ -114,8 +114,11 @@ GemmaDecoder::GemmaDecoder(const gguf::File& file, const LoadOptions& options, T
   // 3's 262,144 rows). A FlashHead image reads a few clusters of rows per step (stage 2) and
   // keeps the dense head for perplexity and --head dense: the same int8 activations and bits,
   // from the rows as stored (no copy).
-  head_.weight = file.find_tensor(head::kCentroidsTensor) == nullptr ? store_.with_int8_head(head_.weight)
-                                                                     : store_.with_int8_head_rows(head_.weight);
+  // An image that stores the head's interleaved layout too (the GGUF image cache's,
+  // image/auto_image.h) has it read in place.
+  head_.weight = file.find_tensor(head::kCentroidsTensor) == nullptr
+                     ? store_.with_int8_head(head_.weight, tied_ ? "token_embd.weight" : "output.weight")
+                     : store_.with_int8_head_rows(head_.weight);
   head_.final_softcap = c.final_softcap;
   if (const auto order = head::find_row_order(file)) head_.set_row_order(*order);
   output_norm_ = store_.vector("output_norm.weight", c.d_model);

@@ -3,6 +3,7 @@
 #include "kestrel/base/error.h"
 #include "kestrel/formats/dequant.h"
 #include "kestrel/image/int4_tensors.h"
+#include "kestrel/image/q8_tensors.h"
 #include "kestrel/kernels/registry.h"
 #include "kestrel/quant/gguf_convert.h"
 
@@ -37,28 +38,30 @@ size_t WeightStore::load_copy_bytes() const {
   }
   // The int8 copies own their arrays; a view of an image's int8 layout owns its W8A8 copy alone.
   for (const auto& il : owned_interleaved_int8_) n += il.owned_bytes();
-  for (const auto& il : owned_interleaved_q8_) n += bytes_of(il.codes) + bytes_of(il.scales);
+  for (const auto& il : owned_interleaved_q8_) n += il.owned_bytes();  // a view of an image: 0
   return n;
 }
 
-bool WeightStore::has_matrix(const std::string& name) const { return has(name) || image::has_int4(*file_, name); }
+bool WeightStore::has_matrix(const std::string& name) const {
+  return has(name) || image::has_int4(*file_, name) || image::has_q8_layout(*file_, name);
+}
 
 void WeightStore::release(const gguf::TensorInfo& info) {
   file_->release(info);
   released_bytes_ += info.n_bytes;
 }
 
-void WeightStore::release_image_w4(const std::string& name) {
+void WeightStore::release_image_tensors(const std::string& name) {
   for (const char* suffix : {image::kQ4Suffix, image::kScalesSuffix, image::kMinsSuffix, image::kRowScalesSuffix,
                              image::kInt8CodesSuffix, image::kInt8ScalesSuffix, image::kInt8MinsSuffix,
-                             image::kInt8RowScalesSuffix}) {
+                             image::kInt8RowScalesSuffix, image::kQ8Int8CodesSuffix, image::kQ8Int8ScalesSuffix}) {
     if (const gguf::TensorInfo* t = file_->find_tensor(name + suffix)) release(*t);
   }
 }
 
-void WeightStore::populate_image_w4(const std::string& name) {
+void WeightStore::populate_image_layout(const std::string& name) {
   for (const char* suffix : {image::kInt8CodesSuffix, image::kInt8ScalesSuffix, image::kInt8MinsSuffix,
-                             image::kInt8RowScalesSuffix}) {
+                             image::kInt8RowScalesSuffix, image::kQ8Int8CodesSuffix, image::kQ8Int8ScalesSuffix}) {
     if (const gguf::TensorInfo* t = file_->find_tensor(name + suffix)) file_->populate(*t);
   }
 }
@@ -182,7 +185,7 @@ kernels::Matrix WeightStore::image_int8_layout(const std::string& name, size_t r
       kernels::WeightLayout::kW4Int8Interleaved) {
     // The kernels read the image's pages: no copy (bar the opt-in W8A8 one). The content check
     // dropped them from the page table; mapped again here, the first product does not fault.
-    populate_image_w4(name);
+    populate_image_layout(name);
     kernels::add_default_w8a8(view, image_->zero_points, pool_);
     m.interleaved_int8 = &owned_interleaved_int8_.emplace_back(std::move(view));
     return m;
@@ -190,8 +193,27 @@ kernels::Matrix WeightStore::image_int8_layout(const std::string& name, size_t r
   // This run does not take the int8 kernels (bf16 activations, a CPU without SIMD int8): the
   // row-major matrix, de-interleaved once (an owned copy), laid out as a plain image's would be.
   kernels::Matrix rows_m = owned_w4_.emplace_back(kernels::deinterleave_w4_int8(view, image_->zero_points, pool_)).view();
-  release_image_w4(name);
+  release_image_tensors(name);
   return laid_out(rows_m, kernels::MatrixRole::kLayer);
+}
+
+kernels::Matrix WeightStore::image_q8_layout(const std::string& name, size_t rows, size_t cols) {
+  kernels::Q8Interleaved view = image::q8_layout_view(*file_, name, *image_, rows, cols);
+  n_params_ += rows * cols;
+  kernels::Matrix m;
+  m.type = kernels::WeightType::kQ8_0;
+  m.rows = rows;
+  m.cols = cols;
+  if (kernels::choose_layout(m, kernels::MatrixRole::kLayer, quantized(), options_.decode_activations) ==
+      kernels::WeightLayout::kQ8_0Interleaved) {
+    populate_image_layout(name);  // read in place: no copy
+    m.interleaved_q8 = &owned_interleaved_q8_.emplace_back(std::move(view));
+    return m;
+  }
+  // Float activations (bf16, a CPU without SIMD int8): the ggml rows, de-interleaved once (a copy).
+  m.data = owned_q8_0_.emplace_back(kernels::deinterleave_q8_0(view, pool_)).data();
+  release_image_tensors(name);
+  return laid_out(m, kernels::MatrixRole::kLayer);
 }
 
 kernels::Matrix WeightStore::laid_out(kernels::Matrix m, kernels::MatrixRole role) {
@@ -217,7 +239,19 @@ kernels::Matrix WeightStore::laid_out(kernels::Matrix m, kernels::MatrixRole rol
   return m;
 }
 
-kernels::Matrix WeightStore::with_int8_head(kernels::Matrix head) { return laid_out(head, kernels::MatrixRole::kHead); }
+kernels::Matrix WeightStore::with_int8_head(kernels::Matrix head, const std::string& stored_as) {
+  if (image_ && !stored_as.empty() && image::has_q8_layout(*file_, stored_as) &&
+      kernels::choose_layout(head, kernels::MatrixRole::kHead, quantized(), options_.decode_activations) ==
+          kernels::WeightLayout::kQ8_0Interleaved) {
+    // The layout the head's int8 kernel reads, stored beside the rows (which the embedding reads):
+    // viewed in place, its pages mapped now so that the first token does not fault them in.
+    populate_image_layout(stored_as);
+    head.interleaved_q8 =
+        &owned_interleaved_q8_.emplace_back(image::q8_layout_view(*file_, stored_as, *image_, head.rows, head.cols));
+    return head;
+  }
+  return laid_out(head, kernels::MatrixRole::kHead);
+}
 
 kernels::Matrix WeightStore::with_int8_head_rows(kernels::Matrix head) {
   return laid_out(head, kernels::MatrixRole::kHeadInPlace);
@@ -228,11 +262,14 @@ kernels::Matrix WeightStore::matrix(const std::string& name, size_t rows, size_t
     if (image_->precision == Precision::kW4A16 && image::has_int8_layout(*file_, name)) {
       return image_int8_layout(name, rows, cols);
     }
+    if (image_->precision == Precision::kW4A16 && image::has_q8_layout(*file_, name)) {
+      return image_q8_layout(name, rows, cols);
+    }
     kernels::Matrix m = laid_out(image_matrix(name, rows, cols), kernels::MatrixRole::kLayer);
     // The kernels read the copy alone from now on: the INT4 tensors' pages leave the resident
     // set, so that the loaded model costs its file plus the copy's layout overhead, not both.
     if (m.type == kernels::WeightType::kW4 && (m.interleaved_int8 != nullptr || m.interleaved != nullptr)) {
-      release_image_w4(name);
+      release_image_tensors(name);
     }
     return m;
   }

@@ -52,7 +52,10 @@ class WeightStore {
   /// are quantized (a GGUF's auto form, W4A16), a Q8_0 head on an interleaved copy
   /// (gemv_q8_interleaved.h), an INT4 one (an image built with --embedding int4) from its rows as
   /// stored (gemv_w4_rows.h: its copy would be 335 MB for Gemma 4's head); else as it is.
-  kernels::Matrix with_int8_head(kernels::Matrix head);
+  /// An image that also stores the head (the tensor `stored_as`, e.g. "token_embd.weight") in
+  /// the Q8_0 int8 layout (image/q8_tensors.h: the GGUF image cache's images) has that layout
+  /// viewed in place instead of copied.
+  kernels::Matrix with_int8_head(kernels::Matrix head, const std::string& stored_as = "");
   /// The same for a FlashHead image's head (MatrixRole::kHeadInPlace), never copied (~190 MB for
   /// Gemma 3's Q8_0 head of 262,144 rows): its products, FlashHead's stage 2 and the dense head
   /// alike, run on the rows as stored (kernels::Matrix::int8_rows: gemv_q8_rows.h,
@@ -99,11 +102,16 @@ class WeightStore {
                                        std::vector<uint64_t> shape);
   // Drops the pages of the file's tensor from the resident set (a load copy replaced it).
   void release(const gguf::TensorInfo& info);
-  // release() of an image matrix's INT4 tensors (codes, group parameters, row scales) once
-  // its interleaved copy is made: no kernel reads them after that.
-  void release_image_w4(const std::string& name);
-  // File::populate of an image matrix's int8-layout tensors, which the kernels read in place.
-  void populate_image_w4(const std::string& name);
+  // A Q8_0 layer matrix the image stores in the int8 layout (image/q8_tensors.h): viewed in
+  // place where the registry gives it the interleaved layout (no copy), else de-interleaved to
+  // the ggml rows (an owned copy, counted in load_copy_bytes).
+  kernels::Matrix image_q8_layout(const std::string& name, size_t rows, size_t cols);
+  // release() of an image matrix's stored tensors (INT4 codes, group parameters, row scales; the
+  // Q8_0 layout) once a copy replaces them: no kernel reads them after that.
+  void release_image_tensors(const std::string& name);
+  // File::populate of an image matrix's int8-layout tensors (INT4 or Q8_0), which the kernels
+  // read in place.
+  void populate_image_layout(const std::string& name);
 
   const gguf::File* file_;
   std::optional<image::ImageInfo> image_;
