@@ -19,6 +19,41 @@ double percentile(std::vector<double> values, double p) {
   return values[lo] + (values[hi] - values[lo]) * (rank - static_cast<double>(lo));
 }
 
+ConcurrencyRound summarize_round(const std::vector<std::vector<std::chrono::steady_clock::time_point>>& stamps,
+                                 std::chrono::steady_clock::time_point t0) {
+  using Clock = std::chrono::steady_clock;
+  auto secs = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
+  ConcurrencyRound r;
+  r.concurrency = stamps.size();
+  // all_started: the last stream's first token; first_end: the first stream to finish's last.
+  Clock::time_point all_started = t0, end = t0, first_end = Clock::time_point::max();
+  for (const auto& s : stamps) {
+    if (s.empty()) continue;
+    r.ttft_s.push_back(secs(t0, s.front()));
+    all_started = std::max(all_started, s.front());
+    end = std::max(end, s.back());
+    first_end = std::min(first_end, s.back());
+    std::vector<double> gaps;
+    for (size_t k = 1; k < s.size(); ++k) gaps.push_back(secs(s[k - 1], s[k]));
+    r.itl_s.insert(r.itl_s.end(), gaps.begin(), gaps.end());
+    r.itl_p99_s.push_back(percentile(gaps, 99));
+    r.generated_tokens += s.size();
+  }
+  r.wall_s = secs(t0, end);
+  size_t after = 0, steady = 0;
+  for (const auto& s : stamps) {
+    for (const auto t : s) {
+      after += t > all_started ? 1 : 0;
+      steady += t > all_started && t <= first_end ? 1 : 0;
+    }
+  }
+  const double window = secs(all_started, end);
+  r.aggregate_decode_tok_s = window > 0 ? static_cast<double>(after) / window : 0;
+  const double steady_window = first_end == Clock::time_point::max() ? 0 : secs(all_started, first_end);
+  r.steady_decode_tok_s = steady_window > 0 ? static_cast<double>(steady) / steady_window : 0;
+  return r;
+}
+
 ConcurrencyRound run_concurrency_round(Engine& engine, std::span<const std::vector<TokenId>> prompts,
                                        size_t output_tokens, size_t prefill_chunk) {
   using Clock = std::chrono::steady_clock;
@@ -51,26 +86,8 @@ ConcurrencyRound run_concurrency_round(Engine& engine, std::span<const std::vect
   for (const auto& e : errors) {
     if (e) std::rethrow_exception(e);
   }
-  auto secs = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
-  ConcurrencyRound r;
+  ConcurrencyRound r = summarize_round(stamps, t0);
   r.concurrency = n;
-  Clock::time_point all_started = t0, end = t0;
-  for (const auto& s : stamps) {
-    if (s.empty()) continue;
-    r.ttft_s.push_back(secs(t0, s.front()));
-    all_started = std::max(all_started, s.front());
-    end = std::max(end, s.back());
-    std::vector<double> gaps;
-    for (size_t k = 1; k < s.size(); ++k) gaps.push_back(secs(s[k - 1], s[k]));
-    r.itl_s.insert(r.itl_s.end(), gaps.begin(), gaps.end());
-    r.itl_p99_s.push_back(percentile(gaps, 99));
-    r.generated_tokens += s.size();
-  }
-  r.wall_s = secs(t0, end);
-  size_t after = 0;
-  for (const auto& s : stamps) after += static_cast<size_t>(std::count_if(s.begin(), s.end(), [&](auto t) { return t > all_started; }));
-  const double window = secs(all_started, end);
-  r.aggregate_decode_tok_s = window > 0 ? static_cast<double>(after) / window : 0;
   return r;
 }
 
