@@ -29,32 +29,6 @@ std::span<const T> checked_span(const gguf::File& file, const std::string& base,
   return {reinterpret_cast<const T*>(bytes.data()), bytes.size() / sizeof(T)};
 }
 
-// The plain tensors of `base` (".q4", ".scales", ".mins" / ".row_scales") as a matmul.h matrix.
-kernels::Matrix plain_rows(const gguf::File& file, const std::string& base, const ImageInfo& info) {
-  const auto& q4 = file.tensor(base + kQ4Suffix);
-  const auto& sc = file.tensor(base + kScalesSuffix);
-  kernels::Matrix m;
-  m.type = kernels::WeightType::kW4;
-  m.data = file.tensor_data(q4).data();
-  m.rows = q4.shape.size() == 2 ? q4.shape[1] : 0;
-  m.cols = q4.shape[0] * 2;
-  m.group_size = info.group_size;
-  const gguf::TensorInfo* mn = file.find_tensor(base + kMinsSuffix);
-  if (sc.type == TensorType::kI8) {
-    m.scales8 = reinterpret_cast<const uint8_t*>(file.tensor_data(sc).data());
-    if (mn == nullptr) throw Error("image tensor " + base + " has 8-bit scales without " + kMinsSuffix);
-    m.mins8 = reinterpret_cast<const uint8_t*>(file.tensor_data(*mn).data());
-    m.row_scales = reinterpret_cast<const uint16_t*>(file.tensor_data(file.tensor(base + kRowScalesSuffix)).data());
-  } else {
-    m.scales = reinterpret_cast<const uint16_t*>(file.tensor_data(sc).data());
-    m.mins = mn ? reinterpret_cast<const uint16_t*>(file.tensor_data(*mn).data()) : nullptr;
-  }
-  if (m.group_size == 0 || m.cols % m.group_size != 0 || sc.n_elements * m.group_size != m.rows * m.cols) {
-    throw Error("image tensor " + base + ": scales do not match the group size " + std::to_string(m.group_size));
-  }
-  return m;
-}
-
 }  // namespace
 
 std::vector<Int8LayoutTensor> int8_layout_tensors(size_t rows, size_t cols, size_t group_size, int scale_bits,
@@ -75,6 +49,58 @@ bool has_int8_layout(const gguf::File& file, const std::string& base) {
 
 bool has_int4(const gguf::File& file, const std::string& base) {
   return file.find_tensor(base + kQ4Suffix) != nullptr || has_int8_layout(file, base);
+}
+
+namespace {
+
+std::string shape_string(const std::vector<uint64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+// The tensor `name` of `file`, checked to have `type` and GGUF `shape`, as its bytes.
+const uint8_t* checked_tensor(const gguf::File& file, const std::string& name, TensorType type,
+                              const std::vector<uint64_t>& shape) {
+  const gguf::TensorInfo* t = file.find_tensor(name);
+  if (t == nullptr) throw Error("image has no tensor '" + name + "'");
+  if (t->type != type || t->shape != shape) {
+    throw Error("image tensor '" + name + "' has type " + gguf::tensor_type_name(t->type) + " and shape " +
+                shape_string(t->shape) + ", expected " + gguf::tensor_type_name(type) + " " + shape_string(shape));
+  }
+  return reinterpret_cast<const uint8_t*>(file.tensor_data(*t).data());
+}
+
+}  // namespace
+
+kernels::Matrix plain_int4_view(const gguf::File& file, const std::string& base, const ImageInfo& info) {
+  const std::string codes = base + kQ4Suffix;
+  const gguf::TensorInfo* q = file.find_tensor(codes);
+  if (q == nullptr) throw Error("image has no tensor '" + codes + "'");
+  if (q->shape.size() != 2) throw Error("image tensor '" + codes + "' is not a matrix");
+  const size_t rows = q->shape[1], cols = 2 * q->shape[0], g = info.group_size;
+  if (g == 0 || cols % g != 0) {
+    throw Error("image tensor '" + base + "': rows of " + std::to_string(cols) + " are not a multiple of the group size " +
+                std::to_string(g));
+  }
+  kernels::Matrix m;
+  m.type = kernels::WeightType::kW4;
+  m.rows = rows;
+  m.cols = cols;
+  m.group_size = g;
+  m.data = checked_tensor(file, codes, TensorType::kI8, {cols / 2, rows});  // void*: the codes' bytes
+  const std::vector<uint64_t> params = {cols / g, rows};
+  if (info.scale_bits == 8) {
+    m.scales8 = checked_tensor(file, base + kScalesSuffix, TensorType::kI8, params);
+    m.mins8 = checked_tensor(file, base + kMinsSuffix, TensorType::kI8, params);
+    m.row_scales = reinterpret_cast<const uint16_t*>(checked_tensor(file, base + kRowScalesSuffix, TensorType::kF16, {2, rows}));
+  } else {
+    m.scales = reinterpret_cast<const uint16_t*>(checked_tensor(file, base + kScalesSuffix, TensorType::kF16, params));
+    if (info.zero_points) {
+      m.mins = reinterpret_cast<const uint16_t*>(checked_tensor(file, base + kMinsSuffix, TensorType::kF16, params));
+    }
+  }
+  return m;
 }
 
 bool is_int4_params_tensor(const std::string& name) {
@@ -134,7 +160,7 @@ kernels::W4Int8Interleaved int8_layout_view(const gguf::File& file, const std::s
 
 kernels::Matrix int4_rows(const gguf::File& file, const std::string& base, const ImageInfo& info,
                           quant::W4Matrix& owned, ThreadPool* pool) {
-  if (!has_int8_layout(file, base)) return plain_rows(file, base, info);
+  if (!has_int8_layout(file, base)) return plain_int4_view(file, base, info);
   owned = kernels::deinterleave_w4_int8(int8_layout_view(file, base, info), info.zero_points, pool);
   return owned.view();
 }

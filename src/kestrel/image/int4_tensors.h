@@ -45,6 +45,13 @@ bool is_int4_params_tensor(const std::string& name);
 /// `name` without its INT4 codes suffix (".q4" or ".q4i8") when it has one; "" otherwise.
 std::string int4_base(const std::string& name);
 
+/// The plain INT4 tensors of `base` (".q4" codes, ".scales", and ".mins" / ".row_scales" as the
+/// image's header says: ImageInfo::scale_bits, zero_points, group_size) as a view of `file`'s
+/// mapped tensors: matmul.h's row-major kW4 matrix, its shape read from the codes tensor
+/// [cols / 2, rows]. Throws kestrel::Error naming the tensor when one is missing or has another
+/// type or shape, or when the rows are not whole groups.
+kernels::Matrix plain_int4_view(const gguf::File& file, const std::string& base, const ImageInfo& info);
+
 /// The int8 layout of `base` as a view of `file`'s mapped tensors (no copy; owned stays null),
 /// its shape read from the codes tensor. Throws kestrel::Error where the image's keys do not
 /// announce the layout (keys::kW4Int8Layout) or a tensor is missing or has another type or

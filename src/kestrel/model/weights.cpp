@@ -130,27 +130,11 @@ kernels::Matrix WeightStore::image_matrix(const std::string& name, size_t rows, 
     m.type = t.type == gguf::TensorType::kQ8_0 ? kernels::WeightType::kQ8_0 : kernels::WeightType::kBF16;
     m.data = file_->tensor_data(t).data();
   } else if (image_->precision == Precision::kW4A16) {
-    const size_t g = image_->group_size;
-    if (cols % g != 0) throw Error("image tensor '" + name + "': rows not a multiple of the group size");
-    const auto& q = image_tensor(name + image::kQ4Suffix, gguf::TensorType::kI8, {cols / 2, rows});
-    m.type = kernels::WeightType::kW4;
-    m.data = file_->tensor_data(q).data();
-    if (image_->scale_bits == 8) {
-      const auto& s = image_tensor(name + image::kScalesSuffix, gguf::TensorType::kI8, {cols / g, rows});
-      const auto& z = image_tensor(name + image::kMinsSuffix, gguf::TensorType::kI8, {cols / g, rows});
-      const auto& rs = image_tensor(name + image::kRowScalesSuffix, gguf::TensorType::kF16, {2, rows});
-      m.scales8 = reinterpret_cast<const uint8_t*>(file_->tensor_data(s).data());
-      m.mins8 = reinterpret_cast<const uint8_t*>(file_->tensor_data(z).data());
-      m.row_scales = reinterpret_cast<const uint16_t*>(file_->tensor_data(rs).data());
-    } else {
-      const auto& s = image_tensor(name + image::kScalesSuffix, gguf::TensorType::kF16, {cols / g, rows});
-      m.scales = reinterpret_cast<const uint16_t*>(file_->tensor_data(s).data());
-      if (image_->zero_points) {
-        const auto& z = image_tensor(name + image::kMinsSuffix, gguf::TensorType::kF16, {cols / g, rows});
-        m.mins = reinterpret_cast<const uint16_t*>(file_->tensor_data(z).data());
-      }
+    m = image::plain_int4_view(*file_, name, *image_);
+    if (m.rows != rows || m.cols != cols) {
+      throw Error("image tensor '" + name + image::kQ4Suffix + "' holds " + std::to_string(m.rows) + " x " +
+                  std::to_string(m.cols) + ", expected " + std::to_string(rows) + " x " + std::to_string(cols));
     }
-    m.group_size = g;
   } else {
     const bool fp16 = image_->precision == Precision::kFP16;
     m.type = fp16 ? kernels::WeightType::kF16 : kernels::WeightType::kBF16;
