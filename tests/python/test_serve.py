@@ -726,6 +726,53 @@ def test_logit_bias_with_flashhead():
         assert s.stop() == 0
 
 
+def flashhead_metrics(server):
+    """/metrics' FlashHead figures: probes, searches, clusters scored, searches by proof."""
+    _, text = server.request("GET", "/metrics")
+    by_proof = {line.split('"')[1]: float(line.split()[1]) for line in text.splitlines()
+                if line.startswith("kestrel_flashhead_searches_by_proof_total{")}
+    return (server.metric("kestrel_flashhead_probes"), server.metric("kestrel_flashhead_searches_total"),
+            server.metric("kestrel_flashhead_clusters_scored_total"), by_proof)
+
+
+@pytest.mark.parametrize("proof", ["off", "on"])
+def test_metrics_count_flashhead_searches(proof):
+    """/metrics counts FlashHead's searches, the clusters they scored and how each token was
+    proven (issue 42): with the proof off every search scores the probes and is "none"; with it
+    on, each search is proven at the probes, with extra ones, or by the dense fallback (every
+    cluster), and the clusters scored say which."""
+    image = Path.home() / ".cache" / "kestrel" / "images" / "gemma-3-270m-w4a16-flashhead.kimg"
+    if not image.exists():
+        pytest.skip("no cached default image (the Quick start's first command builds it)")
+    s = Server("-m", image, "--flashhead-proof", proof, "--draft", "none")
+    try:
+        probes, searches, clusters, by_proof = flashhead_metrics(s)
+        assert (searches, clusters) == (0, 0) and set(by_proof) == {"floor", "extra", "dense", "none"}
+        status, r = s.request("POST", "/v1/completions", {"prompt": "The capital of France is", "max_tokens": 8,
+                                                          "temperature": 0, "ignore_eos": True})
+        assert status == 200, r
+        _, searches, clusters, by_proof = flashhead_metrics(s)
+        # A search at the prompt's last position and one per decode step after it.
+        assert searches == r["usage"]["completion_tokens"], (searches, r["usage"])
+        assert sum(by_proof.values()) == searches
+        if proof == "off":
+            assert by_proof["none"] == searches and clusters == searches * probes
+        else:
+            n_clusters = 262144 // 16
+            assert by_proof["none"] == 0
+            assert clusters >= searches * probes
+            # Every dense fallback scores all clusters; proven searches score fewer.
+            assert clusters >= by_proof["dense"] * n_clusters
+            assert clusters <= (by_proof["dense"] + by_proof["extra"]) * n_clusters + by_proof["floor"] * probes
+    finally:
+        assert s.stop() == 0
+
+
+def test_metrics_have_no_flashhead_figures_with_the_dense_head(server):
+    _, text = server.request("GET", "/metrics")
+    assert "kestrel_flashhead_searches_total" not in text
+
+
 @pytest.mark.parametrize("bias, message", [
     ([1, 2], "'logit_bias' must be an object mapping token ids to numbers"),
     ({"x": 1}, "keys must be token ids"),

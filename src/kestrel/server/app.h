@@ -98,6 +98,7 @@ class App {
         *engine_, so, [this](size_t waiting, size_t running) { metrics_.load(waiting, running); });
     metrics_.sessions(scheduler_->n_sessions(), scheduler_->kv_bytes());
     metrics_.prefix_cache(scheduler_->prefix_cache_stats(), so.cache_ram);
+    metrics_.flashhead(engine_->flashhead(), engine_->probes());
     chat_template_ = detect_chat_template(engine_->tokenizer());
     ready_ = true;
   }

@@ -124,6 +124,12 @@ void Metrics::prefix_cache(const runtime::PrefixCacheStats* stats, size_t max_by
   prefix_max_bytes_ = max_bytes;
 }
 
+void Metrics::flashhead(const head::FlashHead* flash, size_t probes) {
+  std::lock_guard lock(mu_);
+  flash_ = flash;
+  probes_ = probes;
+}
+
 std::string Metrics::render() const {
   std::lock_guard lock(mu_);
   std::string out;
@@ -179,6 +185,26 @@ std::string Metrics::render() const {
     sample("kestrel_prefix_cache_disk_reads_total", "counter", "Blocks read back from --cache-dir.", p.disk_reads);
     sample("kestrel_prefix_cache_disk_rejected_total", "counter",
            "Files of --cache-dir ignored (damaged, or written for another model).", p.disk_rejected);
+  }
+  if (flash_ != nullptr) {
+    // FlashHead's searches (docs/flashhead.md): clusters scored per search = the probes plus the
+    // greedy proof's extra rounds (or every cluster where the proof fell back to the dense head).
+    const head::ProofStats f = flash_->proof_stats();
+    sample("kestrel_flashhead_probes", "gauge", "FlashHead's probes per search (--probes; the floor with the proof).",
+           probes_);
+    sample("kestrel_flashhead_searches_total", "counter", "Hidden states FlashHead searched (a token each).",
+           f.searches);
+    sample("kestrel_flashhead_clusters_scored_total", "counter",
+           "Clusters FlashHead scored, summed over its searches (mean probes per token = this / searches).", f.clusters);
+    out += "# HELP kestrel_flashhead_searches_by_proof_total FlashHead searches by how their greedy token was proven "
+           "(--flashhead-proof): at the probes (floor), with extra probes, by the dense fallback, or not proven "
+           "(none: the proof is off or unavailable).\n"
+           "# TYPE kestrel_flashhead_searches_by_proof_total counter\n";
+    const std::pair<const char*, uint64_t> by_proof[] = {
+        {"floor", f.floor}, {"extra", f.extra}, {"dense", f.dense}, {"none", f.none}};
+    for (const auto& [proof, n] : by_proof) {
+      out += std::string("kestrel_flashhead_searches_by_proof_total{proof=\"") + proof + "\"} " + std::to_string(n) + "\n";
+    }
   }
   sample("kestrel_sessions", "gauge", "Sessions (KV caches) the server holds (--parallel).", sessions_);
   sample("kestrel_kv_cache_bytes", "gauge", "Bytes of all sessions' KV caches.", kv_bytes_);

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "kestrel/head/flashhead.h"
 #include "kestrel/runtime/prefix_cache.h"
 
 namespace kestrel::server {
@@ -51,6 +52,10 @@ class Metrics {
   /// The shared prefix cache (--cache-ram) whose counters render() reads; null: none. `stats`
   /// must outlive this object's render() calls (the scheduler's).
   void prefix_cache(const runtime::PrefixCacheStats* stats, size_t max_bytes);
+  /// The model's FlashHead, whose search counters (head::ProofStats: searches, clusters scored,
+  /// searches by how their greedy token was proven) and probe floor render() reads; null: the
+  /// dense head. `flash` must outlive this object's render() calls (the engine's).
+  void flashhead(const head::FlashHead* flash, size_t probes);
   std::string render() const;
 
  private:
@@ -64,6 +69,8 @@ class Metrics {
   size_t sessions_ = 0, kv_bytes_ = 0;
   const runtime::PrefixCacheStats* prefix_ = nullptr;
   size_t prefix_max_bytes_ = 0;
+  const head::FlashHead* flash_ = nullptr;
+  size_t probes_ = 0;
   int64_t queue_depth_ = 0, running_ = 0;
   Histogram ttft_, itl_, latency_;
 };
