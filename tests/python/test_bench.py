@@ -240,3 +240,20 @@ def test_the_default_context_is_clamped_to_the_models_maximum(tmp_path):
     r = kestrel("bench", "-m", tiny, *TINY, "--suite", "decode", "-c", 1024)
     assert r.returncode == 2, r.stderr  # a usage error (runtime::OptionMismatch)
     assert "context size 1024 exceeds this model's maximum context of 512 tokens" in r.stderr
+
+
+@needs_text
+@needs_model
+def test_http_concurrency_bench_counts_every_streamed_token(tmp_path):
+    """scripts/bench/http_concurrency_bench.py (issue 41's side-by-side with llama-server) against
+    `kestrel serve`: every stream's tokens arrive, and the table and JSON carry each row."""
+    out = tmp_path / "hc.json"
+    r = subprocess.run(["python3", ROOT / "scripts" / "bench" / "http_concurrency_bench.py", "--users", "1,2",
+                        "--rounds", "1", "--prompt-tokens", "16", "--output-tokens", "5", "--kestrel", KESTREL,
+                        "--server", f"k={KESTREL} serve -m {model_path()} -t 2 --parallel 2 --port {{port}}",
+                        "--json", out], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(out.read_text())["servers"]["k"]["rows"]
+    assert rows["1"]["tokens_per_round"] == [5] and rows["2"]["tokens_per_round"] == [10]
+    assert rows["1"]["aggregate"] > 0 and rows["2"]["aggregate"] > 0
+    assert "| k | 2 |" in r.stdout
