@@ -313,6 +313,7 @@ TEST_F(FlashHeadImage, SameTop1OnHeldOutTextAtTheDefaultProbes) {
   runtime::FlashHeadEvalOptions o;
   o.max_positions = 2000;
   o.sampler.temperature = 0;
+  o.top_p_cover = 0;          // (CI time)
   o.time_dense_head = false;  // the same logits, the head read once per 7 positions (CI time)
   for (bool proof : {false, true}) {
     auto flash = engine(dir_ / "fh.kimg", runtime::HeadMode::kFlash, 0, kernels::DecodeActivations::kAuto, proof);
@@ -358,6 +359,7 @@ TEST_F(FlashHeadImage, TheProofWithoutItsRadiusTermCertifiesWrongTokens) {
   o.max_positions = 400;
   o.probes = {16};
   o.sampler.temperature = 0;
+  o.top_p_cover = 0;
   o.time_dense_head = false;
   const auto full = runtime::evaluate_flashhead(flash, tokens, o);
   o.flashhead = &mutant;
@@ -438,8 +440,13 @@ TEST_F(FlashHeadImage, TopPCoverageIsCompleteWithEveryClusterProbed) {
   const auto whole = runtime::evaluate_flashhead(flash, tokens, o);
   EXPECT_EQ(whole.rows[0].top_p_cover_pct, 0.0);
   EXPECT_EQ(whole.rows[1].top_p_cover_pct, 100.0);
-  o.top_p_cover = 0.0;
+  o.top_p_cover = 1.5;
   EXPECT_THROW(runtime::evaluate_flashhead(flash, tokens, o), Error);
+  o.top_p_cover = 0.0;  // skipped: no coverage reported
+  const auto skipped = runtime::evaluate_flashhead(flash, tokens, o);
+  EXPECT_EQ(skipped.rows[1].top_p_cover_pct, 0.0);
+  EXPECT_EQ(skipped.mean_nucleus, 0.0);
+  EXPECT_EQ(skipped.rows[1].same_top1_pct, 100.0);
 }
 
 }  // namespace

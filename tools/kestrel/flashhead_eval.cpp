@@ -94,8 +94,10 @@ int run(const FlashHeadEvalCliOptions& o) {
   std::printf("%zu positions, %zu clusters of %zu, %d threads; dense head %.3f ms per position (median)\n",
               r.positions, flash->n_clusters(), flash->cluster_size(), engine.pool().size(), r.dense_head_ms);
   std::printf("greedy proof: %s\n", flash->proof_status().c_str());
-  std::printf("top-p %g nucleus of the dense softmax (temperature 1): %.1f tokens on average, %zu at most\n", r.top_p,
-              r.mean_nucleus, r.max_nucleus);
+  if (r.top_p > 0) {
+    std::printf("top-p %g nucleus of the dense softmax (temperature 1): %.1f tokens on average, %zu at most\n",
+                r.top_p, r.mean_nucleus, r.max_nucleus);
+  }
   std::printf("%8s %11s %11s %9s %9s %8s %9s %8s %11s %7s %7s %9s %10s %10s %11s\n", "probes", "candidates",
               "same-top1%", "recall%", "head ms", "speedup", "mean TV", "max TV", "mean-probes", "extra%", "dense%",
               "top-p%", "missed", "max-missed", "sampler%");
@@ -152,8 +154,9 @@ Command add_flashhead_eval_command(CLI::App& app) {
   cmd->add_option("--top-p", o->sampler.top_p, "Top-p of the compared sampler")->check(number_range(0.0, 1.0))->capture_default_str();
   cmd->add_option("--min-p", o->sampler.min_p, "Min-p of the compared sampler")->check(number_range(0.0, 1.0))->capture_default_str();
   cmd->add_option("--top-p-cover", o->top_p_cover,
-                  "p in (0, 1] of the dense top-p nucleus (temperature 1) whose coverage by the candidates is measured")
-      ->check(number_range(0.0, 1.0))  // 0: evaluate_flashhead's error
+                  "p of the dense top-p nucleus (temperature 1) whose coverage by the candidates is measured "
+                  "(0: skip)")
+      ->check(number_range(0.0, 1.0))
       ->capture_default_str();
   cmd->add_flag("--json", o->json, "Print one JSON object");
   return [o] { return run(*o); };

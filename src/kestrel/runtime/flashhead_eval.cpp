@@ -4,7 +4,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
-#include <numeric>
 #include <unordered_map>
 
 #include "kestrel/base/error.h"
@@ -42,29 +41,34 @@ std::vector<double> softmax(std::span<const float> logits) {
 std::vector<TokenId> top_p_nucleus(std::span<const double> probs, double p) {
   if (probs.empty()) throw Error("top-p nucleus of an empty distribution");
   if (!(p > 0.0 && p <= 1.0)) throw Error("top-p must lie in (0, 1], not " + std::to_string(p));
-  const size_t n = probs.size();
-  std::vector<TokenId> order(n);
-  std::iota(order.begin(), order.end(), TokenId{0});
   // Descending probability, ties to the lower id: a strict total order, so the ranking is unique.
   const auto before = [&](TokenId a, TokenId b) {
     const double pa = probs[static_cast<size_t>(a)], pb = probs[static_cast<size_t>(b)];
     return pa > pb || (pa == pb && a < b);
   };
-  // The nucleus is usually a small head of the ranking: rank the top k only (selection, then a
-  // sort of those k), and widen k while their cumulative sum stays below p.
-  for (size_t k = std::min<size_t>(n, 256);; k = std::min(n, k * 8)) {
-    const auto kth = order.begin() + static_cast<std::ptrdiff_t>(k);
-    if (k < n) std::nth_element(order.begin(), kth - 1, order.end(), before);
-    std::sort(order.begin(), kth, before);
-    double cumulative = 0;
-    for (size_t i = 0; i < k; ++i) {
-      cumulative += probs[static_cast<size_t>(order[i])];
-      if (cumulative >= p) {
-        order.resize(i + 1);
-        return order;
+  // The tokens of probability >= t are a head of the ranking, usually short: take the first t
+  // (falling 16x a round, to 0: every token) whose head's mass reaches p, and rank that head only.
+  std::vector<TokenId> head;
+  for (double t = 1.0 / 1024;; t = t > 1e-30 ? t / 16 : 0.0) {
+    head.clear();
+    double mass = 0;
+    for (size_t i = 0; i < probs.size(); ++i) {
+      if (probs[i] >= t) {
+        head.push_back(static_cast<TokenId>(i));
+        mass += probs[i];
       }
     }
-    if (k == n) return order;
+    if (mass < p && t > 0) continue;
+    std::sort(head.begin(), head.end(), before);
+    double cumulative = 0;  // summed in ranking order (mass, in id order, may differ in the last bits)
+    for (size_t i = 0; i < head.size(); ++i) {
+      cumulative += probs[static_cast<size_t>(head[i])];
+      if (cumulative >= p) {
+        head.resize(i + 1);
+        return head;
+      }
+    }
+    if (t == 0) return head;
   }
 }
 
@@ -101,9 +105,10 @@ FlashHeadEvalResult evaluate_flashhead(Engine& engine, std::span<const TokenId> 
   if (options.n_ctx < 2) throw Error("flashhead-eval: --ctx must be at least 2");
   std::vector<size_t> probes = options.probes;
   if (probes.empty()) probes.push_back(flash->default_probes());
-  if (!(options.top_p_cover > 0.0 && options.top_p_cover <= 1.0)) {
-    throw Error("flashhead-eval: --top-p-cover must lie in (0, 1]");
+  if (!(options.top_p_cover >= 0.0 && options.top_p_cover <= 1.0)) {
+    throw Error("flashhead-eval: --top-p-cover must lie in [0, 1]");
   }
+  const bool measure_cover = options.top_p_cover > 0.0;
   for (size_t p : probes) {
     if (p == 0 || p > flash->n_clusters()) {
       throw Error("probe count " + std::to_string(p) + " is outside 1.." + std::to_string(flash->n_clusters()));
@@ -160,10 +165,14 @@ FlashHeadEvalResult evaluate_flashhead(Engine& engine, std::span<const TokenId> 
           if (pr > 0) sampler_support.push_back(t);
         }
       }
-      const std::vector<double> dense_probs = softmax(dense);
-      const std::vector<TokenId> nucleus = top_p_nucleus(dense_probs, options.top_p_cover);
-      nucleus_sum += static_cast<double>(nucleus.size());
-      nucleus_max = std::max(nucleus_max, nucleus.size());
+      std::vector<double> dense_probs;
+      std::vector<TokenId> nucleus;
+      if (measure_cover) {
+        dense_probs = softmax(dense);
+        nucleus = top_p_nucleus(dense_probs, options.top_p_cover);
+        nucleus_sum += static_cast<double>(nucleus.size());
+        nucleus_max = std::max(nucleus_max, nucleus.size());
+      }
       for (size_t pi = 0; pi < probes.size(); ++pi) {
         const auto t1 = Clock::now();
         flash->search(h, probes[pi], cand, engine.pool());
@@ -175,16 +184,18 @@ FlashHeadEvalResult evaluate_flashhead(Engine& engine, std::span<const TokenId> 
         unproven[pi] += cand.proof == head::Proof::kNone;
         if (head::greedy(cand) == best) same[pi] += 1;
         if (std::find(cand.ids.begin(), cand.ids.end(), best) != cand.ids.end()) recall[pi] += 1;
-        const NucleusCover cover = nucleus_cover(dense_probs, nucleus, cand.ids);
-        covered[pi] += cover.covered;
-        missed_sum[pi] += cover.missed_mass;
-        missed_max[pi] = std::max(missed_max[pi], cover.missed_mass);
+        if (measure_cover) {
+          const NucleusCover cover = nucleus_cover(dense_probs, nucleus, cand.ids);
+          covered[pi] += cover.covered;
+          missed_sum[pi] += cover.missed_mass;
+          missed_max[pi] = std::max(missed_max[pi], cover.missed_mass);
+        }
         if (compare_sampling) {
           Sampler s(options.sampler);
           const double tv = total_variation(dense_dist, s.distribution(TokenScores{cand.logits, cand.ids}, history));
           tv_sum[pi] += tv;
           tv_max[pi] = std::max(tv_max[pi], tv);
-          sampler_covered[pi] += nucleus_cover(dense_probs, sampler_support, cand.ids).covered;
+          if (measure_cover) sampler_covered[pi] += nucleus_cover(dense_probs, sampler_support, cand.ids).covered;
         }
       }
     }

@@ -19,7 +19,8 @@ struct FlashHeadEvalOptions {
   /// temperature <= 0 skips the comparison.
   SamplerConfig sampler;
   /// The p of the top-p nucleus whose coverage is measured (ProbeResult::top_p_cover_pct), in
-  /// (0, 1]: the dense softmax at temperature 1, unaffected by `sampler`.
+  /// [0, 1]: the dense softmax at temperature 1, unaffected by `sampler`. 0 skips the measurement
+  /// (a softmax over the vocabulary and a ranking per position: ~5 ms each for 262,144 tokens).
   double top_p_cover = 0.95;
   /// true: the dense head scores each position alone and is timed (dense_head_ms). false: it
   /// scores up to kernels::kTileMinTokens - 1 positions per call, reading its weights once for
@@ -39,13 +40,14 @@ struct ProbeResult {
   double head_ms = 0;          // median FlashHead time per position (stage 1 + 2)
   double mean_tv = 0;          // mean total-variation distance of the sampling distributions
   double max_tv = 0;
-  // Sampling coverage (FlashHeadEvalOptions::top_p_cover): the dense distribution is softmax of
-  // the dense logits at temperature 1 over the whole vocabulary.
+  // Sampling coverage (FlashHeadEvalOptions::top_p_cover; all 0 when it is 0): the dense
+  // distribution is softmax of the dense logits at temperature 1 over the whole vocabulary.
   double top_p_cover_pct = 0;  // positions whose candidates hold every token of the dense top-p nucleus
   double missed_mass = 0;      // mean dense probability outside the candidates (what a sampler loses)
   double max_missed_mass = 0;
   // Positions whose candidates hold every token the dense sampler (`sampler`) can draw (its
-  // distribution's support after top-k, top-p and min-p); 0 without the TV comparison.
+  // distribution's support after top-k, top-p and min-p); 0 without the TV comparison or the
+  // coverage (top_p_cover 0).
   double sampler_cover_pct = 0;
   // FlashHead's greedy proof (head::Proof), over the positions; all 0 but unproven_pct without it.
   double mean_probes = 0;       // clusters scored per position: the probes plus the proof's
@@ -57,7 +59,7 @@ struct ProbeResult {
 struct FlashHeadEvalResult {
   size_t positions = 0;
   double dense_head_ms = 0;    // median dense head time per position (GEMV + soft-cap)
-  double top_p = 0;            // FlashHeadEvalOptions::top_p_cover
+  double top_p = 0;            // FlashHeadEvalOptions::top_p_cover (0: coverage not measured)
   double mean_nucleus = 0;     // tokens in the dense top-p nucleus, mean over the positions
   size_t max_nucleus = 0;
   std::vector<ProbeResult> rows;
