@@ -10,6 +10,7 @@
 #include <set>
 #include <span>
 
+#include "kestrel/base/error.h"
 #include "kestrel/head/flashhead.h"
 #include "kestrel/head/flashhead_format.h"
 #include "kestrel/image/builder.h"
@@ -312,6 +313,7 @@ TEST_F(FlashHeadImage, SameTop1OnHeldOutTextAtTheDefaultProbes) {
   runtime::FlashHeadEvalOptions o;
   o.max_positions = 2000;
   o.sampler.temperature = 0;
+  o.top_p_cover = 0;          // (CI time)
   o.time_dense_head = false;  // the same logits, the head read once per 7 positions (CI time)
   for (bool proof : {false, true}) {
     auto flash = engine(dir_ / "fh.kimg", runtime::HeadMode::kFlash, 0, kernels::DecodeActivations::kAuto, proof);
@@ -357,6 +359,7 @@ TEST_F(FlashHeadImage, TheProofWithoutItsRadiusTermCertifiesWrongTokens) {
   o.max_positions = 400;
   o.probes = {16};
   o.sampler.temperature = 0;
+  o.top_p_cover = 0;
   o.time_dense_head = false;
   const auto full = runtime::evaluate_flashhead(flash, tokens, o);
   o.flashhead = &mutant;
@@ -393,6 +396,57 @@ TEST_F(FlashHeadImage, EvaluationGivesTheSameAgreementWhetherOrNotTheDenseHeadIs
     EXPECT_EQ(batched.rows[i].candidates, timed.rows[i].candidates) << o.probes[i];
   }
   EXPECT_LT(timed.rows[0].same_top1_pct, 100.0);  // 1 probe misses somewhere: the agreement is measured
+}
+
+TEST_F(FlashHeadImage, TopPCoverageIsCompleteWithEveryClusterProbed) {
+  // Issue 42's sampling bar, measured by flashhead-eval: the candidates hold the dense top-p
+  // nucleus. All clusters probed: every token is a candidate, so every nucleus is covered and
+  // no mass is missed. The probed clusters of more probes include those of fewer (stage 1
+  // keeps the best, ties to the lower cluster), so coverage cannot fall and missed mass cannot
+  // rise as the probes grow.
+  auto flash = engine(dir_ / "fh.kimg", runtime::HeadMode::kFlash);
+  const auto tokens = flash.encode(
+      "The kestrel hovers over open fields, scanning the grass for voles and insects, then drops "
+      "onto its prey. It nests in tree holes, on cliff ledges and on buildings in towns.",
+      true);
+  const size_t all = flash.flashhead()->n_clusters();
+  runtime::FlashHeadEvalOptions o;
+  o.probes = {1, 4, flash.flashhead()->default_probes(), all};
+  o.time_dense_head = false;  // the sampler defaults' comparison on: sampler_cover_pct too
+  const auto r = runtime::evaluate_flashhead(flash, tokens, o);
+  ASSERT_EQ(r.rows.size(), 4u);
+  EXPECT_EQ(r.top_p, 0.95);
+  EXPECT_GE(r.mean_nucleus, 1.0);
+  EXPECT_GE(static_cast<double>(r.max_nucleus), r.mean_nucleus);
+  EXPECT_EQ(r.rows[3].top_p_cover_pct, 100.0);
+  EXPECT_EQ(r.rows[3].missed_mass, 0.0);
+  EXPECT_EQ(r.rows[3].max_missed_mass, 0.0);
+  EXPECT_EQ(r.rows[3].sampler_cover_pct, 100.0);
+  EXPECT_GT(r.rows[0].missed_mass, 0.0);  // 16 tokens (and the special ones) of 262,144 leave mass out
+  for (size_t i = 0; i < 4; ++i) {
+    if (i > 0) {
+      EXPECT_GE(r.rows[i].top_p_cover_pct, r.rows[i - 1].top_p_cover_pct) << o.probes[i];
+      EXPECT_LE(r.rows[i].missed_mass, r.rows[i - 1].missed_mass) << o.probes[i];
+      EXPECT_GE(r.rows[i].sampler_cover_pct, r.rows[i - 1].sampler_cover_pct) << o.probes[i];
+    }
+    // A covered nucleus holds the dense argmax, so coverage is at most the argmax's recall.
+    EXPECT_LE(r.rows[i].top_p_cover_pct, r.rows[i].recall_pct) << o.probes[i];
+    EXPECT_LE(r.rows[i].missed_mass, r.rows[i].max_missed_mass) << o.probes[i];
+  }
+  // p = 1: the nucleus is every token up to the mass of 1, far more than 1 probe's candidates.
+  o.probes = {1, all};
+  o.sampler.temperature = 0;
+  o.top_p_cover = 1.0;
+  const auto whole = runtime::evaluate_flashhead(flash, tokens, o);
+  EXPECT_EQ(whole.rows[0].top_p_cover_pct, 0.0);
+  EXPECT_EQ(whole.rows[1].top_p_cover_pct, 100.0);
+  o.top_p_cover = 1.5;
+  EXPECT_THROW(runtime::evaluate_flashhead(flash, tokens, o), Error);
+  o.top_p_cover = 0.0;  // skipped: no coverage reported
+  const auto skipped = runtime::evaluate_flashhead(flash, tokens, o);
+  EXPECT_EQ(skipped.rows[1].top_p_cover_pct, 0.0);
+  EXPECT_EQ(skipped.mean_nucleus, 0.0);
+  EXPECT_EQ(skipped.rows[1].same_top1_pct, 100.0);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // FlashHead's offline clustering and the sampler over sparse (candidate) scores.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <set>
@@ -11,6 +12,7 @@
 #include "kestrel/runtime/flashhead_eval.h"
 #include "kestrel/runtime/logprobs.h"
 #include "kestrel/runtime/sampler.h"
+#include "random_vector.h"
 
 namespace kestrel::head {
 namespace {
@@ -181,6 +183,98 @@ TEST(SparseSampler, TotalVariation) {
   EXPECT_DOUBLE_EQ(total_variation({{1, 0.5}, {2, 0.5}}, {{1, 0.5}, {3, 0.5}}), 0.5);
   EXPECT_DOUBLE_EQ(total_variation({{1, 1.0}}, {{1, 1.0}}), 0.0);
   EXPECT_DOUBLE_EQ(total_variation({{1, 1.0}}, {{2, 1.0}}), 1.0);
+}
+
+// The sampling coverage of flashhead-eval (issue 42): the dense top-p nucleus and whether a
+// candidate set holds it.
+
+TEST(TopPCoverage, SoftmaxAtTemperatureOne) {
+  const std::vector<float> logits = {1.0f, -INFINITY, 3.0f, 1.0f};
+  const auto p = softmax(logits);
+  ASSERT_EQ(p.size(), 4u);
+  const double sum = 2 * std::exp(1.0) + std::exp(3.0);
+  EXPECT_NEAR(p[0], std::exp(1.0) / sum, 1e-15);
+  EXPECT_EQ(p[1], 0.0);
+  EXPECT_NEAR(p[2], std::exp(3.0) / sum, 1e-15);
+  EXPECT_EQ(p[0], p[3]);
+  EXPECT_THROW(softmax(std::vector<float>{}), Error);
+  EXPECT_THROW(softmax(std::vector<float>{-INFINITY}), Error);
+}
+
+TEST(TopPCoverage, NucleusIsTheSmallestPrefixThatReachesPTiesToTheLowerId) {
+  // Exact binary fractions, so every cumulative sum is exact: 1 (0.5), then 0 and 2 (0.25 each,
+  // 0 first), then 3 (0).
+  const std::vector<double> p = {0.25, 0.5, 0.25, 0.0};
+  using Ids = std::vector<TokenId>;
+  EXPECT_EQ(top_p_nucleus(p, 0.1), Ids({1}));
+  EXPECT_EQ(top_p_nucleus(p, 0.5), Ids({1}));     // reaching p is enough ("> p" would take 0 too)
+  EXPECT_EQ(top_p_nucleus(p, 0.6), Ids({1, 0}));  // the tie: the lower id first
+  EXPECT_EQ(top_p_nucleus(p, 0.75), Ids({1, 0}));
+  EXPECT_EQ(top_p_nucleus(p, 0.8), Ids({1, 0, 2}));
+  EXPECT_EQ(top_p_nucleus(p, 1.0), Ids({1, 0, 2}));  // the zero-probability token is not needed
+  EXPECT_THROW(top_p_nucleus(p, 0.0), Error);
+  EXPECT_THROW(top_p_nucleus(p, 1.5), Error);
+  EXPECT_THROW(top_p_nucleus(p, std::nan("")), Error);
+  EXPECT_THROW(top_p_nucleus(std::vector<double>{}, 0.5), Error);
+}
+
+TEST(TopPCoverage, NucleusEqualsAFullSortOnLargeFlatDistributions) {
+  // Flat distributions over 20,000 tokens (nuclei of thousands: the selection widens past its
+  // first rounds), logits rounded to 1/8 so that many probabilities tie; the reference sorts
+  // every token (stable: the lower id first among equals) and sums from the top.
+  for (uint32_t seed = 1; seed <= 3; ++seed) {
+    auto logits = ::kestrel::testing::random_vector(20000, seed, 0.5f * static_cast<float>(seed));
+    for (float& x : logits) x = std::round(x * 8.0f) / 8.0f;
+    const auto probs = softmax(logits);
+    std::vector<TokenId> order(probs.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<TokenId>(i);
+    std::stable_sort(order.begin(), order.end(), [&](TokenId a, TokenId b) {
+      return probs[static_cast<size_t>(a)] > probs[static_cast<size_t>(b)];
+    });
+    for (double top_p : {0.01, 0.5, 0.9, 0.95, 0.99}) {
+      size_t m = 0;
+      for (double cumulative = 0; m < order.size() && cumulative < top_p; ++m) {
+        cumulative += probs[static_cast<size_t>(order[m])];
+      }
+      const std::vector<TokenId> expected(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(m));
+      EXPECT_EQ(top_p_nucleus(probs, top_p), expected) << "seed " << seed << ", p " << top_p;
+    }
+  }
+}
+
+TEST(TopPCoverage, CoveredOnlyWhenEveryNucleusTokenIsACandidate) {
+  // e^3 (tokens 2 and 4, tied), e^2 (0), e^1 (1), e^0 (3): probabilities 0.3917, 0.3917, 0.1441,
+  // 0.0530, 0.0195, cumulative 0.3917, 0.7834, 0.9275, 0.9805, 1.
+  const std::vector<float> logits = {2.0f, 1.0f, 3.0f, 0.0f, 3.0f};
+  const auto probs = softmax(logits);
+  const double sum = std::exp(2.0) + std::exp(1.0) + 2 * std::exp(3.0) + 1.0;
+  const double p1 = std::exp(1.0) / sum, p3 = 1.0 / sum;
+  using Ids = std::vector<TokenId>;
+  const auto nucleus = top_p_nucleus(probs, 0.95);
+  EXPECT_EQ(nucleus, Ids({2, 4, 0, 1}));
+
+  auto c = nucleus_cover(probs, nucleus, Ids({4, 1, 2, 0}));  // the nucleus exactly, in any order
+  EXPECT_TRUE(c.covered);
+  EXPECT_NEAR(c.missed_mass, p3, 1e-15);
+  c = nucleus_cover(probs, nucleus, Ids({0, 2, 3, 4}));  // token 1 (5.3 %) missing
+  EXPECT_FALSE(c.covered);
+  EXPECT_NEAR(c.missed_mass, p1, 1e-15);
+  c = nucleus_cover(probs, nucleus, Ids({3, 2, 4, 0, 1, 2}));  // every token (2 twice)
+  EXPECT_TRUE(c.covered);
+  EXPECT_EQ(c.missed_mass, 0.0);
+
+  // p 0.9: the nucleus ends at token 0 (0.9275), so token 1 may be missing.
+  const auto n90 = top_p_nucleus(probs, 0.9);
+  EXPECT_EQ(n90, Ids({2, 4, 0}));
+  c = nucleus_cover(probs, n90, Ids({0, 2, 4}));
+  EXPECT_TRUE(c.covered);
+  EXPECT_NEAR(c.missed_mass, p1 + p3, 1e-15);
+
+  // p 0.3: token 2 alone (tied with 4, the lower id); a set with 4 but not 2 misses it.
+  const auto n30 = top_p_nucleus(probs, 0.3);
+  EXPECT_EQ(n30, Ids({2}));
+  EXPECT_TRUE(nucleus_cover(probs, n30, Ids({2})).covered);
+  EXPECT_FALSE(nucleus_cover(probs, n30, Ids({4, 0, 1, 3})).covered);
 }
 
 }  // namespace

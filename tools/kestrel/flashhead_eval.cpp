@@ -28,6 +28,7 @@ struct FlashHeadEvalCliOptions {
   size_t ctx = 512;
   bool json = false;
   runtime::SamplerConfig sampler;
+  double top_p_cover = 0.95;
 };
 
 std::vector<size_t> parse_list(const std::string& s) {
@@ -63,6 +64,7 @@ int run(const FlashHeadEvalCliOptions& o) {
   options.n_ctx = o.ctx;
   options.max_positions = o.positions;
   options.sampler = o.sampler;
+  options.top_p_cover = o.top_p_cover;
   const bool tty = isatty(fileno(stderr)) != 0;
   const auto r = runtime::evaluate_flashhead(engine, tokens, options, [&](size_t done, size_t total) {
     if (!o.json && tty) std::fprintf(stderr, "\r%zu/%zu positions", done, total);
@@ -77,25 +79,34 @@ int run(const FlashHeadEvalCliOptions& o) {
                       {"speedup_vs_dense", row.head_ms > 0 ? r.dense_head_ms / row.head_ms : 0.0},
                       {"mean_tv", row.mean_tv}, {"max_tv", row.max_tv}, {"mean_probes", row.mean_probes},
                       {"extra_probes_pct", row.extra_probes_pct}, {"dense_fallback_pct", row.dense_pct},
-                      {"unproven_pct", row.unproven_pct}});
+                      {"unproven_pct", row.unproven_pct}, {"top_p_cover_pct", row.top_p_cover_pct},
+                      {"missed_mass", row.missed_mass}, {"max_missed_mass", row.max_missed_mass},
+                      {"sampler_cover_pct", row.sampler_cover_pct}});
     }
     std::cout << nlohmann::json{{"positions", r.positions}, {"n_clusters", flash->n_clusters()},
                                 {"cluster_size", flash->cluster_size()}, {"dense_head_ms", r.dense_head_ms},
                                 {"threads", engine.pool().size()}, {"proof", flash->proof_status()},
-                                {"rows", rows}}.dump()
+                                {"top_p_cover", r.top_p}, {"mean_nucleus", r.mean_nucleus},
+                                {"max_nucleus", r.max_nucleus}, {"rows", rows}}.dump()
               << "\n";
     return 0;
   }
   std::printf("%zu positions, %zu clusters of %zu, %d threads; dense head %.3f ms per position (median)\n",
               r.positions, flash->n_clusters(), flash->cluster_size(), engine.pool().size(), r.dense_head_ms);
   std::printf("greedy proof: %s\n", flash->proof_status().c_str());
-  std::printf("%8s %11s %11s %9s %9s %8s %9s %8s %11s %7s %7s\n", "probes", "candidates", "same-top1%", "recall%",
-              "head ms", "speedup", "mean TV", "max TV", "mean-probes", "extra%", "dense%");
+  if (r.top_p > 0) {
+    std::printf("top-p %g nucleus of the dense softmax (temperature 1): %.1f tokens on average, %zu at most\n",
+                r.top_p, r.mean_nucleus, r.max_nucleus);
+  }
+  std::printf("%8s %11s %11s %9s %9s %8s %9s %8s %11s %7s %7s %9s %10s %10s %11s\n", "probes", "candidates",
+              "same-top1%", "recall%", "head ms", "speedup", "mean TV", "max TV", "mean-probes", "extra%", "dense%",
+              "top-p%", "missed", "max-missed", "sampler%");
   for (const auto& row : r.rows) {
-    std::printf("%8zu %11.0f %11.3f %9.3f %9.3f %7.2fx %9.4f %8.4f %11.1f %7.2f %7.2f\n", row.probes, row.candidates,
-                row.same_top1_pct, row.recall_pct, row.head_ms,
+    std::printf("%8zu %11.0f %11.3f %9.3f %9.3f %7.2fx %9.4f %8.4f %11.1f %7.2f %7.2f %9.3f %10.2e %10.2e %11.3f\n",
+                row.probes, row.candidates, row.same_top1_pct, row.recall_pct, row.head_ms,
                 row.head_ms > 0 ? r.dense_head_ms / row.head_ms : 0.0, row.mean_tv, row.max_tv, row.mean_probes,
-                row.extra_probes_pct, row.dense_pct);
+                row.extra_probes_pct, row.dense_pct, row.top_p_cover_pct, row.missed_mass, row.max_missed_mass,
+                row.sampler_cover_pct);
   }
   return 0;
 }
@@ -106,7 +117,7 @@ Command add_flashhead_eval_command(CLI::App& app) {
   auto o = std::make_shared<FlashHeadEvalCliOptions>();
   auto* cmd = app.add_subcommand("flashhead-eval",
                                  "FlashHead against the dense head on a text: same top-1, recall, head time, "
-                                 "sampling distance, per probe count");
+                                 "sampling distance, top-p coverage, per probe count");
   cmd->add_option("-m,--model", o->model.model, "Kestrel image built with --flashhead")->required();
   cmd->add_option("-t,--threads", o->model.threads, "Threads (default: every core)")
       ->check(integer_range(0, ThreadPool::kMaxThreads));
@@ -142,6 +153,11 @@ Command add_flashhead_eval_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--top-p", o->sampler.top_p, "Top-p of the compared sampler")->check(number_range(0.0, 1.0))->capture_default_str();
   cmd->add_option("--min-p", o->sampler.min_p, "Min-p of the compared sampler")->check(number_range(0.0, 1.0))->capture_default_str();
+  cmd->add_option("--top-p-cover", o->top_p_cover,
+                  "p of the dense top-p nucleus (temperature 1) whose coverage by the candidates is measured "
+                  "(0: skip)")
+      ->check(number_range(0.0, 1.0))
+      ->capture_default_str();
   cmd->add_flag("--json", o->json, "Print one JSON object");
   return [o] { return run(*o); };
 }

@@ -18,6 +18,10 @@ struct FlashHeadEvalOptions {
   /// Sampling settings whose distributions are compared (total-variation distance); a
   /// temperature <= 0 skips the comparison.
   SamplerConfig sampler;
+  /// The p of the top-p nucleus whose coverage is measured (ProbeResult::top_p_cover_pct), in
+  /// [0, 1]: the dense softmax at temperature 1, unaffected by `sampler`. 0 skips the measurement
+  /// (a softmax over the vocabulary and a ranking per position: ~5 ms each for 262,144 tokens).
+  double top_p_cover = 0.95;
   /// true: the dense head scores each position alone and is timed (dense_head_ms). false: it
   /// scores up to kernels::kTileMinTokens - 1 positions per call, reading its weights once for
   /// all of them; the logits are the same, bit for bit (the matmuls compute each row of so few
@@ -36,6 +40,15 @@ struct ProbeResult {
   double head_ms = 0;          // median FlashHead time per position (stage 1 + 2)
   double mean_tv = 0;          // mean total-variation distance of the sampling distributions
   double max_tv = 0;
+  // Sampling coverage (FlashHeadEvalOptions::top_p_cover; all 0 when it is 0): the dense
+  // distribution is softmax of the dense logits at temperature 1 over the whole vocabulary.
+  double top_p_cover_pct = 0;  // positions whose candidates hold every token of the dense top-p nucleus
+  double missed_mass = 0;      // mean dense probability outside the candidates (what a sampler loses)
+  double max_missed_mass = 0;
+  // Positions whose candidates hold every token the dense sampler (`sampler`) can draw (its
+  // distribution's support after top-k, top-p and min-p); 0 without the TV comparison or the
+  // coverage (top_p_cover 0).
+  double sampler_cover_pct = 0;
   // FlashHead's greedy proof (head::Proof), over the positions; all 0 but unproven_pct without it.
   double mean_probes = 0;       // clusters scored per position: the probes plus the proof's
   double extra_probes_pct = 0;  // positions proven after probing more clusters
@@ -46,6 +59,9 @@ struct ProbeResult {
 struct FlashHeadEvalResult {
   size_t positions = 0;
   double dense_head_ms = 0;    // median dense head time per position (GEMV + soft-cap)
+  double top_p = 0;            // FlashHeadEvalOptions::top_p_cover (0: coverage not measured)
+  double mean_nucleus = 0;     // tokens in the dense top-p nucleus, mean over the positions
+  size_t max_nucleus = 0;
   std::vector<ProbeResult> rows;
 };
 
@@ -56,6 +72,30 @@ struct FlashHeadEvalResult {
 FlashHeadEvalResult evaluate_flashhead(Engine& engine, std::span<const TokenId> tokens,
                                        const FlashHeadEvalOptions& options,
                                        const std::function<void(size_t, size_t)>& progress = nullptr);
+
+/// softmax(logits) at temperature 1, float64 [n] summing to 1 (computed in float64 after
+/// subtracting the largest logit; -inf logits get probability 0). logits float32 [n], n >= 1,
+/// at least one finite.
+std::vector<double> softmax(std::span<const float> logits);
+
+/// The top-p nucleus of a distribution (probs [n], summing to 1): token ids by descending
+/// probability, ties to the lower id, up to and including the first at which the cumulative
+/// probability (summed in that order, float64) reaches p: the smallest such prefix, as llama.cpp's
+/// and Hugging Face's top-p keep. p in (0, 1]; when the sum never reaches p (rounding, p = 1)
+/// every token. kestrel::Error for p outside (0, 1] or empty probs.
+std::vector<TokenId> top_p_nucleus(std::span<const double> probs, double p);
+
+/// How a candidate set covers a distribution (nucleus_cover).
+struct NucleusCover {
+  bool covered = false;     // every token of the nucleus is a candidate
+  double missed_mass = 0;   // probability of the tokens that are not candidates, in [0, 1]
+};
+
+/// Whether `candidates` (token ids < probs.size(), duplicates allowed) hold every token of
+/// `nucleus` (top_p_nucleus of probs), and the mass of probs outside the candidates (summed over
+/// the non-candidates, so exactly 0 when every token is one). O(probs.size()).
+NucleusCover nucleus_cover(std::span<const double> probs, std::span<const TokenId> nucleus,
+                           std::span<const TokenId> candidates);
 
 /// Total-variation distance 1/2 sum_t |p_t - q_t| of two sparse distributions given as
 /// (token, probability) pairs (tokens absent from one side have probability 0 there).
