@@ -372,13 +372,18 @@ TEST_F(FlashHeadImage, TheProofWithoutItsRadiusTermCertifiesWrongTokens) {
               broken.rows[0].mean_probes);
 }
 
-TEST_F(FlashHeadImage, EvaluationGivesTheSameAgreementWhetherOrNotTheDenseHeadIsTimed) {
-  // time_dense_head = false scores up to 7 positions per dense-head call: the same logits.
-  auto flash = engine(dir_ / "fh.kimg", runtime::HeadMode::kFlash);
-  const auto tokens = flash.encode(
+// A short text of the evaluation tests, encoded with BOS.
+std::vector<runtime::TokenId> kestrel_text(runtime::Engine& engine) {
+  return engine.encode(
       "The kestrel hovers over open fields, scanning the grass for voles and insects, then drops "
       "onto its prey. It nests in tree holes, on cliff ledges and on buildings in towns.",
       true);
+}
+
+TEST_F(FlashHeadImage, EvaluationGivesTheSameAgreementWhetherOrNotTheDenseHeadIsTimed) {
+  // time_dense_head = false scores up to 7 positions per dense-head call: the same logits.
+  auto flash = engine(dir_ / "fh.kimg", runtime::HeadMode::kFlash);
+  const auto tokens = kestrel_text(flash);
   runtime::FlashHeadEvalOptions o;
   o.probes = {1, 4, flash.flashhead()->default_probes()};
   o.n_ctx = 24;  // several chunks, and a last chunk of other length
@@ -405,10 +410,7 @@ TEST_F(FlashHeadImage, TopPCoverageIsCompleteWithEveryClusterProbed) {
   // keeps the best, ties to the lower cluster), so coverage cannot fall and missed mass cannot
   // rise as the probes grow.
   auto flash = engine(dir_ / "fh.kimg", runtime::HeadMode::kFlash);
-  const auto tokens = flash.encode(
-      "The kestrel hovers over open fields, scanning the grass for voles and insects, then drops "
-      "onto its prey. It nests in tree holes, on cliff ledges and on buildings in towns.",
-      true);
+  const auto tokens = kestrel_text(flash);
   const size_t all = flash.flashhead()->n_clusters();
   runtime::FlashHeadEvalOptions o;
   o.probes = {1, 4, flash.flashhead()->default_probes(), all};
