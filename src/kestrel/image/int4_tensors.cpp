@@ -15,18 +15,31 @@ bool ends_with(const std::string& s, const char* suffix) {
   return s.size() > k && s.compare(s.size() - k, k, suffix) == 0;
 }
 
-// The tensor base + spec.suffix, checked against spec's type and shape, as a span of T.
+std::string shape_string(const std::vector<uint64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+// The tensor `name`, checked to have `type` and GGUF `shape`, as a span of T. Both of an INT4
+// matrix's layouts read their tensors through this.
 template <typename T>
-std::span<const T> checked_span(const gguf::File& file, const std::string& base, const Int8LayoutTensor& spec) {
-  const std::string name = base + spec.suffix;
+std::span<const T> checked_span(const gguf::File& file, const std::string& name, TensorType type,
+                                const std::vector<uint64_t>& shape) {
   const gguf::TensorInfo* t = file.find_tensor(name);
   if (t == nullptr) throw Error("image has no tensor '" + name + "'");
-  if (t->type != spec.type || t->shape != spec.shape) {
-    throw Error("image tensor '" + name + "' has type " + gguf::tensor_type_name(t->type) +
-                " or a shape other than the int8 layout's (" + gguf::tensor_type_name(spec.type) + ")");
+  if (t->type != type || t->shape != shape) {
+    throw Error("image tensor '" + name + "' has type " + gguf::tensor_type_name(t->type) + " and shape " +
+                shape_string(t->shape) + ", expected " + gguf::tensor_type_name(type) + " " + shape_string(shape));
   }
   const auto bytes = file.tensor_data(*t);
   return {reinterpret_cast<const T*>(bytes.data()), bytes.size() / sizeof(T)};
+}
+
+// The int8 layout's tensor base + spec.suffix, as checked_span.
+template <typename T>
+std::span<const T> checked_span(const gguf::File& file, const std::string& base, const Int8LayoutTensor& spec) {
+  return checked_span<T>(file, base + spec.suffix, spec.type, spec.shape);
 }
 
 }  // namespace
@@ -51,28 +64,6 @@ bool has_int4(const gguf::File& file, const std::string& base) {
   return file.find_tensor(base + kQ4Suffix) != nullptr || has_int8_layout(file, base);
 }
 
-namespace {
-
-std::string shape_string(const std::vector<uint64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
-// The tensor `name` of `file`, checked to have `type` and GGUF `shape`, as its bytes.
-const uint8_t* checked_tensor(const gguf::File& file, const std::string& name, TensorType type,
-                              const std::vector<uint64_t>& shape) {
-  const gguf::TensorInfo* t = file.find_tensor(name);
-  if (t == nullptr) throw Error("image has no tensor '" + name + "'");
-  if (t->type != type || t->shape != shape) {
-    throw Error("image tensor '" + name + "' has type " + gguf::tensor_type_name(t->type) + " and shape " +
-                shape_string(t->shape) + ", expected " + gguf::tensor_type_name(type) + " " + shape_string(shape));
-  }
-  return reinterpret_cast<const uint8_t*>(file.tensor_data(*t).data());
-}
-
-}  // namespace
-
 kernels::Matrix plain_int4_view(const gguf::File& file, const std::string& base, const ImageInfo& info) {
   const std::string codes = base + kQ4Suffix;
   const gguf::TensorInfo* q = file.find_tensor(codes);
@@ -88,17 +79,15 @@ kernels::Matrix plain_int4_view(const gguf::File& file, const std::string& base,
   m.rows = rows;
   m.cols = cols;
   m.group_size = g;
-  m.data = checked_tensor(file, codes, TensorType::kI8, {cols / 2, rows});  // void*: the codes' bytes
+  m.data = checked_span<uint8_t>(file, codes, TensorType::kI8, {cols / 2, rows}).data();
   const std::vector<uint64_t> params = {cols / g, rows};
   if (info.scale_bits == 8) {
-    m.scales8 = checked_tensor(file, base + kScalesSuffix, TensorType::kI8, params);
-    m.mins8 = checked_tensor(file, base + kMinsSuffix, TensorType::kI8, params);
-    m.row_scales = reinterpret_cast<const uint16_t*>(checked_tensor(file, base + kRowScalesSuffix, TensorType::kF16, {2, rows}));
+    m.scales8 = checked_span<uint8_t>(file, base + kScalesSuffix, TensorType::kI8, params).data();
+    m.mins8 = checked_span<uint8_t>(file, base + kMinsSuffix, TensorType::kI8, params).data();
+    m.row_scales = checked_span<uint16_t>(file, base + kRowScalesSuffix, TensorType::kF16, {2, rows}).data();
   } else {
-    m.scales = reinterpret_cast<const uint16_t*>(checked_tensor(file, base + kScalesSuffix, TensorType::kF16, params));
-    if (info.zero_points) {
-      m.mins = reinterpret_cast<const uint16_t*>(checked_tensor(file, base + kMinsSuffix, TensorType::kF16, params));
-    }
+    m.scales = checked_span<uint16_t>(file, base + kScalesSuffix, TensorType::kF16, params).data();
+    if (info.zero_points) m.mins = checked_span<uint16_t>(file, base + kMinsSuffix, TensorType::kF16, params).data();
   }
   return m;
 }

@@ -9,6 +9,7 @@
 #include "kestrel/base/error.h"
 #include "kestrel/head/flashhead.h"
 #include "kestrel/kernels/matmul.h"
+#include "kestrel/runtime/perplexity.h"
 
 namespace kestrel::runtime {
 namespace {
@@ -31,10 +32,8 @@ std::vector<double> softmax(std::span<const float> logits) {
   if (logits.empty()) throw Error("softmax of no logits");
   const double top = *std::max_element(logits.begin(), logits.end());
   if (!std::isfinite(top)) throw Error("softmax needs a finite largest logit");
-  std::vector<double> p(logits.size());
-  double sum = 0;
-  for (size_t i = 0; i < logits.size(); ++i) sum += p[i] = std::exp(static_cast<double>(logits[i]) - top);
-  for (double& x : p) x /= sum;
+  std::vector<double> p = log_softmax(logits);  // runtime/perplexity.h's, the harness's own
+  for (double& x : p) x = std::exp(x);
   return p;
 }
 

@@ -73,8 +73,8 @@ FlashHeadEvalResult evaluate_flashhead(Engine& engine, std::span<const TokenId> 
                                        const FlashHeadEvalOptions& options,
                                        const std::function<void(size_t, size_t)>& progress = nullptr);
 
-/// softmax(logits) at temperature 1, float64 [n] summing to 1 (computed in float64 after
-/// subtracting the largest logit; -inf logits get probability 0). logits float32 [n], n >= 1,
+/// softmax(logits) at temperature 1, float64 [n] summing to 1 (exp of runtime::log_softmax, float64;
+/// -inf logits get probability 0). logits float32 [n], n >= 1,
 /// at least one finite.
 std::vector<double> softmax(std::span<const float> logits);
 
