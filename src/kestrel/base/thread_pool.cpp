@@ -5,6 +5,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <string_view>
+#include <typeinfo>
+#include <utility>
+
+#if defined(__GNUG__)
+#include <cxxabi.h>
+#endif
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -42,6 +49,27 @@ int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+// A loop body's readable name: its lambda type demangled, the enclosing function's parameters
+// and anonymous namespaces left out ("kestrel::kernels::matmul_same_input(...)::{lambda(unsigned
+// long, unsigned long)#2}" becomes "kestrel::kernels::matmul_same_input {lambda #2}").
+std::string loop_name(const char* name) {
+  std::string s = name;
+#if defined(__GNUG__)
+  int status = 0;
+  char* d = abi::__cxa_demangle(name, nullptr, nullptr, &status);
+  if (status == 0 && d != nullptr) {
+    s = d;
+    std::free(d);
+  }
+#endif
+  constexpr std::string_view kAnonymous = "(anonymous namespace)::";
+  for (size_t at; (at = s.find(kAnonymous)) != std::string::npos;) s.erase(at, kAnonymous.size());
+  const size_t paren = s.find('(');
+  const size_t hash = s.rfind('#');
+  if (paren == std::string::npos) return s;
+  return s.substr(0, paren) + (hash != std::string::npos && hash > paren ? " {lambda #" + s.substr(hash + 1) : "");
+}
+
 bool stats_requested() {
   const char* v = std::getenv("KESTREL_POOL_STATS");
   return v != nullptr && *v != '\0' && *v != '0';
@@ -60,16 +88,26 @@ ThreadPool::ThreadPool(int n_threads) {
   for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
 }
 
-ThreadPool::~ThreadPool() {
-  if (stats_.on && stats_.loops > 0) {
-    const auto ms = [](uint64_t ns) { return static_cast<double>(ns) / 1e6; };
-    std::fprintf(stderr,
-                 "thread pool (%d threads): %llu parallel loops, %.1f ms in them (%.2f us each), the caller "
-                 "waiting %.1f ms of it for the others; %.1f ms serial between loops (gaps under 1 ms)\n",
-                 n_threads_, static_cast<unsigned long long>(stats_.loops), ms(stats_.in_loops_ns),
-                 ms(stats_.in_loops_ns) * 1e3 / static_cast<double>(stats_.loops), ms(stats_.waited_ns),
-                 ms(stats_.serial_ns));
+void ThreadPool::print_stats() const {
+  const auto ms = [](uint64_t ns) { return static_cast<double>(ns) / 1e6; };
+  std::fprintf(stderr,
+               "thread pool (%d threads): %llu parallel loops, %.1f ms in them (%.2f us each), the caller "
+               "waiting %.1f ms of it for the others; %.1f ms serial between loops (gaps under 1 ms)\n",
+               n_threads_, static_cast<unsigned long long>(stats_.loops), ms(stats_.in_loops_ns),
+               ms(stats_.in_loops_ns) * 1e3 / static_cast<double>(stats_.loops), ms(stats_.waited_ns),
+               ms(stats_.serial_ns));
+  std::vector<std::pair<const char*, SiteStats>> sites(site_stats_.begin(), site_stats_.end());
+  std::sort(sites.begin(), sites.end(), [](const auto& a, const auto& b) { return a.second.waited_ns > b.second.waited_ns; });
+  constexpr size_t kSitesShown = 8;
+  for (size_t i = 0; i < std::min(sites.size(), kSitesShown); ++i) {
+    const SiteStats& st = sites[i].second;
+    std::fprintf(stderr, "  %9.1f ms waited of %9.1f ms in %8llu loops: %s\n", ms(st.waited_ns), ms(st.in_loops_ns),
+                 static_cast<unsigned long long>(st.loops), loop_name(sites[i].first).c_str());
   }
+}
+
+ThreadPool::~ThreadPool() {
+  if (stats_.on && stats_.loops > 0) print_stats();
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stop_ = true;
@@ -140,6 +178,10 @@ void ThreadPool::start_and_join() {
     ++stats_.loops;
     stats_.in_loops_ns += static_cast<uint64_t>(end - start);
     stats_.waited_ns += static_cast<uint64_t>(end - own_done);
+    SiteStats& site = site_stats_[job_->target_type().name()];
+    ++site.loops;
+    site.in_loops_ns += static_cast<uint64_t>(end - start);
+    site.waited_ns += static_cast<uint64_t>(end - own_done);
     if (stats_.last_end_ns >= 0 && start - stats_.last_end_ns < 1'000'000) {
       stats_.serial_ns += static_cast<uint64_t>(start - stats_.last_end_ns);
     }

@@ -8,6 +8,7 @@
 #include <functional>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 namespace kestrel {
@@ -19,7 +20,9 @@ namespace kestrel {
 ///
 /// KESTREL_POOL_STATS=1 prints, when the pool is destroyed, where the calling thread's time went:
 /// the loops, its wait for the other threads after its own share (imbalance and wake-up), and
-/// the serial time between loops (gaps under 1 ms: the single-threaded work inside a step).
+/// the serial time between loops (gaps under 1 ms: the single-threaded work inside a step), and
+/// per loop body (the lambda's type, demangled) the same loop time and wait, largest wait first:
+/// which loops leave a thread idle.
 class ThreadPool {
  public:
   static constexpr int kMaxThreads = 256;
@@ -55,6 +58,12 @@ class ThreadPool {
     int64_t last_end_ns = -1;
   };
   Stats stats_;
+  // KESTREL_POOL_STATS per loop body, keyed by the body's type name (std::type_info::name()).
+  struct SiteStats {
+    uint64_t loops = 0, in_loops_ns = 0, waited_ns = 0;
+  };
+  std::unordered_map<const char*, SiteStats> site_stats_;
+  void print_stats() const;
 
   int n_threads_;
   std::vector<std::thread> workers_;
