@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -57,4 +59,31 @@ TEST(ThreadPool, DynamicCoversEveryIndexOnceInChunksOfTheGrain) {
   // Static halves would leave 32 chunks to the thread without chunk 0; the free one takes nearly all.
   const auto others = std::count_if(ran_on.begin(), ran_on.end(), [&](std::thread::id t) { return t != ran_on[0]; });
   EXPECT_GT(others, 32);
+}
+
+namespace {
+// A loop body with a name of its own, for the per-loop statistics below.
+void uneven_halves(kestrel::ThreadPool& pool) {
+  pool.parallel_for(2, 1, [](size_t b, size_t) {
+    if (b == 1) std::this_thread::sleep_for(std::chrono::milliseconds(30));  // the worker's half is slow
+  });
+}
+}  // namespace
+
+TEST(ThreadPool, StatsNameEachLoopBodyAndItsWait) {
+  setenv("KESTREL_POOL_STATS", "1", 1);
+  testing::internal::CaptureStderr();
+  {
+    kestrel::ThreadPool pool(2);
+    uneven_halves(pool);
+  }
+  const std::string err = testing::internal::GetCapturedStderr();
+  unsetenv("KESTREL_POOL_STATS");
+  EXPECT_NE(err.find("thread pool (2 threads): 1 parallel loops"), std::string::npos) << err;
+  // The line of the one body: the caller (index 0, fast) waited for the worker's 30 ms.
+  const size_t line = err.find("uneven_halves {lambda #1}");
+  ASSERT_NE(line, std::string::npos) << err;
+  const size_t start = err.rfind('\n', line) + 1;
+  const double waited_ms = std::stod(err.substr(start, err.find(" ms waited", start) - start));
+  EXPECT_GE(waited_ms, 25.0) << err;
 }
