@@ -65,7 +65,7 @@ namespace {
 // A loop body with a name of its own, for the per-loop statistics below.
 void uneven_halves(kestrel::ThreadPool& pool) {
   pool.parallel_for(2, 1, [](size_t b, size_t) {
-    if (b == 1) std::this_thread::sleep_for(std::chrono::milliseconds(30));  // the worker's half is slow
+    if (b == 1) std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the worker's half is slow
   });
 }
 }  // namespace
@@ -80,10 +80,11 @@ TEST(ThreadPool, StatsNameEachLoopBodyAndItsWait) {
   const std::string err = testing::internal::GetCapturedStderr();
   unsetenv("KESTREL_POOL_STATS");
   EXPECT_NE(err.find("thread pool (2 threads): 1 parallel loops"), std::string::npos) << err;
-  // The line of the one body: the caller (index 0, fast) waited for the worker's 30 ms.
+  // The line of the one body: the caller (index 0, fast) waited for the worker's 100 ms (a
+  // bound with room for a caller descheduled on a loaded host).
   const size_t line = err.find("uneven_halves {lambda #1}");
   ASSERT_NE(line, std::string::npos) << err;
   const size_t start = err.rfind('\n', line) + 1;
   const double waited_ms = std::stod(err.substr(start, err.find(" ms waited", start) - start));
-  EXPECT_GE(waited_ms, 25.0) << err;
+  EXPECT_GE(waited_ms, 50.0) << err;
 }

@@ -64,10 +64,11 @@ std::string loop_name(const char* name) {
 #endif
   constexpr std::string_view kAnonymous = "(anonymous namespace)::";
   for (size_t at; (at = s.find(kAnonymous)) != std::string::npos;) s.erase(at, kAnonymous.size());
-  const size_t paren = s.find('(');
+  // A lambda's type: "<enclosing function>(<parameters>)::{lambda(<parameters>)#N}".
+  const size_t lambda = s.find("::{lambda");
   const size_t hash = s.rfind('#');
-  if (paren == std::string::npos) return s;
-  return s.substr(0, paren) + (hash != std::string::npos && hash > paren ? " {lambda #" + s.substr(hash + 1) : "");
+  if (lambda == std::string::npos || hash == std::string::npos || hash < lambda) return s;
+  return s.substr(0, std::min(lambda, s.find('('))) + " {lambda #" + s.substr(hash + 1);
 }
 
 bool stats_requested() {
