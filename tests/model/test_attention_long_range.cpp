@@ -1,8 +1,8 @@
 // Decode attention over long visible ranges (model/attention.cpp): ranges from 8,192 positions
 // on are cut into slices longer than 128 (slice_length), so this checks, past that length and
 // for every KV cache type, that a row's output is
-//   - close to a float64 softmax(q . K) V over the cache's dequantized rows (q8 K: the query
-//     rounded as kernels/attention_kv.h says), so no slice is dropped or merged twice;
+//   - close to a float64 softmax(q . K) V over the cache's dequantized rows, so no slice is
+//     dropped or merged twice;
 //   - bit-identical on 1 and 2 threads, and alone or batched with rows of other lengths
 //     (cached_attention_rows' promise, on which batching's exactness rests).
 #include <gtest/gtest.h>
@@ -66,20 +66,13 @@ Filled fill(KvType type, uint32_t seed) {
 }
 
 // Query head h's output over positions [0, pos], in float64.
-std::vector<double> reference(const Filled& f, const float* q_in, KvType k_type, size_t pos) {
+std::vector<double> reference(const Filled& f, const float* q, size_t pos) {
   const size_t hd = kShape.head_dim;
-  std::vector<double> q(q_in, q_in + hd);
-  if (k_type == KvType::kQ8) {  // the int16 rounding of the query (attention_kv.h)
-    float amax = 0.0f;
-    for (size_t c = 0; c < hd; ++c) amax = std::max(amax, std::fabs(q_in[c]));
-    const float step = amax / 32767.0f, inv = 1.0f / step;
-    for (size_t c = 0; c < hd; ++c) q[c] = std::nearbyint(q_in[c] * inv) * static_cast<double>(step);
-  }
   std::vector<double> s(pos + 1), out(hd, 0.0);
   double mx = -INFINITY, sum = 0.0;
   for (size_t p = 0; p <= pos; ++p) {
     double d = 0.0;
-    for (size_t c = 0; c < hd; ++c) d += q[c] * f.k_rows[p * hd + c];
+    for (size_t c = 0; c < hd; ++c) d += static_cast<double>(q[c]) * f.k_rows[p * hd + c];
     mx = std::max(mx, s[p] = d);
   }
   for (auto& x : s) sum += x = std::exp(x - mx);
@@ -117,7 +110,7 @@ TEST(AttentionLongRange, SlicedRowsMatchFloat64AndDoNotDependOnThreadsOrBatch) {
     for (size_t r = 0; r < std::size(positions); ++r) {
       for (size_t h = 0; h < kShape.n_heads; ++h) {
         const size_t at = r * q_dim + h * kShape.head_dim;
-        const auto want = reference(f, &q[at], type, positions[r]);
+        const auto want = reference(f, &q[at], positions[r]);
         for (size_t c = 0; c < kShape.head_dim; ++c) {
           ASSERT_NEAR(alone1[at + c], want[c], 2e-5) << what << " position " << positions[r] << " head " << h;
         }

@@ -1,9 +1,8 @@
 // Highway implementation of attention over typed (f16 / bf16 / q8) K and V caches; compiled once
 // per SIMD target. The plan follows ops.cpp's fp16 kernels (a tile of queries reads each K and V
 // row once; scores, a softmax per query, values in position order), with the row loads made
-// type-aware: q8 V rows are widened from int8 and multiplied by their block's scale in registers,
-// q8 K rows are scored in integers against an int16 copy of the query (ScoresQ8), so decode
-// reads one byte per element (plus a scale per block) instead of two.
+// type-aware: q8 rows are widened from int8 and multiplied by their block's scale in registers,
+// so decode reads one byte per element (plus a scale per block) instead of two.
 #include "kestrel/kernels/attention_kv.h"
 
 #include <algorithm>
@@ -153,90 +152,6 @@ void Scores(const float* const* qs, size_t n_q, const KvHeadView& k, size_t capa
   }
 }
 
-// A q8 cache's scores in integers: each query rounded to int16 (QueryI16), each K block's
-// products with it summed exactly in int32 (int8 x int16 pairs, vpmaddwd on x86), then per row
-// and query acc += float(block sum) * block scale in block order, and the score is
-// sum(acc) * query scale. Against widening every int8 to float32 and scaling it (LoadKv), the
-// vector unit does a third of the float work per element: decode attention over 32,704
-// positions of a q8 cache, Gemma 3 270M's shape, was compute-bound on AVX2 at ~2.5 ms a layer.
-// A query's arithmetic does not depend on the other queries (any count, one row at a time).
-struct QueryI16 {
-  const int16_t* q;  // [head_dim]
-  float scale;       // q[c] * scale ~ the float32 query, |error| <= scale / 2
-};
-
-#if HWY_TARGET != HWY_SCALAR  // (one-lane vectors have no int16 pairs)
-template <size_t NQ>
-void ScoresQ8(const QueryI16* qs, size_t n_q, const KvHeadView& k, size_t capacity, size_t lo, size_t n,
-              size_t head_dim, float* scores) {
-  const hn::ScalableTag<float> d;
-  const hn::RebindToSigned<decltype(d)> di;        // int32, the lanes of d
-  const hn::Repartition<int16_t, decltype(di)> dw;  // int16, twice as many
-  const hn::Rebind<int8_t, decltype(dw)> d8;       // int8, as many as dw
-  const size_t NW = hn::Lanes(dw);
-  const size_t count = NQ != 0 ? NQ : n_q;
-  constexpr size_t kQ = NQ != 0 ? NQ : kMaxBlockQueries;
-  const size_t block = k.block, nb = head_dim / block;
-  RowRef r;
-  for (size_t j = 0; j < n; ++j) {
-    Bind<KvType::kQ8>(k, (lo + j) % capacity, head_dim, r);
-    if (j + kPrefetchAhead < n) Prefetch(k, (lo + j + kPrefetchAhead) % capacity, head_dim);
-    const auto* kr = static_cast<const int8_t*>(r.p);
-    decltype(hn::Zero(d)) acc[kQ];
-    for (size_t i = 0; i < count; ++i) acc[i] = hn::Zero(d);
-    for (size_t b = 0; b < nb; ++b) {
-      decltype(hn::Zero(di)) sum0[kQ], sum1[kQ];
-      for (size_t i = 0; i < count; ++i) sum0[i] = sum1[i] = hn::Zero(di);
-      for (size_t c = b * block; c < (b + 1) * block; c += NW) {
-        const auto kw = hn::PromoteTo(dw, hn::LoadU(d8, kr + c));
-        for (size_t i = 0; i < count; ++i) {
-          sum0[i] = hn::ReorderWidenMulAccumulate(di, kw, hn::LoadU(dw, qs[i].q + c), sum0[i], sum1[i]);
-        }
-      }
-      const auto scale = hn::Set(d, r.scales[b]);
-      for (size_t i = 0; i < count; ++i) {
-        acc[i] = hn::MulAdd(hn::ConvertTo(d, hn::RearrangeToOddPlusEven(sum0[i], sum1[i])), scale, acc[i]);
-      }
-    }
-    for (size_t i = 0; i < count; ++i) scores[i * n + j] = hn::GetLane(hn::SumOfLanes(d, acc[i])) * qs[i].scale;
-  }
-}
-
-#endif
-
-// Whether ScoresQ8 takes a cache of this shape: whole int16 vectors per block.
-bool ScoresQ8Fits(const KvHeadView& k, size_t head_dim) {
-#if HWY_TARGET == HWY_SCALAR
-  (void)k, (void)head_dim;
-  return false;
-#else
-  const hn::ScalableTag<int16_t> dw;
-  return k.type == KvType::kQ8 && k.block % hn::Lanes(dw) == 0 && head_dim % k.block == 0 && head_dim <= 512;
-#endif
-}
-
-// q[0..n) rounded to int16: scale = max|q| / 32767 (0 for a zero query), q16 = q * (1 / scale)
-// rounded to nearest, ties to even (|q16| <= 32767: max|q| * (1 / scale) is 32767 within ulps).
-float QuantizeQueryI16(const float* q, size_t n, int16_t* q16) {
-  const hn::ScalableTag<float> d;
-  const hn::RebindToSigned<decltype(d)> di;
-  const hn::Rebind<int16_t, decltype(di)> dw;
-  const size_t N = hn::Lanes(d);
-  auto vmax = hn::Zero(d);
-  size_t c = 0;
-  for (; c + N <= n; c += N) vmax = hn::Max(vmax, hn::Abs(hn::LoadU(d, q + c)));
-  float amax = hn::GetLane(hn::MaxOfLanes(d, vmax));
-  for (size_t t = c; t < n; ++t) amax = std::max(amax, std::fabs(q[t]));
-  const float scale = amax / 32767.0f;
-  const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
-  const auto vinv = hn::Set(d, inv);
-  for (c = 0; c + N <= n; c += N) {
-    hn::StoreU(hn::DemoteTo(dw, hn::ConvertTo(di, hn::Round(hn::Mul(hn::LoadU(d, q + c), vinv)))), dw, q16 + c);
-  }
-  for (; c < n; ++c) q16[c] = static_cast<int16_t>(std::clamp(std::nearbyint(q[c] * inv), -32767.0f, 32767.0f));
-  return scale;
-}
-
 // outs[i] += sum_j scores[i * n + j] v(lo + j), positions in order (each output element one
 // chain over the positions). kChains<NQ> column chunks at a time.
 template <KvType VT, size_t NQ>
@@ -337,28 +252,9 @@ bool Vectorizable(const KvHeadView& view, size_t head_dim, size_t N) {
   return head_dim % N == 0 && head_dim <= 512 && (view.type != KvType::kQ8 || view.block % N == 0);
 }
 
-void AnyScores(const float* const* qs_in, size_t n_q, const KvHeadView& k, size_t capacity, size_t lo, size_t n,
+void AnyScores(const float* const* qs, size_t n_q, const KvHeadView& k, size_t capacity, size_t lo, size_t n,
                size_t head_dim, float* scores) {
   const hn::ScalableTag<float> d;
-  const float* const* qs = qs_in;
-  alignas(64) float rounded[kMaxBlockQueries][512];
-  const float* rounded_ptrs[kMaxBlockQueries];
-  if (k.type == KvType::kQ8) {  // every path scores a q8 K against the query rounded to int16
-    alignas(64) int16_t q16[kMaxBlockQueries][512];
-    QueryI16 q[kMaxBlockQueries];
-    for (size_t i = 0; i < n_q; ++i) q[i] = {q16[i], QuantizeQueryI16(qs_in[i], head_dim, q16[i])};
-#if HWY_TARGET != HWY_SCALAR
-    if (ScoresQ8Fits(k, head_dim)) {
-      WithCount(n_q, [&](auto nq) { ScoresQ8<decltype(nq)::value>(q, n_q, k, capacity, lo, n, head_dim, scores); });
-      return;
-    }
-#endif
-    for (size_t i = 0; i < n_q; ++i) {  // other shapes and targets: the rounded query in float32
-      for (size_t c = 0; c < head_dim; ++c) rounded[i][c] = static_cast<float>(q16[i][c]) * q[i].scale;
-      rounded_ptrs[i] = rounded[i];
-    }
-    qs = rounded_ptrs;
-  }
   if (!Vectorizable(k, head_dim, hn::Lanes(d))) return ScoresScalar(qs, n_q, k, capacity, lo, n, head_dim, scores);
   WithType(k.type, [&](auto kt) {
     WithCount(n_q, [&](auto nq) {

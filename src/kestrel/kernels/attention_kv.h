@@ -62,13 +62,9 @@ void hadamard_rotate(float* x, size_t n);
 
 /// attend_group() (ops.h) over typed views: the `group` query heads q [group, head_dim] (scaled)
 /// of one KV head, over positions [pos_begin, pos_end), out [group, head_dim] normalized.
-/// `scores` needs group * (pos_end - pos_begin) floats. f16 / bf16 K: each row's products are
-/// summed in float32 from the widened values. q8 K: each query is first rounded to int16 steps
-/// of max|q| / 32767 (|error| <= step / 2, some 1e-5 of the cache's own rounding of K); a block's
-/// products with it are summed exactly in int32, then score = (sum over blocks, in order, of
-/// float(block sum) * block scale) * step. V: float32 multiply-adds of the widened (q8: times
-/// the block scale) values, positions in order. A query's bits do not depend on the other
-/// queries computed with it; across SIMD targets they differ by the order of float32 sums.
+/// `scores` needs group * (pos_end - pos_begin) floats. Each K row's products are summed in
+/// float32 from the dequantized values (q8: int8 widened and times its block's scale), the
+/// same bits on every SIMD target up to the order of the float32 sums.
 void attend_group_kv(const float* q, size_t group, const KvHeadView& k, const KvHeadView& v, size_t capacity,
                      size_t head_dim, size_t pos_begin, size_t pos_end, float* scores, float* out);
 /// The unnormalized partial of a slice (ops.h's AttentionPartial: out, max, sum per head).
