@@ -235,6 +235,7 @@ void WithCount(size_t n_q, F&& f) {
     case 2: f(std::integral_constant<size_t, 2>{}); break;
     case 4: f(std::integral_constant<size_t, 4>{}); break;
     case 8: f(std::integral_constant<size_t, 8>{}); break;
+    case 16: f(std::integral_constant<size_t, 16>{}); break;  // a prefill tile of 16 queries
     default: f(std::integral_constant<size_t, 0>{}); break;
   }
 }
