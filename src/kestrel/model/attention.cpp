@@ -35,9 +35,9 @@ struct Merge {
   size_t row, g, first, n;
 };
 
-// Positions per slice of a long visible range (cached_attention_rows): enough work per item to
-// outweigh its merge (group x head_dim floats), and items for every thread from a few hundred
-// positions on.
+// The shortest slice, that of every visible range below 8,192 positions (cached_attention_rows):
+// enough work per item to outweigh its merge (group x head_dim floats), and items for every
+// thread from a few hundred positions on.
 constexpr size_t kSlice = 128;
 
 // The slice length for a visible range of `range` positions: kSlice below 8,192 positions,
@@ -46,7 +46,7 @@ constexpr size_t kSlice = 128;
 // every slice restarts two streams (K, V) that the prefetches have to refill, and adds a
 // partial to merge.
 // Decode attention at 32,704 positions, 2 Zen 3 threads: 2.58-2.75 ms with slices of 128,
-// 2.17-2.48 with 1,024. A function of the range only, never of the thread count or of the rows
+// 2.17-2.48 with a fixed 1,024 (a trial; this gives 896 there). A function of the range only, never of the thread count or of the rows
 // beside it, so that a row's bits do not depend on either.
 constexpr size_t slice_length(size_t range) {
   return kSlice * std::clamp<size_t>(range / (32 * kSlice), 1, 8);

@@ -36,7 +36,7 @@ struct AttentionShape {
 /// positions into slices (128 positions below a range of 8,192, then longer with the range, up
 /// to 1,024: attention.cpp's slice_length) and merges their partial softmaxes. Neither plan
 /// depends on the thread count, so neither do the results (tests/model/test_llamacpp_parity.cpp,
-/// ThreadCount; test_attention_long_range.cpp). A chunk of fewer than
+/// ThreadCount; tests/model/test_attention_long_range.cpp). A chunk of fewer than
 /// kernels::kTileMinTokens tokens computes each row exactly as a one-token call at its position
 /// would (as the matmuls do below that size), so that the rows of a speculative verification
 /// step equal the decode steps they stand for, bit for bit.
